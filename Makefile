@@ -1,0 +1,27 @@
+# The two commands a newcomer needs: `make serve` and `make test`.
+# Each runs `install` first; `install` is idempotent.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+ARGS ?=
+
+.PHONY: install serve test bench clean
+
+$(PY):
+	python3 -m venv --system-site-packages $(VENV)
+
+# torch is installed only when none is importable (a GPU box keeps its CUDA build).
+install: $(PY)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==$(TORCH_VERSION)"
+	@$(PY) -m pip install -q -e ".[test]"
+	@$(PY) -c "import onebit, torch, fastapi, uvicorn, openai, transformers, tokenizers, safetensors" \
+		|| (echo "install incomplete: a dependency does not import" >&2; exit 1)
+
+serve: install
+	$(VENV)/bin/1bit serve $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

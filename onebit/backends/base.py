@@ -1,0 +1,71 @@
+"""The interface every backend implements, so the router never knows which kind it drives."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta  # re-exported for backends
+from onebit.engine.sampling_params import SamplingParams
+
+
+class BackendError(RuntimeError):
+    """A backend failed or went away while serving a request."""
+
+
+@dataclass
+class GenerateRequest:
+    """One generation request as the router hands it to a backend (already tokenized)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class Backend(abc.ABC):
+    """An async generation service with a fixed number of slots.
+
+    Lifecycle: `await start()` (loads the model; `state` goes "loading" -> "ready"),
+    then any number of concurrent `generate()` streams, then `await stop()`.
+    `generate` yields StepDeltas; the last has finished=True. If the backend dies
+    mid-stream, `generate` raises BackendError: a failed stream never ends cleanly.
+    Breaking out of (or cancelling) a `generate` iteration aborts the request.
+    """
+
+    name: str
+    kind: str
+    capacity: int
+
+    @property
+    @abc.abstractmethod
+    def state(self) -> str:
+        """One of "loading", "ready", "down", "stopped"."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start the backend and return once it is ready to serve."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop serving; in-flight streams end with BackendError."""
+
+    @abc.abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncIterator[StepDelta]:
+        """Stream the request's deltas until its finished delta."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop a request early; its slot and KV blocks are freed."""
+
+    @abc.abstractmethod
+    def slots(self) -> list[SlotInfo]:
+        """The backend's slots as last reported."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """The backend's counters as last reported."""
+
+    def info(self) -> dict:
+        """What /props shows about this backend."""
+        return {"name": self.name, "kind": self.kind, "capacity": self.capacity, "state": self.state}

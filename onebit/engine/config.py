@@ -1,0 +1,39 @@
+"""Engine configuration: the knobs users know from vLLM and llama-server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    """Everything needed to build an LLMEngine.
+
+    model: a model directory, or a Hugging Face id already in the local cache.
+    parallel: the number of slots (sequences decoding together).
+    ctx_size: the longest sequence (prompt + output); None takes the model's limit.
+    kv_cache_memory: bytes for the KV pool; when None the pool holds `parallel`
+    full contexts, capped by `gpu_memory_fraction` of free device memory on CUDA.
+    """
+
+    model: str
+    device: str = "auto"
+    dtype: str = "auto"
+    parallel: int = 4
+    ctx_size: int | None = None
+    max_batch_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory: int | None = None
+    gpu_memory_fraction: float = 0.85
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.parallel < 1:
+            raise ValueError("parallel must be >= 1")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.max_batch_tokens < 1:
+            raise ValueError("max_batch_tokens must be >= 1")
+        if self.ctx_size is not None and self.ctx_size < 2:
+            raise ValueError("ctx_size must be >= 2")

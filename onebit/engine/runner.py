@@ -1,0 +1,72 @@
+"""Runs one scheduled step as a single packed forward over the paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from onebit.engine.sequence import Sequence
+from onebit.kernels.attention import AttentionMetadata
+from onebit.models.config import ModelConfig
+from onebit.models.rope import rope_cos_sin
+from onebit.models.transformer import CausalLM
+
+
+def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one cache block takes across all layers, K and V."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+class ModelRunner:
+    """Owns the KV cache tensor and turns a step plan into logits."""
+
+    def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 num_blocks: int, block_size: int, max_model_len: int):
+        self.model = model
+        self.cfg = cfg
+        self.device = device
+        self.block_size = block_size
+        self.kv_cache = torch.zeros(2, cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads,
+                                    cfg.head_dim, dtype=dtype, device=device)
+        self.rope = rope_cos_sin(cfg, max_model_len, device)
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
+
+    def prepare(self, plan: list[tuple[Sequence, int]]):
+        """Packed input ids, positions and attention metadata, plus the rows that produce logits."""
+        ids, positions, slots, sample_rows = [], [], [], []
+        decode_tables, decode_lens, prefills = [], [], []
+        bs = self.block_size
+        for seq, n in plan:
+            start = seq.num_computed_tokens
+            query_start = len(ids)
+            ids.extend(seq.token_ids[start:start + n])
+            positions.extend(range(start, start + n))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            if n == 1:
+                decode_tables.append(table)
+                decode_lens.append(start + 1)
+            else:
+                prefills.append((query_start, n, start + n, self._tensor(table)))
+            if start + n == seq.num_tokens:
+                sample_rows.append(len(ids) - 1)
+        decode_bt = decode_ctx = None
+        if decode_tables:
+            width = max(len(t) for t in decode_tables)
+            decode_bt = self._tensor([x for t in decode_tables for x in t + [0] * (width - len(t))])
+            decode_bt = decode_bt.view(len(decode_tables), width)
+            decode_ctx = self._tensor(decode_lens)
+        meta = AttentionMetadata(self._tensor(slots), len(decode_tables), decode_bt, decode_ctx, prefills)
+        return self._tensor(ids), self._tensor(positions), meta, sample_rows
+
+    @torch.inference_mode()
+    def run(self, plan: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
+        """Forward the step; return logits [N, vocab] for the sequences that sample a token, and those sequences."""
+        ids, positions, meta, sample_rows = self.prepare(plan)
+        hidden = self.model(ids, positions, self.kv_cache, meta, self.rope)
+        sampling = [seq for seq, n in plan if seq.num_computed_tokens + n == seq.num_tokens]
+        if not sample_rows:
+            return hidden.new_empty((0, self.cfg.vocab_size)), sampling
+        return self.model.compute_logits(hidden[self._tensor(sample_rows)]), sampling

@@ -1,0 +1,128 @@
+"""Turns a step's logits into tokens, each row by its own request's parameters.
+
+Order: logit_bias, penalties and min_tokens masks act on the raw logits; then
+temperature, top-k, top-p and min-p shape the distribution; a token is drawn by an
+exponential race (argmax of p / E with E ~ Exp(1)), whose noise for a seeded request
+comes from that request's own generator, so a seed gives the same tokens whatever
+else shares the batch. Logprobs are those of the raw model distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from onebit.engine.outputs import TokenLogprob
+from onebit.engine.sequence import Sequence
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """Repetition (prompt and output), presence and frequency (output) penalties, in place."""
+    for row, seq in enumerate(seqs):
+        p = seq.params
+        if not p.has_penalties:
+            continue
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
+            vals = logits[row, seen]
+            logits[row, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and seq.output_counts:
+            ids = torch.tensor(list(seq.output_counts), dtype=torch.long, device=logits.device)
+            counts = torch.tensor(list(seq.output_counts.values()), dtype=logits.dtype, device=logits.device)
+            logits[row, ids] -= p.frequency_penalty * counts + p.presence_penalty
+
+
+def apply_bias_and_bans(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set[int]) -> None:
+    """logit_bias, and a ban on end tokens while fewer than min_tokens were generated, in place."""
+    vocab = logits.shape[-1]
+    for row, seq in enumerate(seqs):
+        p = seq.params
+        for token_id, bias in p.logit_bias.items():
+            if 0 <= token_id < vocab:
+                logits[row, token_id] += bias
+        if seq.num_output_tokens < p.min_tokens:
+            banned = [t for t in (eos_ids | set(p.stop_token_ids)) if 0 <= t < vocab]
+            if banned:
+                logits[row, banned] = float("-inf")
+
+
+def shape_distribution(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Probabilities after temperature, top-k, top-p and min-p, for the sampled (non-greedy) rows."""
+    temps = torch.tensor([s.params.temperature for s in seqs], dtype=logits.dtype, device=logits.device)
+    probs = (logits / temps[:, None]).softmax(dim=-1)
+    top_k = [s.params.top_k for s in seqs]
+    top_p = [s.params.top_p for s in seqs]
+    if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        vocab = probs.shape[-1]
+        ks = torch.tensor([k if k > 0 else vocab for k in top_k], device=probs.device)
+        rank = torch.arange(vocab, device=probs.device)[None, :]
+        drop = rank >= ks[:, None]
+        ps = torch.tensor(top_p, dtype=probs.dtype, device=probs.device)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
+        drop |= before >= ps[:, None]
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+    min_p = torch.tensor([s.params.min_p for s in seqs], dtype=probs.dtype, device=probs.device)
+    if bool((min_p > 0).any()):
+        threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def _race_noise(probs: torch.Tensor, seqs: list[Sequence], default: torch.Generator | None) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
+    if unseeded:
+        block = torch.empty((len(unseeded), probs.shape[1]), dtype=probs.dtype, device=probs.device)
+        block.exponential_(generator=default)
+        noise[unseeded] = block
+    for i, seq in enumerate(seqs):
+        if seq.generator is not None:
+            noise[i].exponential_(generator=seq.generator)
+    return noise
+
+
+class Sampler:
+    """Samples one token per row of logits and reports logprobs when asked."""
+
+    def __init__(self, eos_token_ids: set[int], device: torch.device, seed: int = 0):
+        self.eos_token_ids = set(eos_token_ids)
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        """A generator on the sampling device for one seeded request."""
+        g = torch.Generator(device=self.device)
+        g.manual_seed(seed)
+        return g
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
+        """One token per row of logits [N, vocab], and logprobs for the rows that asked."""
+        logits = logits.float()
+        raw = logits
+        if any(s.params.logit_bias or s.params.has_penalties or s.num_output_tokens < s.params.min_tokens
+               for s in seqs):
+            logits = logits.clone()
+            apply_bias_and_bans(logits, seqs, self.eos_token_ids)
+            apply_penalties(logits, seqs)
+        tokens = logits.argmax(dim=-1)
+        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if sampled:
+            sub = [seqs[i] for i in sampled]
+            probs = shape_distribution(logits[sampled], sub)
+            noise = _race_noise(probs, sub, self.generator)
+            tokens[sampled] = (probs / noise).argmax(dim=-1)
+        token_list = tokens.tolist()
+        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
+        wanted = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if wanted:
+            lp = raw[wanted].log_softmax(dim=-1)
+            k = max(seqs[i].params.logprobs for i in wanted)
+            top_vals, top_ids = lp.topk(max(k, 1), dim=-1)
+            chosen = lp.gather(1, tokens[wanted][:, None]).squeeze(1).tolist()
+            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+            for j, i in enumerate(wanted):
+                n = seqs[i].params.logprobs
+                logprobs[i] = TokenLogprob(token_list[i], chosen[j], list(zip(top_ids[j][:n], top_vals[j][:n])))
+        return token_list, logprobs

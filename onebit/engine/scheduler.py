@@ -1,0 +1,107 @@
+"""Decides, at every step, which sequences run and how many tokens each computes.
+
+Running decodes go first (one token each), then running prefills continue in chunks,
+then waiting sequences are admitted in FIFO order while slots, blocks and the token
+budget allow. When blocks run out, the most recently admitted sequence is preempted:
+its blocks are freed and it goes back to the head of the queue, to be recomputed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from onebit.engine.block_manager import BlockManager
+from onebit.engine.sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+    """Owns the waiting queue, the running set (at most `parallel`) and their slots."""
+
+    def __init__(self, blocks: BlockManager, parallel: int, max_batch_tokens: int):
+        self.blocks = blocks
+        self.parallel = parallel
+        self.max_batch_tokens = max(max_batch_tokens, parallel)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.free_slots = list(range(parallel))
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence."""
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        """True while any sequence waits or runs."""
+        return bool(self.waiting or self.running)
+
+    def _release_slot(self, seq: Sequence) -> None:
+        if seq.slot is not None:
+            self.free_slots.append(seq.slot)
+            self.free_slots.sort()
+            seq.slot = None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free_sequence(seq)
+        self._release_slot(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence from wherever it is and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free_sequence(seq)
+        self._release_slot(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def _fit(self, seq: Sequence, want: int) -> int:
+        """How many of `want` new tokens seq can get blocks for right now."""
+        held = len(seq.block_table) * self.blocks.block_size - seq.num_computed_tokens
+        return min(want, held + self.blocks.num_free * self.blocks.block_size)
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        """The step's plan: (sequence, number of tokens to compute) pairs, decodes first."""
+        budget = self.max_batch_tokens
+        plan: dict[Sequence, int] = {}
+        preemptions_before = self.num_preemptions
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            want = min(seq.num_uncomputed, budget)
+            if want <= 0:
+                continue
+            n = self._fit(seq, want)
+            while n <= 0:
+                victim = self.running[-1]
+                budget += plan.pop(victim, 0)
+                self._preempt(victim)
+                if victim is seq:
+                    break
+                n = self._fit(seq, want)
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            self.blocks.grow(seq, seq.num_computed_tokens + n)
+            plan[seq] = n
+            budget -= n
+        preempted = self.num_preemptions > preemptions_before
+        # After a preemption the pool is short: admitting now would only thrash.
+        while not preempted and self.waiting and len(self.running) < self.parallel and budget > 0:
+            seq = self.waiting[0]
+            self.blocks.match_prefix(seq)
+            n = self._fit(seq, min(seq.num_uncomputed, budget))
+            if n <= 0:
+                self.blocks.free_sequence(seq)
+                break
+            self.waiting.popleft()
+            self.blocks.grow(seq, seq.num_computed_tokens + n)
+            seq.status = SequenceStatus.RUNNING
+            seq.slot = self.free_slots.pop(0)
+            self.running.append(seq)
+            plan[seq] = n
+            budget -= n
+        decodes = [(s, n) for s, n in plan.items() if n == 1]
+        return decodes + [(s, n) for s, n in plan.items() if n > 1]

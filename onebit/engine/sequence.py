@@ -1,0 +1,71 @@
+"""One request inside the engine: its tokens, cache blocks, progress and sampling state."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from onebit.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """A request's token list (prompt then output) and everything the engine tracks about it."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 max_total_tokens: int, arrival: int):
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.max_total_tokens = max_total_tokens
+        self.arrival = arrival
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.slot: int | None = None
+        self.finish_reason: str | None = None
+        self.generator: torch.Generator | None = None
+        self.output_counts: dict[int, int] = {}
+        self.detokenizer = None
+        self.stop_matcher = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens so far."""
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far."""
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The generated tokens."""
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens whose K/V is not yet in the cache."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the sequence stopped for any reason."""
+        return self.status is SequenceStatus.FINISHED
+
+    def append(self, token_id: int) -> None:
+        """Add a generated token."""
+        self.token_ids.append(token_id)
+        self.output_counts[token_id] = self.output_counts.get(token_id, 0) + 1

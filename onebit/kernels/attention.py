@@ -1,0 +1,88 @@
+"""Attention over the paged KV cache: the step's metadata and a plain-torch implementation.
+
+The step's tokens are packed: first one token for each decoding sequence, then the
+chunks of the prefilling sequences. Every K/V is written to the cache first, then
+queries read their whole context from the cache, so prefix-cache hits and chunked
+prefill need no special case. This file is the reference the GPU kernels are
+checked against; it runs on CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token of a step goes in the cache and what it attends to.
+
+    slot_mapping [T]: flat cache index (block * block_size + offset) for each token's K/V.
+    num_decodes: the first num_decodes tokens are single-token decode steps.
+    decode_block_tables [D, max_blocks], decode_context_lens [D]: their contexts.
+    prefills: for each prefilling sequence, (query start in the packed batch,
+    query length, context length after this step, block table as a tensor).
+    """
+
+    slot_mapping: torch.Tensor
+    num_decodes: int
+    decode_block_tables: torch.Tensor | None
+    decode_context_lens: torch.Tensor | None
+    prefills: list[tuple[int, int, int, torch.Tensor]]
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store k, v [T, kv_heads, head_dim] at their slots of the caches [blocks, block_size, kv_heads, head_dim]."""
+    kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
+    num_seqs, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = num_heads // kv_heads
+    max_len = block_tables.shape[1] * k_cache.shape[1]
+    keys = k_cache[block_tables].reshape(num_seqs, max_len, kv_heads, head_dim)
+    values = v_cache[block_tables].reshape(num_seqs, max_len, kv_heads, head_dim)
+    qg = q.view(num_seqs, kv_heads, group, head_dim).float()
+    scores = torch.einsum("bkgd,bnkd->bkgn", qg, keys.float()) * scale
+    valid = torch.arange(max_len, device=q.device)[None, :] < context_lens[:, None]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1)
+    out = torch.einsum("bkgn,bnkd->bkgd", probs, values.float())
+    return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
+
+
+def _prefill_attention(q, k_cache, v_cache, context_len, block_table, scale):
+    n, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    keys = k_cache[block_table].reshape(-1, kv_heads, head_dim)[:context_len]
+    values = v_cache[block_table].reshape(-1, kv_heads, head_dim)[:context_len]
+    group = num_heads // kv_heads
+    keys = keys.repeat_interleave(group, dim=1)
+    values = values.repeat_interleave(group, dim=1)
+    # Query i sits at position context_len - n + i and sees keys 0..that position.
+    q_pos = torch.arange(context_len - n, context_len, device=q.device)
+    mask = torch.arange(context_len, device=q.device)[None, :] <= q_pos[:, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale
+    )
+    return out.transpose(0, 1)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Attention of q [T, heads, head_dim] over the cached contexts; returns [T, heads, head_dim]."""
+    out = torch.empty_like(q)
+    d = meta.num_decodes
+    if d:
+        out[:d] = _decode_attention(q[:d], k_cache, v_cache, meta.decode_block_tables,
+                                    meta.decode_context_lens, scale)
+    for start, length, context_len, block_table in meta.prefills:
+        out[start:start + length] = _prefill_attention(
+            q[start:start + length], k_cache, v_cache, context_len, block_table, scale)
+    return out

@@ -1,0 +1,145 @@
+"""Find a model on local disk and load its safetensors weights straight onto the device."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from onebit.models.config import ModelConfig
+from onebit.models.errors import ModelLoadError
+from onebit.models.transformer import CausalLM
+
+
+def _hf_cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface" / "hub"
+
+
+def resolve_model_path(model: str) -> Path:
+    """A local model directory for `model`: a path, or a Hugging Face id already in the local cache.
+
+    Nothing is ever downloaded.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelLoadError(f"{model} is a file; expected a model directory with config.json")
+    if model.count("/") == 1 and not model.startswith((".", "/")):
+        repo = _hf_cache_dir() / ("models--" + model.replace("/", "--"))
+        snapshots = repo / "snapshots"
+        ref = repo / "refs" / "main"
+        if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
+            return snapshots / ref.read_text().strip()
+        if snapshots.is_dir():
+            candidates = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
+            if candidates:
+                return candidates[-1]
+        raise ModelLoadError(
+            f"model {model!r} is neither a local directory nor in the local Hugging Face cache "
+            f"({_hf_cache_dir()}); 1bit never downloads: fetch it first, e.g. with `hf download {model}`")
+    raise ModelLoadError(f"model directory {model!r} does not exist")
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"cannot read {index.name}: {exc}") from None
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{index.name} names missing weight files: {', '.join(missing)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"no *.safetensors weights in {path}")
+    return files
+
+
+_FUSED = {  # checkpoint name -> (our fused parameter, which shard)
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+def _target(name: str, cfg: ModelConfig, params: dict[str, torch.Tensor]):
+    """Map a checkpoint tensor name to (our parameter, slice start, slice length) or None to skip."""
+    if name.startswith("model."):
+        name = name[len("model."):]
+    elif not name.startswith("lm_head."):
+        return None  # mtp.* heads and other extras are not part of the base model
+    if name == "lm_head.weight" and cfg.tie_word_embeddings:
+        return None
+    for ckpt, (ours, shard) in _FUSED.items():
+        marker = f".{ckpt}."
+        if marker in name:
+            fused = name.replace(marker, f".{ours}.")
+            if ours.endswith("qkv_proj"):
+                q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+                starts, sizes = (0, q, q + kv), (q, kv, kv)
+            else:
+                starts, sizes = (0, cfg.intermediate_size), (cfg.intermediate_size,) * 2
+            return params.get(fused), starts[shard], sizes[shard], fused
+    return params.get(name), None, None, name
+
+
+def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[CausalLM, ModelConfig]:
+    """Build the model for `path` on `device` in `dtype` and fill it from the checkpoint."""
+    cfg = ModelConfig.from_dir(path)
+    files = _weight_files(path)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = CausalLM(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to_empty(device=device)
+    params = dict(model.named_parameters())
+    filled: dict[str, int] = {}
+    with tqdm(total=len(params), desc="loading weights", unit="tensor", leave=False) as bar:
+        for file in files:
+            try:
+                handle = safe_open(str(file), framework="pt", device="cpu")
+            except Exception as exc:  # safetensors raises its own error types
+                raise ModelLoadError(f"cannot read weights {file.name}: {exc}") from None
+            with handle:
+                for name in handle.keys():
+                    target = _target(name, cfg, params)
+                    if target is None:
+                        continue
+                    param, start, size, ours = target
+                    if param is None:
+                        raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for {cfg.architecture}")
+                    try:
+                        tensor = handle.get_tensor(name)
+                    except Exception as exc:
+                        raise ModelLoadError(f"{file.name}: cannot read tensor {name!r}: {exc}") from None
+                    dest = param.data if start is None else param.data.narrow(0, start, size)
+                    if tuple(dest.shape) != tuple(tensor.shape):
+                        raise ModelLoadError(
+                            f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                            f"expected {tuple(dest.shape)} from config.json")
+                    dest.copy_(tensor.to(device=device, dtype=dtype))
+                    filled[ours] = filled.get(ours, 0) + 1
+                    bar.update(1 if start is None else 0)
+    expected = {n: (3 if "qkv_proj" in n else 2 if "gate_up_proj" in n else 1) for n in params}
+    missing = [n for n, count in expected.items() if filled.get(n, 0) < count]
+    if missing:
+        raise ModelLoadError(f"checkpoint lacks weights for {', '.join(missing[:5])}"
+                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    return model.eval(), cfg

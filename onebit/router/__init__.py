@@ -1,0 +1,6 @@
+"""Routing requests onto backends: choose-and-reserve, waiting queue, health."""
+
+from onebit.router.errors import NoBackendAvailable, QueueFull, RouterClosed, RouterError
+from onebit.router.router import Lease, Route, Router
+
+__all__ = ["Lease", "NoBackendAvailable", "QueueFull", "Route", "Router", "RouterClosed", "RouterError"]
