@@ -1,0 +1,109 @@
+"""Each sampling parameter moves the distribution the way it should (statistical checks on fixed logits)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from onebit.engine.sampler import Sampler
+from onebit.engine.sampling_params import SamplingParams
+from onebit.engine.sequence import Sequence
+
+LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5])
+EOS = 7
+
+
+def _draw(params: SamplingParams, n: int = 4000, history: list[int] | None = None) -> Counter:
+    """Sample n tokens from LOGITS, all rows in one batch."""
+    sampler = Sampler({EOS}, torch.device("cpu"), seed=0)
+    seqs = []
+    for _ in range(n):
+        seq = Sequence("r", [0], params, 100, 0)
+        for t in history or []:
+            seq.append(t)
+        seqs.append(seq)
+    tokens, _ = sampler(LOGITS.repeat(n, 1), seqs)
+    return Counter(tokens)
+
+
+def _freq(counts: Counter, token: int) -> float:
+    return counts[token] / sum(counts.values())
+
+
+def test_plain_sampling_follows_softmax():
+    counts = _draw(SamplingParams(temperature=1.0))
+    expected = LOGITS.softmax(-1)
+    for t in range(8):
+        assert abs(_freq(counts, t) - expected[t].item()) < 0.03
+
+
+def test_greedy_takes_argmax():
+    assert _draw(SamplingParams(temperature=0.0), n=50) == Counter({0: 50})
+
+
+def test_temperature_sharpens_and_flattens():
+    cold, hot = _draw(SamplingParams(temperature=0.3)), _draw(SamplingParams(temperature=3.0))
+    assert _freq(cold, 0) > 0.75 > _freq(hot, 0)
+    assert _freq(hot, 7) > 0.04 > _freq(cold, 7)
+
+
+def test_top_k_top_p_min_p_cut_the_tail():
+    assert set(_draw(SamplingParams(top_k=3))) == {0, 1, 2}
+    probs = LOGITS.softmax(-1)
+    # top_p just above the first two tokens' mass keeps exactly three tokens
+    p = (probs[0] + probs[1]).item() + 0.01
+    assert set(_draw(SamplingParams(top_p=p))) == {0, 1, 2}
+    assert set(_draw(SamplingParams(top_p=0.01))) == {0}
+    # min_p 0.5: keep tokens with prob >= half the top one: exp(-0.5)=0.61 passes, exp(-1)=0.37 fails
+    assert set(_draw(SamplingParams(min_p=0.5))) == {0, 1}
+
+
+def test_logit_bias_forces_and_bans():
+    assert set(_draw(SamplingParams(logit_bias={5: 100.0}), n=200)) == {5}
+    assert 0 not in _draw(SamplingParams(logit_bias={0: -100.0}), n=2000)
+
+
+def test_penalties_lower_repeated_tokens():
+    base = _freq(_draw(SamplingParams()), 0)
+    history = [0, 0, 0]
+    assert _freq(_draw(SamplingParams(repetition_penalty=2.0), history=history), 0) < base - 0.1
+    assert _freq(_draw(SamplingParams(presence_penalty=1.5), history=history), 0) < base - 0.1
+    light = _freq(_draw(SamplingParams(frequency_penalty=0.3), history=[0]), 0)
+    heavy = _freq(_draw(SamplingParams(frequency_penalty=0.3), history=history), 0)
+    assert heavy < light - 0.05
+    assert _freq(_draw(SamplingParams(presence_penalty=-1.0), history=[3]), 3) > _freq(_draw(SamplingParams()), 3) + 0.05
+
+
+def test_min_tokens_bans_end_tokens():
+    params = SamplingParams(min_tokens=5, logit_bias={EOS: 100.0}, stop_token_ids=[6])
+    assert EOS not in _draw(params, n=500) and 6 not in _draw(params, n=500)
+    assert set(_draw(params, n=50, history=[1, 1, 1, 1, 1])) == {EOS}
+
+
+def test_seeded_rows_independent_of_batch():
+    sampler = Sampler({EOS}, torch.device("cpu"), seed=0)
+    params = SamplingParams(temperature=1.0, seed=42)
+
+    def run(batch_size: int) -> list[int]:
+        seq = Sequence("s", [0], params, 100, 0)
+        seq.generator = sampler.make_generator(42)
+        others = [Sequence(f"o{i}", [0], SamplingParams(), 100, 0) for i in range(batch_size)]
+        out = []
+        for _ in range(20):
+            tokens, _ = sampler(LOGITS.repeat(batch_size + 1, 1), others + [seq])
+            out.append(tokens[-1])
+        return out
+
+    assert run(0) == run(7) == run(3)
+
+
+def test_logprobs_report_raw_distribution_and_top_n():
+    sampler = Sampler({EOS}, torch.device("cpu"), seed=0)
+    seq = Sequence("l", [0], SamplingParams(temperature=0, logprobs=3), 100, 0)
+    tokens, lps = sampler(LOGITS[None, :], [seq])
+    expected = LOGITS.log_softmax(-1)
+    assert tokens == [0] and lps[0].token_id == 0
+    assert abs(lps[0].logprob - expected[0].item()) < 1e-5
+    assert [t for t, _ in lps[0].top] == [0, 1, 2]
+    assert all(abs(v - expected[t].item()) < 1e-5 for t, v in lps[0].top)
