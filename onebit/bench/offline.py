@@ -1,0 +1,82 @@
+"""Engine-only benchmark: decode tokens/s by batch size, no HTTP in the way."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+from onebit.engine.config import EngineConfig
+from onebit.engine.llm_engine import LLMEngine
+from onebit.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class OfflineResult:
+    """One batch size's figures."""
+
+    batch: int
+    decode_tokens_per_s: float
+    total_tokens_per_s: float
+    prefill_s: float
+    decode_s: float
+    generated: int
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """n prompts of `length` random token ids, avoiding the lowest and highest ids (often specials)."""
+    rng = random.Random(seed)
+    hi = max(vocab - 300, 11)
+    return [[rng.randrange(10, hi) for _ in range(length)] for _ in range(n)]
+
+
+def run_batch(engine: LLMEngine, batch: int, prompt_tokens: int, max_tokens: int, seed: int) -> OfflineResult:
+    """Run `batch` requests together to completion and time prefill and decode steps apart."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    prompts = random_prompts(batch, prompt_tokens, engine.model_config.vocab_size, seed)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"bench-{seed}-{i}", prompt, params)
+    prefill_s = decode_s = 0.0
+    decode_tokens = generated = 0
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        plan_is_decode = all(seq.num_uncomputed == 1 for seq in engine.scheduler.running) \
+            and not engine.scheduler.waiting
+        t0 = time.perf_counter()
+        deltas = engine.step()
+        dt = time.perf_counter() - t0
+        produced = sum(len(d.token_ids) for d in deltas)
+        generated += produced
+        if plan_is_decode:
+            decode_s += dt
+            decode_tokens += produced
+        else:
+            prefill_s += dt
+    total = time.perf_counter() - start
+    return OfflineResult(batch, decode_tokens / decode_s if decode_s else 0.0, generated / total,
+                         prefill_s, decode_s, generated)
+
+
+def run_offline(model: str, batches: list[int], max_tokens: int, prompt_tokens: int, device: str,
+                dtype: str, print_fn=print) -> list[OfflineResult]:
+    """Load the model once with enough slots for the largest batch; time each batch size after a warm-up."""
+    config = EngineConfig(model=model, device=device, dtype=dtype, parallel=max(batches),
+                          ctx_size=prompt_tokens + max_tokens + 16,
+                          max_batch_tokens=max(2048, prompt_tokens * 4), enable_prefix_caching=False)
+    engine = LLMEngine(config)
+    run_batch(engine, min(batches), prompt_tokens, 8, seed=999)  # warm-up
+    results = []
+    print_fn(f"model {model} on {engine.device} ({engine.dtype}), prompt {prompt_tokens} tokens, "
+             f"{max_tokens} new tokens")
+    print_fn("| batch | decode tok/s | total tok/s | prefill s | decode s |")
+    print_fn("|---:|---:|---:|---:|---:|")
+    for b in batches:
+        r = run_batch(engine, b, prompt_tokens, max_tokens, seed=b)
+        results.append(r)
+        print_fn(f"| {b} | {r.decode_tokens_per_s:,.1f} | {r.total_tokens_per_s:,.1f} | "
+                 f"{r.prefill_s:.2f} | {r.decode_s:.2f} |")
+    if results and results[0].decode_tokens_per_s:
+        top = results[-1]
+        print_fn(f"batch {top.batch} / batch {results[0].batch}: "
+                 f"{top.decode_tokens_per_s / results[0].decode_tokens_per_s:.1f}x")
+    return results
