@@ -27,6 +27,7 @@ class EngineConfig:
     gpu_memory_fraction: float = 0.85
     enable_prefix_caching: bool = True
     seed: int = 0
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         if self.parallel < 1:

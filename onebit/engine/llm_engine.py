@@ -40,7 +40,7 @@ class LLMEngine:
             # Softmax tails underflow into denormals, which cost x86 CPUs up to 100x per op.
             torch.set_flush_denormal(True)
         self.tokenizer = Tokenizer.from_dir(path)
-        model, cfg = load_model(path, self.device, self.dtype)
+        model, cfg = load_model(path, self.device, self.dtype, config.load_format)
         self.model_config = cfg
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(cfg.eos_token_ids)
         num_blocks, self.max_model_len = self._size_pool(cfg)

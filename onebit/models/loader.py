@@ -97,10 +97,28 @@ def _target(name: str, cfg: ModelConfig, params: dict[str, torch.Tensor]):
     return params.get(name), None, None, name
 
 
-def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[CausalLM, ModelConfig]:
-    """Build the model for `path` on `device` in `dtype` and fill it from the checkpoint."""
+def _fill_random(model: CausalLM, seed: int) -> None:
+    """Random weights drawn on the device (load_format "dummy", for benchmarks): never zeros."""
+    g = torch.Generator(device=next(model.parameters()).device)
+    g.manual_seed(seed)
+    for name, param in model.named_parameters():
+        if param.dim() == 1:
+            param.data.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.02, generator=g)
+        else:
+            param.data.normal_(0.0, param.shape[-1] ** -0.5, generator=g)
+
+
+def load_model(path: Path, device: torch.device, dtype: torch.dtype,
+               load_format: str = "auto") -> tuple[CausalLM, ModelConfig]:
+    """Build the model for `path` on `device` in `dtype` and fill it from the checkpoint.
+
+    load_format "dummy" skips the checkpoint and draws random weights on the device
+    (only config.json and the tokenizer are read), as vLLM's option of that name does.
+    """
     cfg = ModelConfig.from_dir(path)
-    files = _weight_files(path)
+    if load_format not in ("auto", "dummy"):
+        raise ModelLoadError(f"unknown load format {load_format!r}; use auto or dummy")
+    files = _weight_files(path) if load_format == "auto" else []
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -109,6 +127,9 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[Ca
     finally:
         torch.set_default_dtype(previous)
     model = model.to_empty(device=device)
+    if load_format == "dummy":
+        _fill_random(model, seed=0)
+        return model.eval(), cfg
     params = dict(model.named_parameters())
     filled: dict[str, int] = {}
     with tqdm(total=len(params), desc="loading weights", unit="tensor", leave=False) as bar:

@@ -1,0 +1,148 @@
+"""One device call: check the engine on CUDA against transformers, then time it on a Qwen3-8B shape.
+
+Usage on the GPU machine (see docs/perf.md for the full command with carried wheels):
+    PYTHONPATH=. python3 bench/gpu.py [--batches 1,8,32,64,256] [--out DIR]
+Prints one table last. Weights are random (load_format dummy), never zeros.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
+    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "max_position_embeddings": 40960, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
+    "bos_token_id": 151643, "eos_token_id": 151645,
+}
+
+
+def check_tiny_on_cuda(work: Path) -> list[str]:
+    """fp32 logits and greedy output of a tiny model on CUDA against transformers on CUDA."""
+    from transformers import AutoModelForCausalLM
+
+    from onebit import LLM, SamplingParams
+    from onebit.models.tiny import make_tiny_model
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = make_tiny_model(work / "tiny", arch="qwen3", layers=4, hidden=128, vocab=1024)
+    llm = LLM(str(path), device="cuda", dtype="float32", parallel=4)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    ids = llm.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else")
+    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0]
+    with torch.no_grad():
+        gen = ref.generate(torch.tensor([ids], device="cuda"), max_new_tokens=64, min_new_tokens=64,
+                           do_sample=False, eos_token_id=None, pad_token_id=0)
+    same = out.token_ids == gen[0, len(ids):].tolist()
+    batch = llm.generate([ids] * 3 + [ids[:5]], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+    return [f"tiny fp32 CUDA greedy 64 == transformers: {same}",
+            f"tiny fp32 CUDA batch of 4 == alone: {batch[0].token_ids == out.token_ids}"]
+
+
+def _hf_state_dict(model) -> dict[str, torch.Tensor]:
+    """Our fused weights split back into transformers' parameter names."""
+    cfg = model.cfg
+    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    out = {}
+    for name, p in model.named_parameters():
+        hf = "lm_head.weight" if name == "lm_head.weight" else "model." + name
+        if "qkv_proj" in name:
+            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), p.data.split([q, kv, kv])):
+                out[hf.replace("qkv_proj", part)] = chunk
+        elif "gate_up_proj" in name:
+            for part, chunk in zip(("gate_proj", "up_proj"), p.data.split([inter, inter])):
+                out[hf.replace("gate_up_proj", part)] = chunk
+        else:
+            out[hf] = p.data
+    return out
+
+
+def check_8b_logits(engine) -> str:
+    """bf16 logits of our engine against transformers' Qwen3 on the same random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from onebit.engine.sequence import Sequence
+    from onebit.engine.sampling_params import SamplingParams
+    cfg = AutoConfig.from_pretrained(engine.model_path)
+    with torch.device("cuda"):
+        ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    missing, unexpected = ref.load_state_dict(_hf_state_dict(engine.runner.model), strict=False)
+    ids = torch.randint(10, 150000, (128,), generator=torch.Generator().manual_seed(1)).tolist()
+    seq = Sequence("probe", ids, SamplingParams(), engine.max_model_len, 0)
+    engine.block_manager.grow(seq, len(ids))
+    with torch.inference_mode():
+        x, pos, meta, _ = engine.runner.prepare([(seq, len(ids))])
+        ours = engine.runner.model.compute_logits(engine.runner.model(x, pos, engine.runner.kv_cache, meta,
+                                                                      engine.runner.rope)).float()
+        theirs = ref(torch.tensor([ids], device="cuda")).logits[0].float()
+    engine.block_manager.free_sequence(seq)
+    rel = ((ours - theirs).norm() / theirs.norm()).item()
+    agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
+    del ref
+    torch.cuda.empty_cache()
+    return (f"8B-shape bf16 logits vs transformers: rel err {rel:.2e}, argmax agreement {agree:.3f} "
+            f"(missing {len(missing)}, unexpected {len(unexpected)})")
+
+
+def main() -> int:
+    """Run the checks and the timings; print the table last."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,8,32,64,256")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    lines = [f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}"]
+    work = Path(tempfile.mkdtemp())
+    try:
+        lines += check_tiny_on_cuda(work)
+    except Exception:
+        traceback.print_exc()
+        lines.append("tiny CUDA check FAILED (traceback above)")
+    from onebit.bench.offline import run_batch
+    from onebit.engine.config import EngineConfig
+    from onebit.engine.llm_engine import LLMEngine
+    big = work / "qwen3-8b-shape"
+    big.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(work / "tiny" / f, big / f)
+    (big / "config.json").write_text(json.dumps(QWEN3_8B))
+    t0 = time.perf_counter()
+    engine = LLMEngine(EngineConfig(model=str(big), device="cuda", dtype="bfloat16", parallel=max(batches),
+                                    ctx_size=args.prompt_tokens + args.max_tokens + 16, max_batch_tokens=8192,
+                                    enable_prefix_caching=False, load_format="dummy"))
+    lines.append(f"8B-shape engine built in {time.perf_counter() - t0:.1f}s")
+    try:
+        lines.append(check_8b_logits(engine))
+    except Exception:
+        traceback.print_exc()
+        lines.append("8B logits check FAILED (traceback above)")
+    run_batch(engine, 4, args.prompt_tokens, 8, seed=999)
+    rows = ["| batch | decode tok/s | total tok/s | prefill s | decode s | ms/decode step |", "|---:|---:|---:|---:|---:|---:|"]
+    results = []
+    for b in batches:
+        r = run_batch(engine, b, args.prompt_tokens, args.max_tokens, seed=b)
+        results.append(r.__dict__)
+        steps = args.max_tokens - 1
+        rows.append(f"| {b} | {r.decode_tokens_per_s:,.0f} | {r.total_tokens_per_s:,.0f} | {r.prefill_s:.2f} | "
+                    f"{r.decode_s:.2f} | {1000 * r.decode_s / steps:.1f} |")
+        print(rows[-1], flush=True)
+    if args.out:
+        Path(args.out, "gpu_bench.json").write_text(json.dumps({"lines": lines, "results": results}, indent=1))
+    print("\n".join(lines + rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Download, here, the wheels the GPU device machine lacks (its python3 is 3.12 with torch,
+# transformers, httpx, jinja2 and tokenizers, but no fastapi/uvicorn/pydantic/openai/gguf).
+# Carry the folder .whl with the device call and start the command with:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+mkdir -p .whl
+python3 - <<'PY' > /tmp/onebit-device-versions.txt
+from importlib.metadata import version
+for name in ["fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core", "annotated-types",
+             "typing-inspection", "openai", "distro", "jiter", "sniffio", "gguf"]:
+    try:
+        print(f"{name}=={version(name)}")
+    except Exception:
+        print(name)
+PY
+PLATFORMS=""
+for n in 17 24 27 28 31 34; do PLATFORMS="$PLATFORMS --platform manylinux_2_${n}_x86_64"; done
+while read -r spec; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    $PLATFORMS --platform manylinux2014_x86_64 --platform any -d .whl "$spec"
+done < /tmp/onebit-device-versions.txt
+ls .whl
