@@ -101,6 +101,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", default="eager,graphs", help="engine variants to time")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     lines = [f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}"]
@@ -118,26 +119,33 @@ def main() -> int:
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(work / "tiny" / f, big / f)
     (big / "config.json").write_text(json.dumps(QWEN3_8B))
-    t0 = time.perf_counter()
-    engine = LLMEngine(EngineConfig(model=str(big), device="cuda", dtype="bfloat16", parallel=max(batches),
-                                    ctx_size=args.prompt_tokens + args.max_tokens + 16, max_batch_tokens=8192,
-                                    enable_prefix_caching=False, load_format="dummy"))
-    lines.append(f"8B-shape engine built in {time.perf_counter() - t0:.1f}s")
-    try:
-        lines.append(check_8b_logits(engine))
-    except Exception:
-        traceback.print_exc()
-        lines.append("8B logits check FAILED (traceback above)")
-    run_batch(engine, 4, args.prompt_tokens, 8, seed=999)
-    rows = ["| batch | decode tok/s | total tok/s | prefill s | decode s | ms/decode step |", "|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| variant | batch | decode tok/s | total tok/s | prefill s | decode s | ms/decode step |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
     results = []
-    for b in batches:
-        r = run_batch(engine, b, args.prompt_tokens, args.max_tokens, seed=b)
-        results.append(r.__dict__)
-        steps = args.max_tokens - 1
-        rows.append(f"| {b} | {r.decode_tokens_per_s:,.0f} | {r.total_tokens_per_s:,.0f} | {r.prefill_s:.2f} | "
-                    f"{r.decode_s:.2f} | {1000 * r.decode_s / steps:.1f} |")
-        print(rows[-1], flush=True)
+    for variant in args.variants.split(","):
+        t0 = time.perf_counter()
+        engine = LLMEngine(EngineConfig(
+            model=str(big), device="cuda", dtype="bfloat16", parallel=max(batches),
+            ctx_size=args.prompt_tokens + args.max_tokens + 16, max_batch_tokens=8192,
+            enable_prefix_caching=False, load_format="dummy", cuda_graphs=variant == "graphs"))
+        torch.cuda.synchronize()
+        lines.append(f"8B-shape engine ({variant}) built in {time.perf_counter() - t0:.1f}s")
+        if variant == "graphs":
+            try:
+                lines.append(check_8b_logits(engine))
+            except Exception:
+                traceback.print_exc()
+                lines.append("8B logits check FAILED (traceback above)")
+        run_batch(engine, 4, args.prompt_tokens, 8, seed=999)
+        for b in batches:
+            r = run_batch(engine, b, args.prompt_tokens, args.max_tokens, seed=b)
+            results.append({"variant": variant, **r.__dict__})
+            steps = args.max_tokens - 1
+            rows.append(f"| {variant} | {b} | {r.decode_tokens_per_s:,.0f} | {r.total_tokens_per_s:,.0f} | "
+                        f"{r.prefill_s:.2f} | {r.decode_s:.2f} | {1000 * r.decode_s / steps:.1f} |")
+            print(rows[-1], flush=True)
+        del engine
+        torch.cuda.empty_cache()
     if args.out:
         Path(args.out, "gpu_bench.json").write_text(json.dumps({"lines": lines, "results": results}, indent=1))
     print("\n".join(lines + rows))

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from onebit.models.tiny import make_tiny_model
+# Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors, so the CPU tests
+# compare each kernel with its plain-torch reference. Must be set before triton is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from onebit.models.tiny import make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

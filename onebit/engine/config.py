@@ -28,6 +28,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     load_format: str = "auto"
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.parallel < 1:

@@ -47,7 +47,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.parallel, config.max_batch_tokens)
         self.runner = ModelRunner(model, cfg, self.device, self.dtype, num_blocks, config.block_size,
-                                  self.max_model_len)
+                                  self.max_model_len, config.parallel, config.cuda_graphs)
         self.sampler = Sampler(self.eos_token_ids, self.device, config.seed)
         self.seqs: dict[str, Sequence] = {}
         self._pending: list[StepDelta] = []

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import torch
 
+from onebit.engine.cuda_graphs import CudaGraphDecoder
 from onebit.engine.sequence import Sequence
-from onebit.kernels.attention import AttentionMetadata
+from onebit.kernels.attention import AttentionMetadata, triton_decode
 from onebit.models.config import ModelConfig
 from onebit.models.rope import rope_cos_sin
 from onebit.models.transformer import CausalLM
+
+
+def pick_num_splits(max_model_len: int) -> int:
+    """Context splits of the GPU decode kernel (1 when the torch reference runs)."""
+    return triton_decode.pick_num_splits(max_model_len) if triton_decode is not None else 1
 
 
 def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -21,14 +27,36 @@ class ModelRunner:
     """Owns the KV cache tensor and turns a step plan into logits."""
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 num_blocks: int, block_size: int, max_model_len: int):
+                 num_blocks: int, block_size: int, max_model_len: int, max_batch: int = 1,
+                 cuda_graphs: bool = True):
         self.model = model
         self.cfg = cfg
         self.device = device
         self.block_size = block_size
-        self.kv_cache = torch.zeros(2, cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads,
+        # One block past the pool is scratch: padded rows of a graph replay write there.
+        self.kv_cache = torch.zeros(2, cfg.num_layers, num_blocks + 1, block_size, cfg.num_kv_heads,
                                     cfg.head_dim, dtype=dtype, device=device)
         self.rope = rope_cos_sin(cfg, max_model_len, device)
+        self.num_splits = pick_num_splits(max_model_len)
+        self.max_model_len = max_model_len
+        self.graphs: CudaGraphDecoder | None = None
+        if cuda_graphs and device.type == "cuda":
+            self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, max_batch,
+                                           -(-max_model_len // block_size), self.num_splits, max_model_len)
+            self.graphs.capture()
+
+    def _run_graph(self, plan: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
+        bs = self.block_size
+        seqs = [seq for seq, _ in plan]
+        positions = [seq.num_computed_tokens for seq in seqs]
+        logits = self.graphs.run(
+            [seq.token_ids[p] for seq, p in zip(seqs, positions)], positions,
+            [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)],
+            [seq.block_table for seq in seqs], [p + 1 for p in positions])
+        rows = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
+        if len(rows) != len(seqs):
+            logits = logits[torch.tensor(rows, device=logits.device, dtype=torch.long)]
+        return logits, [seqs[i] for i in rows]
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
@@ -58,12 +86,15 @@ class ModelRunner:
             decode_bt = self._tensor([x for t in decode_tables for x in t + [0] * (width - len(t))])
             decode_bt = decode_bt.view(len(decode_tables), width)
             decode_ctx = self._tensor(decode_lens)
-        meta = AttentionMetadata(self._tensor(slots), len(decode_tables), decode_bt, decode_ctx, prefills)
+        meta = AttentionMetadata(self._tensor(slots), len(decode_tables), decode_bt, decode_ctx, prefills,
+                                 self.num_splits, self.max_model_len)
         return self._tensor(ids), self._tensor(positions), meta, sample_rows
 
     @torch.inference_mode()
     def run(self, plan: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
         """Forward the step; return logits [N, vocab] for the sequences that sample a token, and those sequences."""
+        if self.graphs is not None and all(n == 1 for _, n in plan) and self.graphs.can_run(len(plan)):
+            return self._run_graph(plan)
         ids, positions, meta, sample_rows = self.prepare(plan)
         hidden = self.model(ids, positions, self.kv_cache, meta, self.rope)
         sampling = [seq for seq, n in plan if seq.num_computed_tokens + n == seq.num_tokens]

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+try:  # the GPU kernels need triton; without it every path uses the torch reference
+    from onebit.kernels import triton_decode
+except ImportError:  # pragma: no cover - depends on the install
+    triton_decode = None
+
 
 @dataclass
 class AttentionMetadata:
@@ -31,6 +36,8 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None
     decode_context_lens: torch.Tensor | None
     prefills: list[tuple[int, int, int, torch.Tensor]]
+    decode_num_splits: int = 1
+    decode_max_context: int | None = None
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -41,7 +48,8 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
-def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
+def decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale):
+    """Plain-torch decode attention: q [B, heads, head_dim], one query per sequence."""
     num_seqs, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = num_heads // kv_heads
@@ -57,20 +65,22 @@ def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
-def _prefill_attention(q, k_cache, v_cache, context_len, block_table, scale):
+def prefill_attention_ref(q, k_cache, v_cache, context_len, block_table, scale):
+    """Causal attention of one sequence's n new queries [n, heads, head_dim] over its whole context."""
     n, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
-    keys = k_cache[block_table].reshape(-1, kv_heads, head_dim)[:context_len]
-    values = v_cache[block_table].reshape(-1, kv_heads, head_dim)[:context_len]
-    group = num_heads // kv_heads
-    keys = keys.repeat_interleave(group, dim=1)
-    values = values.repeat_interleave(group, dim=1)
+    keys = k_cache[block_table].reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
+    values = v_cache[block_table].reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
+    gqa = num_heads != kv_heads
+    if n == context_len:  # nothing cached before: plain causal attention (flash kernels on GPU)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, is_causal=True, scale=scale,
+                                             enable_gqa=gqa)
+        return out.transpose(0, 1)
     # Query i sits at position context_len - n + i and sees keys 0..that position.
     q_pos = torch.arange(context_len - n, context_len, device=q.device)
     mask = torch.arange(context_len, device=q.device)[None, :] <= q_pos[:, None]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale
-    )
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask, scale=scale,
+                                         enable_gqa=gqa)
     return out.transpose(0, 1)
 
 
@@ -80,9 +90,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     d = meta.num_decodes
     if d:
-        out[:d] = _decode_attention(q[:d], k_cache, v_cache, meta.decode_block_tables,
-                                    meta.decode_context_lens, scale)
+        if q.is_cuda and triton_decode is not None:
+            out[:d] = triton_decode.paged_decode_attention(
+                q[:d], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
+                meta.decode_num_splits, meta.decode_max_context)
+        else:
+            out[:d] = decode_attention_ref(q[:d], k_cache, v_cache, meta.decode_block_tables,
+                                           meta.decode_context_lens, scale)
     for start, length, context_len, block_table in meta.prefills:
-        out[start:start + length] = _prefill_attention(
+        out[start:start + length] = prefill_attention_ref(
             q[start:start + length], k_cache, v_cache, context_len, block_table, scale)
     return out

@@ -1,0 +1,87 @@
+"""Decode steps replayed from CUDA graphs, one graph per batch size on a ladder.
+
+A decode-only step of B sequences runs the graph captured for the smallest ladder size
+>= B; the extra rows are padding that writes into a scratch cache block and attends to
+one token of it. Inputs live in static buffers that each step overwrites in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from onebit.kernels.attention import AttentionMetadata
+
+LADDER = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512]
+
+
+def ladder_for(max_batch: int) -> list[int]:
+    """Captured batch sizes up to max_batch (max_batch itself always included)."""
+    sizes = [b for b in LADDER if b < max_batch]
+    return sizes + [max_batch]
+
+
+class CudaGraphDecoder:
+    """Captures the model's decode forward (logits included) and replays it."""
+
+    def __init__(self, model, kv_cache: torch.Tensor, rope, scratch_block: int, block_size: int,
+                 max_batch: int, max_blocks: int, num_splits: int, max_context: int):
+        device = kv_cache.device
+        self.model, self.kv_cache, self.rope = model, kv_cache, rope
+        self.block_size = block_size
+        self.scratch_slot = scratch_block * block_size
+        self.scratch_block = scratch_block
+        self.ids = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self.slots = torch.full((max_batch,), self.scratch_slot, dtype=torch.long, device=device)
+        self.tables = torch.full((max_batch, max_blocks), scratch_block, dtype=torch.int32, device=device)
+        self.lens = torch.ones(max_batch, dtype=torch.int32, device=device)
+        self.num_splits, self.max_context = num_splits, max_context
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+        self.sizes = ladder_for(max_batch)
+
+    def _forward(self, b: int) -> torch.Tensor:
+        meta = AttentionMetadata(self.slots[:b], b, self.tables[:b], self.lens[:b], [],
+                                 self.num_splits, self.max_context)
+        hidden = self.model(self.ids[:b], self.positions[:b], self.kv_cache, meta, self.rope)
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture one graph per ladder size, largest first so smaller ones reuse its memory pool."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile Triton kernels and settle the allocator outside capture
+                self._forward(self.sizes[-1])
+        torch.cuda.current_stream().wait_stream(stream)
+        for b in reversed(self.sizes):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self._forward(b)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[b] = (graph, logits)
+        torch.cuda.synchronize()
+
+    def can_run(self, batch: int) -> bool:
+        """True when a captured graph covers a decode of `batch` sequences."""
+        return 0 < batch <= self.sizes[-1]
+
+    def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+            lens: list[int]) -> torch.Tensor:
+        """Fill the static inputs for this step and replay; returns logits [len(ids), vocab]."""
+        n = len(ids)
+        b = next(size for size in self.sizes if size >= n)
+        width = max(len(t) for t in tables)
+        rows = [t + [self.scratch_block] * (width - len(t)) for t in tables]
+        rows += [[self.scratch_block] * width] * (b - n)
+        pad = b - n
+        self.ids[:b].copy_(torch.tensor(ids + [0] * pad))
+        self.positions[:b].copy_(torch.tensor(positions + [0] * pad))
+        self.slots[:b].copy_(torch.tensor(slots + [self.scratch_slot] * pad))
+        self.lens[:b].copy_(torch.tensor(lens + [1] * pad, dtype=torch.int32))
+        self.tables[:b, :width].copy_(torch.tensor(rows, dtype=torch.int32))
+        graph, logits = self.graphs[b]
+        graph.replay()
+        return logits[:n]
