@@ -94,6 +94,29 @@ def check_8b_logits(engine) -> str:
             f"(missing {len(missing)}, unexpected {len(unexpected)})")
 
 
+def time_replays(engine, sizes=(1, 8, 64, 256)) -> str:
+    """Median time of a bare graph replay per batch size: the GPU's share of a decode step."""
+    graphs = engine.runner.graphs
+    if graphs is None:
+        return "no CUDA graphs"
+    parts = []
+    for b in sizes:
+        if b not in graphs.graphs:
+            continue
+        graph = graphs.graphs[b][0]
+        times = []
+        for _ in range(30):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        times.sort()
+        parts.append(f"B={b}: {times[len(times) // 2]:.2f} ms")
+    return "graph replay alone (median of 30): " + ", ".join(parts)
+
+
 def main() -> int:
     """Run the checks and the timings; print the table last."""
     ap = argparse.ArgumentParser()
@@ -137,6 +160,8 @@ def main() -> int:
                 traceback.print_exc()
                 lines.append("8B logits check FAILED (traceback above)")
         run_batch(engine, 4, args.prompt_tokens, 8, seed=999)
+        if variant == "graphs":
+            lines.append(time_replays(engine))
         for b in batches:
             r = run_batch(engine, b, args.prompt_tokens, args.max_tokens, seed=b)
             results.append({"variant": variant, **r.__dict__})

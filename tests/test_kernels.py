@@ -59,3 +59,59 @@ def test_split_choice():
     assert triton_decode.pick_num_splits(100) == 1
     assert triton_decode.pick_num_splits(1500) == 3
     assert triton_decode.pick_num_splits(10**6) == 16
+
+
+# -- fused per-token kernels ------------------------------------------------------------------
+
+from onebit.kernels import fused_ref  # noqa: E402
+
+triton_fused = pytest.importorskip("onebit.kernels.triton_fused")
+FUSED_TOL = {"cpu": 1e-5, "cuda": 1e-5}[DEVICE]
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("cols", [64, 100, 4096])
+def test_add_rms_norm_matches_reference(cols):
+    g = torch.Generator().manual_seed(cols)
+    x, res = torch.randn(7, cols, generator=g), torch.randn(7, cols, generator=g)
+    w = 1 + 0.1 * torch.randn(cols, generator=g)
+    x, res, w = x.to(DEVICE), res.to(DEVICE), w.to(DEVICE)
+    out, summed = triton_fused.add_rms_norm(x, res, w, 1e-6)
+    ref_out, ref_sum = fused_ref.add_rms_norm_ref(x, res, w, 1e-6)
+    assert _rel(out, ref_out) < FUSED_TOL and _rel(summed, ref_sum) < FUSED_TOL
+    plain, none = triton_fused.add_rms_norm(x, None, w, 1e-6)
+    assert none is None and _rel(plain, fused_ref.rms_norm_ref(x, w, 1e-6)) < FUSED_TOL
+
+
+def test_silu_mul_matches_reference():
+    gu = torch.randn(5, 2 * 1500, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    assert _rel(triton_fused.silu_mul(gu), fused_ref.silu_mul_ref(gu)) < FUSED_TOL
+
+
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_qk_norm_rope_store_matches_reference(with_norm):
+    from onebit.models.config import ModelConfig
+    from onebit.models.rope import rope_cos_sin
+    heads, kv, dim, block, t = 4, 2, 16, 4, 6
+    cfg = ModelConfig("Qwen3ForCausalLM", "qwen3", 64, 128, 1, heads, kv, dim, 100)
+    cos, sin = rope_cos_sin(cfg, 64, torch.device(DEVICE))
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(t, (heads + 2 * kv) * dim, generator=g).to(DEVICE)
+    positions = torch.tensor([0, 5, 9, 33, 34, 63], device=DEVICE)
+    slots = torch.tensor([3, 17, 8, 0, 22, 12], device=DEVICE)
+    qn = (1 + 0.1 * torch.randn(dim, generator=g)).to(DEVICE) if with_norm else None
+    kn = (1 + 0.1 * torch.randn(dim, generator=g)).to(DEVICE) if with_norm else None
+    caches = [torch.full((6, block, kv, dim), float("nan"), device=DEVICE) for _ in range(4)]
+    q = triton_fused.qk_norm_rope_store(qkv, positions, cos, sin, qn, kn, 1e-6, slots, caches[0], caches[1],
+                                        heads, kv, dim)
+    q_ref = fused_ref.qk_norm_rope_store_ref(qkv, positions, cos, sin, qn, kn, 1e-6, slots, caches[2],
+                                             caches[3], heads, kv, dim)
+    assert _rel(q, q_ref) < FUSED_TOL
+    flat = lambda c: c.view(-1, kv, dim)[slots]
+    assert _rel(flat(caches[0]), flat(caches[2])) < FUSED_TOL
+    assert _rel(flat(caches[1]), flat(caches[3])) < FUSED_TOL
+    # slots not written stay untouched (NaN) in both
+    assert torch.equal(caches[0].isnan(), caches[2].isnan())

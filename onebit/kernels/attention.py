@@ -1,8 +1,8 @@
 """Attention over the paged KV cache: the step's metadata and a plain-torch implementation.
 
 The step's tokens are packed: first one token for each decoding sequence, then the
-chunks of the prefilling sequences. Every K/V is written to the cache first, then
-queries read their whole context from the cache, so prefix-cache hits and chunked
+chunks of the prefilling sequences. Every K/V is written to the cache first (kernels/ops),
+then queries read their whole context from the cache, so prefix-cache hits and chunked
 prefill need no special case. This file is the reference the GPU kernels are
 checked against; it runs on CPU and CUDA.
 """
@@ -38,14 +38,6 @@ class AttentionMetadata:
     prefills: list[tuple[int, int, int, torch.Tensor]]
     decode_num_splits: int = 1
     decode_max_context: int | None = None
-
-
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store k, v [T, kv_heads, head_dim] at their slots of the caches [blocks, block_size, kv_heads, head_dim]."""
-    kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
 def decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from onebit.kernels import ops
 
 
 class RMSNorm(nn.Module):
@@ -15,12 +16,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise the last dimension of x."""
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Normalise the last dimension of x; with a residual, normalise x + residual and
+        return (normed, x + residual), the sum being the next residual."""
+        out, summed = ops.add_rms_norm(x, residual, self.weight, self.eps)
+        return out if residual is None else (out, summed)
 
 
 class SwiGLU(nn.Module):
@@ -34,5 +34,4 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the MLP to x [T, hidden]."""
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))

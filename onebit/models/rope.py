@@ -1,4 +1,4 @@
-"""Rotary position embeddings: inverse frequencies for each rope_scaling type, and their application."""
+"""Rotary position embeddings: cos/sin tables for each rope_scaling type (applied in kernels/ops)."""
 
 from __future__ import annotations
 
@@ -61,11 +61,3 @@ def rope_cos_sin(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[
     emb = torch.cat([freqs, freqs], dim=-1)
     return (emb.cos() * scale).float().to(device), (emb.sin() * scale).float().to(device)
 
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, head_dim] by per-token cos/sin [T, head_dim] (rotate-half layout)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)

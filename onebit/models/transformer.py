@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from onebit.kernels.attention import AttentionMetadata, paged_attention, write_kv
+from onebit.kernels import ops
+from onebit.kernels.attention import AttentionMetadata, paged_attention
 from onebit.models.config import ModelConfig
 from onebit.models.layers import RMSNorm, SwiGLU
-from onebit.models.rope import apply_rope
 
 
 class Attention(nn.Module):
@@ -29,17 +29,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata):
+    def forward(self, x, positions, rope, k_cache, v_cache, meta: AttentionMetadata):
         """Attend x [T, hidden] over the cache, after writing this step's K/V into it."""
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        has_norm = self.q_norm is not None
+        q = ops.qk_norm_rope_store(
+            self.qkv_proj(x), positions, rope[0], rope[1], self.q_norm.weight if has_norm else None,
+            self.k_norm.weight if has_norm else None, self.q_norm.eps if has_norm else 0.0,
+            meta.slot_mapping, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -54,10 +51,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta):
-        """Run the layer on x [T, hidden]."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, rope, k_cache, v_cache, meta):
+        """Run the layer; x is the previous block's output, residual the stream before it
+        (None for the first layer). Returns the new (x, residual) pair."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, rope, k_cache, v_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class CausalLM(nn.Module):
@@ -78,11 +81,10 @@ class CausalLM(nn.Module):
         kv_cache is [2, layers, blocks, block_size, kv_heads, head_dim]; rope is the
         (cos, sin) table, indexed here by position.
         """
-        cos, sin = rope[0][positions], rope[1][positions]
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_cache[0, i], kv_cache[1, i], meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, rope, kv_cache[0, i], kv_cache[1, i], meta)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] for selected hidden states [N, hidden]."""

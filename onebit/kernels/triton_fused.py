@@ -1,0 +1,117 @@
+"""Triton kernels for the per-token work between the matrix products.
+
+Each replaces several small torch launches with one: add + RMSNorm, SiLU * mul, and
+(q/k norm + RoPE + KV-cache write). References live in `onebit.kernels.fused_ref`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        x = x + tl.load(res_ptr + row * n_cols + cols, mask=ok, other=0.0)
+        tl.store(res_out_ptr + row * n_cols + cols, x, mask=ok)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    normed = (xf * rstd).to(x.dtype)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+    tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=ok)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """rms_norm(x [+ residual]) over rows of a contiguous [T, D] x; returns (out, x + residual or None)."""
+    rows, cols = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else out
+    _add_rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, res_out, cols, eps,
+                                  HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(cols))
+    return out, (res_out if residual is not None else None)
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    gate = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=ok, other=0.0)
+    up = tl.load(gu_ptr + row * 2 * n_cols + n_cols + cols, mask=ok, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    tl.store(out_ptr + row * n_cols + cols, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=ok)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for a contiguous [T, 2 I] gate_up; returns [T, I]."""
+    rows, width = gate_up.shape
+    n = width // 2
+    out = torch.empty((rows, n), dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block)
+    return out
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, slot_ptr,
+                               q_out_ptr, k_cache_ptr, v_cache_ptr, eps, qkv_stride,
+                               NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
+                               HAS_NORM: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)  # 0..H-1 query heads, H..H+KV-1 key heads, then value heads
+    half = HEAD_DIM // 2
+    lo = tl.arange(0, HEAD_DIM // 2)
+    base = qkv_ptr + tok * qkv_stride + head * HEAD_DIM
+    x1 = tl.load(base + lo)
+    x2 = tl.load(base + half + lo)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if head >= NUM_HEADS + NUM_KV:  # value head: straight to the cache
+        dst = v_cache_ptr + (slot * NUM_KV + head - NUM_HEADS - NUM_KV) * HEAD_DIM
+        tl.store(dst + lo, x1)
+        tl.store(dst + half + lo, x2)
+    else:
+        if HAS_NORM:
+            if head < NUM_HEADS:
+                w1 = tl.load(qn_ptr + lo).to(tl.float32)
+                w2 = tl.load(qn_ptr + half + lo).to(tl.float32)
+            else:
+                w1 = tl.load(kn_ptr + lo).to(tl.float32)
+                w2 = tl.load(kn_ptr + half + lo).to(tl.float32)
+            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+            rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
+            n1, n2 = (f1 * rstd).to(x1.dtype), (f2 * rstd).to(x1.dtype)
+            x1 = (w1 * n1.to(tl.float32)).to(n1.dtype)
+            x2 = (w2 * n2.to(tl.float32)).to(n2.dtype)
+        pos = tl.load(pos_ptr + tok).to(tl.int64)
+        c = tl.load(cos_ptr + pos * HEAD_DIM + lo)
+        s = tl.load(sin_ptr + pos * HEAD_DIM + lo)
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        o1 = (f1 * c - f2 * s).to(x1.dtype)
+        o2 = (f2 * c + f1 * s).to(x1.dtype)
+        if head < NUM_HEADS:
+            dst = q_out_ptr + (tok * NUM_HEADS + head) * HEAD_DIM
+        else:
+            dst = k_cache_ptr + (slot * NUM_KV + head - NUM_HEADS) * HEAD_DIM
+        tl.store(dst + lo, o1)
+        tl.store(dst + half + lo, o2)
+
+
+def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping, k_cache, v_cache,
+                       num_heads, num_kv_heads, head_dim):
+    """Fused form of `fused_ref.qk_norm_rope_store_ref`; caches must be contiguous [blocks, block_size, KV, D]."""
+    t = qkv.shape[0]
+    q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    has_norm = q_norm is not None
+    _qk_norm_rope_store_kernel[(t, num_heads + 2 * num_kv_heads)](
+        qkv, positions, cos, sin, q_norm if has_norm else qkv, k_norm if has_norm else qkv, slot_mapping,
+        q, k_cache, v_cache, eps, qkv.stride(0),
+        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm)
+    return q
