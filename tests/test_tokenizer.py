@@ -27,9 +27,23 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.from_dir(tiny_model_dir)
+@pytest.fixture(scope="module", params=["byte-table", "decode-window"])
+def tok(tiny_model_dir, request) -> Tokenizer:
+    """The tiny tokenizer, once with the byte-level fast path and once forced onto the
+    general decode-window path, so both detokenizers pass the same tests."""
+    t = Tokenizer.from_dir(tiny_model_dir)
+    assert t.token_bytes is not None  # the tiny vocabulary is byte-level BPE
+    if request.param == "decode-window":
+        t.__dict__["token_bytes"] = None
+    return t
+
+
+def test_byte_table_agrees_with_decode(tiny_model_dir):
+    t = Tokenizer.from_dir(tiny_model_dir)
+    for i in range(t.vocab_size):
+        if i in t.special_token_ids:
+            continue
+        assert t.token_bytes[i].decode("utf-8", "replace") == t.decode([i]), i
 
 
 def _copy_with(tmp_path, tiny_model_dir, **config_changes):

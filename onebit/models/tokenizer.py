@@ -7,6 +7,8 @@ untrusted input and render in jinja2's immutable sandbox.
 
 from __future__ import annotations
 
+import codecs
+
 import json
 from datetime import datetime
 from functools import cached_property
@@ -171,6 +173,26 @@ class Tokenizer:
         """Text of `ids`; an incomplete UTF-8 sequence decodes to U+FFFD."""
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    @cached_property
+    def token_bytes(self) -> list[bytes] | None:
+        """For byte-level BPE tokenizers, the raw bytes of every token id (added tokens as UTF-8);
+        None for other decoders. Lets detokenization skip the Rust round trip per token."""
+        decoder = json.loads(self._tok.to_str()).get("decoder") or {}
+        if decoder.get("type") != "ByteLevel":
+            return None
+        byte_of = {ch: b for b, ch in enumerate(_byte_alphabet())}
+        added = {i: t.content for i, t in self._tok.get_added_tokens_decoder().items()}
+        table: list[bytes] = []
+        for i in range(self.vocab_size):
+            if i in added:
+                table.append(added[i].encode("utf-8"))
+                continue
+            piece = self._tok.id_to_token(i)
+            if piece is None or any(ch not in byte_of for ch in piece):
+                return None
+            table.append(bytes(byte_of[ch] for ch in piece))
+        return table
+
     def id_to_token(self, i: int) -> str | None:
         """The vocabulary string of token `i` (byte-level form), None when out of range."""
         return self._tok.id_to_token(i)
@@ -220,6 +242,19 @@ class Tokenizer:
             raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from None
 
 
+def _byte_alphabet() -> list[str]:
+    """The printable stand-in character for each byte 0..255 in byte-level BPE vocabularies."""
+    kept = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in kept:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
 class IncrementalDetokenizer:
     """Turn a stream of generated token ids into text deltas, one call per step.
 
@@ -241,6 +276,12 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(self._tokens)
         self._pieces: list[str] = []
+        # Byte-level vocabularies: concatenate token bytes through an incremental UTF-8 decoder,
+        # which holds an incomplete character back by itself. Same text, no per-token decode call.
+        self._bytes = tokenizer.token_bytes
+        if self._bytes is not None:
+            self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+            self._skipped = tokenizer.special_token_ids if skip_special_tokens else set()
 
     def _decode(self, start: int, end: int) -> str:
         return self._tokenizer.decode(self._tokens[start:end], skip_special_tokens=self._skip)
@@ -270,13 +311,25 @@ class IncrementalDetokenizer:
             return self._emit(prefix_text, self._decode(self._prefix_offset, split), split)
         return ""
 
+    def _add_bytes(self, token_ids: list[int], final: bool) -> str:
+        table, n = self._bytes, len(self._bytes)
+        raw = b"".join(table[t] for t in token_ids if t not in self._skipped and 0 <= t < n)
+        delta = self._utf8.decode(raw, final)
+        if delta:
+            self._pieces.append(delta)
+        return delta
+
     def add(self, token_ids: list[int]) -> str:
         """Append generated tokens; return the text that became final with them."""
+        if self._bytes is not None:
+            return self._add_bytes(token_ids, final=False)
         self._tokens.extend(token_ids)
         return self._step(final=False)
 
     def flush(self) -> str:
         """Return whatever is held back at the end (an invalid trailing sequence as U+FFFD)."""
+        if self._bytes is not None:
+            return self._add_bytes([], final=True)
         return self._step(final=True)
 
     @property
