@@ -1,6 +1,6 @@
 """Routing requests onto backends: choose-and-reserve, waiting queue, health."""
 
 from onebit.router.errors import NoBackendAvailable, QueueFull, RouterClosed, RouterError
-from onebit.router.router import Lease, Route, Router
+from onebit.router.router import Lease, Route, Router, Ticket
 
-__all__ = ["Lease", "NoBackendAvailable", "QueueFull", "Route", "Router", "RouterClosed", "RouterError"]
+__all__ = ["Lease", "NoBackendAvailable", "QueueFull", "Route", "Router", "RouterClosed", "RouterError", "Ticket"]

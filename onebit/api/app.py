@@ -1,0 +1,79 @@
+"""The FastAPI application factory: routes, middlewares, and loading in the background."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Callable
+
+from fastapi import FastAPI
+
+from onebit.api import routes_chat, routes_completions, routes_info
+from onebit.api.errors import install_error_handlers
+from onebit.api.metrics import Metrics
+from onebit.api.middleware import APIKeyMiddleware, BodyLimitMiddleware
+from onebit.api.state import ServerState
+from onebit.router import Router
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+async def _load(state: ServerState, load_tokenizer: Callable[[], object],
+                on_load_error: Callable[[str], None] | None) -> None:
+    """Start the backends and load the tokenizer side by side; report a failure once."""
+    try:
+        tokenizer_task = asyncio.create_task(asyncio.to_thread(load_tokenizer))
+        try:
+            await state.router.start()
+        finally:
+            tokenizer = await tokenizer_task
+        sizes = [b.get("n_ctx") for b in state.router.backends_info() if b.get("n_ctx")]
+        state.n_ctx = min(sizes) if sizes else None
+        state.tokenizer = tokenizer
+        log.info("ready: model %s, context %s tokens", state.model_name, state.n_ctx)
+    except Exception as error:
+        state.load_error = str(error) or type(error).__name__
+        log.debug("load failed", exc_info=True)
+        if on_load_error is not None:
+            on_load_error(state.load_error)
+
+
+def begin_shutdown(app: FastAPI) -> None:
+    """Refuse new requests and end in-flight streams with an error event (call on the loop)."""
+    state: ServerState = app.state.server
+    if getattr(app.state, "stopping", None) is None:
+        app.state.stopping = asyncio.get_running_loop().create_task(state.router.stop())
+
+
+def create_app(router: Router, *, model_name: str, model_path: str, load_tokenizer: Callable[[], object],
+               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+    """Build the server app; the model loads after startup, so /health says 503 until then."""
+    state = ServerState(router=router, model_name=model_name, model_path=model_path, metrics=Metrics(router))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.loading = asyncio.create_task(_load(state, load_tokenizer, on_load_error))
+        try:
+            yield
+        finally:
+            app.state.loading.cancel()
+            begin_shutdown(app)
+            await app.state.stopping
+
+    app = FastAPI(title="1bit", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible LLM server")
+    app.state.server = state
+    app.state.stopping = None
+    install_error_handlers(app)
+    app.include_router(routes_info.router)
+    app.include_router(routes_chat.router)
+    app.include_router(routes_completions.router)
+    # Added last = outermost: the key is checked before the body is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    return app

@@ -1,0 +1,170 @@
+"""Run the engine requests behind one API request: slots, fan-out of `n`, metrics, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from onebit.api.errors import APIError, context_overflow, internal_error, invalid_request, unavailable
+from onebit.api.state import ServerState
+from onebit.backends.base import BackendError, GenerateRequest
+from onebit.backends.native import RequestRejected
+from onebit.engine.outputs import StepDelta
+from onebit.engine.sampling_params import SamplingParams
+from onebit.router import QueueFull, RouterError, Ticket
+
+
+@dataclass
+class Choice:
+    """One engine request of an API request: which choice, which prompt, which params."""
+
+    index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str
+
+
+def router_error(error: RouterError) -> APIError:
+    """503 for every reason the router could not place a request."""
+    return unavailable(str(error), code="queue_full" if isinstance(error, QueueFull) else "unavailable")
+
+
+def backend_error(error: BackendError) -> APIError:
+    """400 when the engine rejected the input, else 500."""
+    if isinstance(error, RequestRejected):
+        details = error.details
+        if "n_ctx" in details and "n_prompt_tokens" in details:
+            return context_overflow(details["n_prompt_tokens"], details["n_ctx"])
+        return invalid_request(details.get("message", "invalid request"), details.get("param"))
+    return internal_error(str(error) or "backend failure")
+
+
+def take_tickets(state: ServerState, count: int) -> list[Ticket]:
+    """Reserve (or queue for) `count` slots now; all or nothing, 503 when the queue is full."""
+    tickets: list[Ticket] = []
+    try:
+        for _ in range(count):
+            tickets.append(state.router.ticket())
+    except RouterError as error:
+        for ticket in tickets:
+            ticket.close()
+        raise router_error(error) from None
+    return tickets
+
+
+async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> AsyncIterator[StepDelta]:
+    """Stream one choice's deltas, recording metrics; raise APIError on any failure.
+
+    A delta finishing with "error" or "abort" becomes an APIError: a broken stream
+    must never look finished.
+    """
+    metrics = state.metrics
+    arrival = time.monotonic()
+    try:
+        try:
+            lease = await ticket.wait()
+        except RouterError as error:
+            raise router_error(error) from None
+        name = lease.backend.name
+        request = GenerateRequest(choice.request_id, choice.prompt_token_ids, choice.params)
+        last = None
+        finished = False
+        try:
+            async with contextlib.aclosing(lease.backend.generate(request)) as stream:
+                async for delta in stream:
+                    now = time.monotonic()
+                    if delta.token_ids:
+                        if last is None:
+                            metrics.ttft.labels(name).observe(now - arrival)
+                        else:
+                            metrics.itl.labels(name).observe(now - last)
+                        last = now
+                    if delta.finished:
+                        finished = True
+                        reason = delta.finish_reason or "stop"
+                        metrics.requests.labels(name, reason).inc()
+                        metrics.prompt_tokens.labels(name).inc(delta.num_prompt_tokens or len(choice.prompt_token_ids))
+                        metrics.generation_tokens.labels(name).inc(delta.num_output_tokens)
+                        metrics.e2e.labels(name).observe(now - arrival)
+                        if reason in ("error", "abort"):
+                            raise internal_error(delta.error or f"request {reason}ed by the engine")
+                    yield delta
+        except BackendError as error:
+            finished = True
+            metrics.requests.labels(name, "error").inc()
+            raise backend_error(error) from None
+        finally:
+            if not finished:  # the client went away: the backend aborted it
+                metrics.requests.labels(name, "abort").inc()
+    finally:
+        ticket.close()
+
+
+async def merge_choices(state: ServerState, choices: list[Choice],
+                        tickets: list[Ticket]) -> AsyncIterator[tuple[int, StepDelta]]:
+    """Interleave the deltas of every choice as they arrive, as (choice index, delta)."""
+    if len(choices) == 1:
+        async with contextlib.aclosing(run_choice(state, choices[0], tickets[0])) as stream:
+            async for delta in stream:
+                yield choices[0].index, delta
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(choice: Choice, ticket: Ticket) -> None:
+        try:
+            async with contextlib.aclosing(run_choice(state, choice, ticket)) as stream:
+                async for delta in stream:
+                    queue.put_nowait((choice.index, delta))
+        except Exception as error:
+            queue.put_nowait((choice.index, error))
+        finally:
+            queue.put_nowait((choice.index, None))
+
+    tasks = [asyncio.create_task(pump(c, t)) for c, t in zip(choices, tickets)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class ClientGone(Exception):
+    """The client disconnected before a non-streaming response was ready."""
+
+
+async def _until_disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(receive, work):
+    """Await `work`, but cancel it (aborting its engine requests) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_until_disconnected(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watch.cancel()
+        raise
+    if not task.done() and watch.exception() is not None:
+        watch = None  # receive() failed, which says nothing about the client: just wait
+        await asyncio.wait({task})
+    if task.done():
+        if watch is not None:
+            watch.cancel()
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise ClientGone()

@@ -1,0 +1,67 @@
+"""Prometheus metrics with the `onebit:` prefix, in the server's own registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class _BackendCollector:
+    """Reads the router's per-backend engine stats at scrape time."""
+
+    def __init__(self, router):
+        self.router = router
+
+    def collect(self):
+        """Yield one family per engine-side number, labelled by backend."""
+        running = GaugeMetricFamily("onebit:num_requests_running", "Requests in the engine's running batch",
+                                    labels=["backend"])
+        waiting = GaugeMetricFamily("onebit:num_requests_waiting", "Requests waiting inside the engine",
+                                    labels=["backend"])
+        kv = GaugeMetricFamily("onebit:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)",
+                               labels=["backend"])
+        blocks = GaugeMetricFamily("onebit:kv_cache_blocks", "KV cache blocks in the pool", labels=["backend"])
+        preempt = CounterMetricFamily("onebit:num_preemptions", "Sequences preempted for lack of KV blocks",
+                                      labels=["backend"])
+        in_flight = GaugeMetricFamily("onebit:router_in_flight", "Slots reserved by the router",
+                                      labels=["backend"])
+        up = GaugeMetricFamily("onebit:backend_up", "1 when the backend serves", labels=["backend"])
+        for route in self.router.routes:
+            name = route.name
+            stats = route.backend.stats()
+            running.add_metric([name], stats.num_running)
+            waiting.add_metric([name], stats.num_waiting)
+            kv.add_metric([name], stats.kv_usage)
+            blocks.add_metric([name], stats.num_kv_blocks)
+            preempt.add_metric([name], stats.num_preemptions)
+            in_flight.add_metric([name], route.in_flight)
+            up.add_metric([name], 1.0 if route.backend.state == "ready" else 0.0)
+        queued = GaugeMetricFamily("onebit:num_requests_queued", "Requests waiting in the router for a slot")
+        queued.add_metric([], self.router.queue_size)
+        yield from (running, waiting, kv, blocks, preempt, in_flight, up, queued)
+
+
+class Metrics:
+    """The request-side metrics the API records, plus the backend collector."""
+
+    def __init__(self, router):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prompt_tokens = Counter("onebit:prompt_tokens", "Prompt tokens processed", ["backend"], registry=r)
+        self.generation_tokens = Counter("onebit:generation_tokens", "Tokens generated", ["backend"], registry=r)
+        self.requests = Counter("onebit:request_success", "Finished requests by finish reason",
+                                ["backend", "finished_reason"], registry=r)
+        self.ttft = Histogram("onebit:time_to_first_token_seconds", "Time to first token", ["backend"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("onebit:inter_token_latency_seconds", "Time between streamed token batches",
+                             ["backend"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("onebit:e2e_request_latency_seconds", "Request latency, arrival to last token",
+                             ["backend"], buckets=_LATENCY_BUCKETS, registry=r)
+        r.register(_BackendCollector(router))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

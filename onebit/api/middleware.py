@@ -1,0 +1,85 @@
+"""ASGI middlewares: API key check and request body size limit (pure ASGI, so streams stay cheap)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from fastapi import HTTPException
+
+from onebit.api.errors import APIError
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+async def _send_error(send, error: APIError) -> None:
+    body = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _drain(receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+
+
+class APIKeyMiddleware:
+    """Answers 401 unless `Authorization: Bearer KEY` (or `x-api-key: KEY`) matches."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self._key = api_key.encode()
+
+    def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        for name, value in headers:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                if hmac.compare_digest(value[7:].strip(), self._key):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self._key):
+                return True
+        return False
+
+    async def __call__(self, scope, receive, send):
+        """ASGI entry."""
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope["headers"]):
+            return await self.app(scope, receive, send)
+        await _drain(receive)
+        await _send_error(send, APIError(401, "invalid or missing API key", type="authentication_error",
+                                         code="invalid_api_key"))
+
+
+class BodyLimitMiddleware:
+    """Answers 413 when the request body is larger than `max_bytes`."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"request body larger than {self.max_bytes} bytes",
+                        code="request_too_large")
+
+    async def __call__(self, scope, receive, send):
+        """ASGI entry."""
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await _drain(receive)  # a client still writing its body would see a broken pipe
+                return await _send_error(send, self._too_large())
+        received = 0
+
+        async def counting_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # FastAPI re-raises HTTPException from body parsing; our handler shapes it.
+                    raise HTTPException(413, f"request body larger than {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, counting_receive, send)

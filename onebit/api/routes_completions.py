@@ -1,0 +1,108 @@
+"""POST /v1/completions: text completion of one or several prompts, streaming and not."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from onebit.api.errors import APIError, internal_error
+from onebit.api.formatting import SSE_DONE, SSE_HEADERS, completion_logprobs, sse, usage
+from onebit.api.generation import Choice, ClientGone, merge_choices, take_tickets, unless_disconnected
+from onebit.api.prepare import completion_prompts, completion_sampling_params
+from onebit.api.protocol import CompletionRequest, CompletionResponse
+from onebit.api.routes_chat import ERROR_RESPONSES
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+def _prompt_tokens(choices: list[Choice], n: int) -> int:
+    return sum(len(c.prompt_token_ids) for c in choices[::n])
+
+
+async def _full(state, rid: str, choices: list[Choice], tickets, n: int):
+    texts = {c.index: [] for c in choices}
+    counts = {c.index: 0 for c in choices}
+    finish = {c.index: None for c in choices}
+    logprobs = {c.index: [] for c in choices}
+    async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
+        async for index, delta in stream:
+            texts[index].append(delta.text)
+            counts[index] += len(delta.token_ids)
+            if delta.logprobs:
+                logprobs[index].extend(delta.logprobs)
+            if delta.finished:
+                finish[index] = delta.finish_reason
+    out = []
+    for c in choices:
+        lp = completion_logprobs(state, logprobs[c.index], 0) if c.params.logprobs is not None else None
+        out.append({"index": c.index, "text": "".join(texts[c.index]), "logprobs": lp,
+                    "finish_reason": finish[c.index]})
+    body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
+            "choices": out, "usage": usage(_prompt_tokens(choices, n), sum(counts.values()))}
+    return JSONResponse(body)
+
+
+async def _stream(state, request: CompletionRequest, rid: str, choices: list[Choice], tickets, n: int):
+    created = int(time.time())
+    include_usage = bool(request.stream_options and request.stream_options.include_usage)
+    offsets = {c.index: 0 for c in choices}
+    completion_tokens = 0
+
+    def chunk(item: dict) -> str:
+        payload = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+                   "choices": [item]}
+        if include_usage:
+            payload["usage"] = None
+        return sse(payload)
+
+    try:
+        async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
+            async for index, delta in stream:
+                completion_tokens += len(delta.token_ids)
+                lp = None
+                if request.logprobs is not None and delta.logprobs:
+                    lp = completion_logprobs(state, delta.logprobs, offsets[index])
+                offsets[index] += len(delta.text)
+                if delta.text or lp:
+                    yield chunk({"index": index, "text": delta.text, "logprobs": lp, "finish_reason": None})
+                if delta.finished:
+                    yield chunk({"index": index, "text": "", "logprobs": None, "finish_reason": delta.finish_reason})
+        if include_usage:
+            yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+                       "choices": [], "usage": usage(_prompt_tokens(choices, n), completion_tokens)})
+        yield SSE_DONE
+    except APIError as error:
+        yield sse(error.body())
+    except Exception:
+        log.exception("completion stream %s failed", rid)
+        yield sse(internal_error().body())
+
+
+@router.post("/v1/completions", response_model=None,
+             responses={200: {"model": CompletionResponse, "content": {"text/event-stream": {}}},
+                        **ERROR_RESPONSES})
+async def completions(request: CompletionRequest, http: Request):
+    """Text completion: a JSON response, or an SSE stream with `stream: true`."""
+    state = http.app.state.server
+    state.require_ready()
+    state.check_model(request.model)
+    prompts = completion_prompts(state, request)
+    params = completion_sampling_params(state, request)
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    n = len(params)
+    choices = [Choice(p * n + j, ids, sp, f"{rid}-{p * n + j}")
+               for p, ids in enumerate(prompts) for j, sp in enumerate(params)]
+    tickets = take_tickets(state, len(choices))
+    if request.stream:
+        return StreamingResponse(_stream(state, request, rid, choices, tickets, n),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        return await unless_disconnected(http.receive, _full(state, rid, choices, tickets, n))
+    except ClientGone:
+        return Response(status_code=499)  # nobody is listening; the engine requests were aborted

@@ -1,0 +1,53 @@
+"""What the routes share: the router, the tokenizer, the model's name and context size."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from onebit.api.errors import APIError, unavailable
+from onebit.api.metrics import Metrics
+from onebit.router import Router
+
+
+@dataclass
+class ServerState:
+    """The server's shared state; `tokenizer` and `n_ctx` are set once loading finishes."""
+
+    router: Router
+    model_name: str
+    model_path: str
+    metrics: Metrics
+    tokenizer: object | None = None
+    n_ctx: int | None = None
+    load_error: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    _piece_cache: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        """True when a backend serves and the tokenizer is loaded."""
+        return self.tokenizer is not None and self.n_ctx is not None and self.router.state == "ready"
+
+    def require_ready(self) -> None:
+        """Raise 503 unless the server can take requests."""
+        if self.ready:
+            return
+        state = self.router.state
+        if state == "loading" or (state == "ready" and self.tokenizer is None):
+            raise unavailable("Loading model", code="loading")
+        raise unavailable(f"no backend available ({self.load_error or state})")
+
+    def check_model(self, requested: str | None) -> None:
+        """404 when the request names a model this server does not serve."""
+        if requested and requested not in (self.model_name, self.model_path):
+            raise APIError(404, f"The model `{requested}` does not exist", type="not_found_error",
+                           param="model", code="model_not_found")
+
+    def piece(self, token_id: int) -> str:
+        """The text of one token, for logprobs (cached: the same ids recur)."""
+        text = self._piece_cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._piece_cache[token_id] = text
+        return text

@@ -1,0 +1,100 @@
+"""The engine worker process: owns the device, runs engine steps, talks over one pipe.
+
+Messages in (front -> worker): ("add", request_id, prompt_token_ids, params),
+("abort", request_id), ("stop",).
+Messages out (worker -> front): ("ready", info), ("load_error", message),
+("rejected", request_id, details), ("step", deltas, stats, slots).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+
+from onebit.engine.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (kill -9 included)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    # The parent may have died before prctl took effect.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _rejection(error: Exception) -> dict:
+    """Describe why add_request refused a request, in plain data that pickles."""
+    details = {"type": type(error).__name__, "message": str(error)}
+    for attr in ("param", "n_prompt_tokens", "n_ctx"):
+        if hasattr(error, attr):
+            details[attr] = getattr(error, attr)
+    return details
+
+
+def _load_engine(config: EngineConfig):
+    from onebit.engine.llm_engine import LLMEngine  # heavy: torch, the model code
+
+    return LLMEngine(config)
+
+
+def serve_engine(engine, conn: Connection) -> None:
+    """Run the step loop until "stop" or the pipe closes (the front went away)."""
+    while True:
+        busy = engine.has_unfinished()
+        # Block for commands only when there is nothing to step.
+        while not busy or conn.poll(0):
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return
+            kind = message[0]
+            if kind == "add":
+                _, request_id, prompt_token_ids, params = message
+                try:
+                    engine.add_request(request_id, prompt_token_ids, params)
+                except Exception as error:  # a bad request must never kill the worker
+                    conn.send(("rejected", request_id, _rejection(error)))
+            elif kind == "abort":
+                engine.abort(message[1])
+            elif kind == "stop":
+                return
+            busy = engine.has_unfinished()
+        deltas = engine.step()
+        conn.send(("step", deltas, engine.stats(), engine.slots()))
+
+
+def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None:
+    """Process entry point: load the engine, report, then serve until told to stop."""
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front, which stops us
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s worker: %(message)s")
+    try:
+        engine = _load_engine(config)
+    except Exception as error:
+        log.debug("load failed", exc_info=True)
+        conn.send(("load_error", f"{type(error).__name__}: {error}"))
+        return
+    info = {
+        "max_model_len": engine.max_model_len,
+        "device": str(engine.device),
+        "pid": os.getpid(),
+        "vocab_size": getattr(engine.tokenizer, "vocab_size", None),
+    }
+    conn.send(("ready", info))
+    try:
+        serve_engine(engine, conn)
+    except (BrokenPipeError, EOFError):
+        pass

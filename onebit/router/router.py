@@ -1,0 +1,261 @@
+"""Choose a backend and reserve one of its slots in one atomic step, or wait in FIFO order.
+
+Everything that touches the counters runs on the event loop thread without an
+`await` between the check and the claim, so a burst of requests can never pile onto
+one slot (the race the seed's first router had).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from onebit.backends.base import Backend, GenerateRequest
+from onebit.engine.outputs import StepDelta
+from onebit.router.errors import NoBackendAvailable, QueueFull, RouterClosed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Route:
+    """A backend with the number of requests the router lets it hold at once."""
+
+    backend: Backend
+    limit: int
+    in_flight: int = 0
+    served: int = 0
+
+    @property
+    def name(self) -> str:
+        """The backend's name."""
+        return self.backend.name
+
+
+class Lease:
+    """One reserved slot on one backend; released exactly once."""
+
+    def __init__(self, router: "Router", route: Route):
+        self._router = router
+        self.route = route
+        self.released = False
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this lease holds a slot on."""
+        return self.route.backend
+
+    def release(self) -> None:
+        """Give the slot back (a second call does nothing)."""
+        if not self.released:
+            self.released = True
+            self._router._release(self.route)
+
+
+class Ticket:
+    """A place in line for a slot, taken synchronously; `wait()` yields the Lease.
+
+    `close()` releases the lease or leaves the queue, whichever applies, exactly once.
+    Dropping an unclosed ticket closes it, so a response that never starts leaks nothing.
+    """
+
+    def __init__(self, future: asyncio.Future):
+        self._future = future
+        self._closed = False
+
+    async def wait(self) -> Lease:
+        """The reserved slot, once it is ours."""
+        return await self._future
+
+    def hand_over(self) -> None:
+        """The caller now owns the lease it got from `wait()` and releases it itself."""
+        self._closed = True
+
+    def close(self) -> None:
+        """Release the slot, or give up the place in line."""
+        if self._closed:
+            return
+        self._closed = True
+        future = self._future
+        if future.done():
+            if not future.cancelled() and future.exception() is None:
+                future.result().release()
+        else:
+            future.cancel()
+
+    def __del__(self):
+        if not self._closed:
+            try:
+                self.close()
+            except Exception:  # interpreter or loop shutting down: nothing left to release to
+                pass
+
+
+class Router:
+    """Spreads requests over backends in priority order, with a bounded FIFO queue.
+
+    A request goes to the first backend (in list order) that is ready and holds
+    fewer than its limit; when all are full it waits in one FIFO queue of at most
+    `max_queue` requests (beyond it: QueueFull). With one backend this is a plain
+    admission gate; with a primary and a secondary it is issue 4's adaptive mode.
+    """
+
+    def __init__(self, backends: list[Backend], limits: list[int] | None = None, max_queue: int = 1024):
+        if not backends:
+            raise ValueError("the router needs at least one backend")
+        limits = limits or [b.capacity for b in backends]
+        if len(limits) != len(backends) or any(n < 1 for n in limits):
+            raise ValueError("one limit >= 1 per backend")
+        self.routes = [Route(b, n) for b, n in zip(backends, limits)]
+        self.max_queue = max_queue
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._closed = False
+        for route in self.routes:
+            if hasattr(route.backend, "on_state_change"):
+                route.backend.on_state_change = self._on_backend_state_change
+
+    # ---- lifecycle -------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every backend concurrently; raise the first failure."""
+        await asyncio.gather(*(r.backend.start() for r in self.routes))
+        self._dispatch()
+
+    async def stop(self) -> None:
+        """Refuse new requests, fail waiting ones, and stop every backend."""
+        self._closed = True
+        self._fail_waiters(RouterClosed("server is shutting down"))
+        await asyncio.gather(*(r.backend.stop() for r in self.routes), return_exceptions=True)
+
+    @property
+    def state(self) -> str:
+        """"ready" when any backend serves, else "loading", "stopped" or "down"."""
+        states = [r.backend.state for r in self.routes]
+        if self._closed:
+            return "stopped"
+        for state in ("ready", "loading"):
+            if state in states:
+                return state
+        return "down"
+
+    @property
+    def queue_size(self) -> int:
+        """Requests waiting for a slot."""
+        return sum(1 for f in self._waiters if not f.done())
+
+    @property
+    def in_flight(self) -> int:
+        """Slots reserved over all backends."""
+        return sum(r.in_flight for r in self.routes)
+
+    # ---- choose and reserve ----------------------------------------------
+
+    def _try_claim(self) -> Route | None:
+        """Pick and claim a slot in one synchronous step; None when all are full."""
+        for route in self.routes:
+            if route.in_flight < route.limit and route.backend.state == "ready":
+                route.in_flight += 1
+                route.served += 1
+                return route
+        return None
+
+    def _release(self, route: Route) -> None:
+        route.in_flight -= 1
+        if route.in_flight < 0:  # a bug, never a client's doing: fail loudly
+            route.in_flight = 0
+            raise AssertionError(f"backend {route.name}: slot released twice")
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand free slots to waiters, oldest first."""
+        while self._waiters:
+            if self._waiters[0].done():  # cancelled while waiting
+                self._waiters.popleft()
+                continue
+            route = self._try_claim()
+            if route is None:
+                return
+            self._waiters.popleft().set_result(Lease(self, route))
+
+    def _serviceable(self) -> bool:
+        return any(r.backend.state in ("ready", "loading") for r in self.routes)
+
+    def ticket(self) -> Ticket:
+        """Claim a free slot now, or join the FIFO queue, without awaiting.
+
+        Raises RouterClosed, NoBackendAvailable or QueueFull at once, so an API can
+        answer 503 before it starts a streaming response.
+        """
+        if self._closed:
+            raise RouterClosed("server is shutting down")
+        if not self._serviceable():
+            raise NoBackendAvailable("no backend is available")
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        if not self.queue_size:
+            route = self._try_claim()
+            if route is not None:
+                future.set_result(Lease(self, route))
+                return Ticket(future)
+        if self.queue_size >= self.max_queue:
+            raise QueueFull(f"all slots are busy and {self.max_queue} requests are waiting")
+        self._waiters.append(future)
+        return Ticket(future)
+
+    async def acquire(self) -> Lease:
+        """Reserve a slot, waiting in FIFO order when all are taken."""
+        ticket = self.ticket()
+        try:
+            lease = await ticket.wait()
+        except BaseException:
+            ticket.close()
+            raise
+        ticket.hand_over()
+        return lease
+
+    @contextlib.asynccontextmanager
+    async def reserve(self) -> AsyncIterator[Lease]:
+        """`async with router.reserve() as lease:` holds one slot for the block's duration."""
+        ticket = self.ticket()
+        try:
+            yield await ticket.wait()
+        finally:
+            ticket.close()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[StepDelta]:
+        """Reserve a slot and stream the request's deltas from that backend."""
+        async with self.reserve() as lease:
+            async with contextlib.aclosing(lease.backend.generate(request)) as stream:
+                async for delta in stream:
+                    yield delta
+
+    # ---- health ------------------------------------------------------------
+
+    def _fail_waiters(self, error: Exception) -> None:
+        while self._waiters:
+            future = self._waiters.popleft()
+            if not future.done():
+                future.set_exception(error)
+
+    def _on_backend_state_change(self) -> None:
+        """A backend changed state: wake waiters, or fail them if nothing can serve."""
+        if not self._serviceable():
+            self._fail_waiters(NoBackendAvailable("no backend is available"))
+        else:
+            self._dispatch()
+
+    def backends_info(self) -> list[dict]:
+        """Per-backend facts for /props: kind, capacity, in-flight, state, ..."""
+        out = []
+        for route in self.routes:
+            info = dict(route.backend.info())
+            info.update(limit=route.limit, in_flight=route.in_flight, served=route.served)
+            out.append(info)
+        return out
+
+    def slots(self) -> list[dict]:
+        """Every slot of every backend, in /slots shape."""
+        return [slot.to_json() for r in self.routes for slot in r.backend.slots()]

@@ -1,0 +1,146 @@
+"""Start the real `1bit serve` as a subprocess on a free loopback port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+STARTUP_TIMEOUT_S = 120
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    """A running server: its process, base URL (ending in /v1) and log file."""
+
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def root(self) -> str:
+        """http://127.0.0.1:PORT"""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL."""
+        return f"{self.root}/v1"
+
+    def log(self) -> str:
+        """Everything the server wrote so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def children(self) -> list[int]:
+        """Pids whose parent is the server (its engine workers), read from /proc."""
+        return child_pids(self.proc.pid)
+
+
+def child_pids(parent: int) -> list[int]:
+    """Pids of the direct children of `parent`, found by scanning /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            out.append(int(entry))
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def start_server(model_dir: Path, *args: str, wait: bool = True) -> ServerProcess:
+    """Launch `python -m onebit.cli serve -m MODEL --port P ARGS`; wait for /health 200 if asked."""
+    port = free_port()
+    log_path = Path(tempfile.mkstemp(prefix="onebit-server-", suffix=".log")[1])
+    cmd = [sys.executable, "-m", "onebit.cli", "serve", "-m", str(model_dir), "--port", str(port),
+           "--log-level", "warning", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
+    server = ServerProcess(proc, port, log_path)
+    if wait:
+        wait_healthy(server)
+    return server
+
+
+def wait_healthy(server: ServerProcess, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    """Poll /health until 200; fail with the server's log if it exits or takes too long."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.root}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    stop_server(server)
+    raise RuntimeError(f"server not healthy after {timeout}s:\n{server.log()}")
+
+
+def stop_server(server: ServerProcess, timeout: float = 15) -> int | None:
+    """SIGTERM, then SIGKILL if it lingers; also reap any worker it left behind."""
+    workers = server.children()
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+    for pid in workers:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return server.proc.returncode
+
+
+@contextlib.contextmanager
+def running_server(model_dir: Path, *args: str):
+    """Context manager: a healthy server, stopped at the end."""
+    server = start_server(model_dir, *args)
+    try:
+        yield server
+    finally:
+        stop_server(server)
+
+
+SERVER_ARGS = ("--ctx-size", "256", "--parallel", "8", "--alias", "tiny")
+
+
+def openai_clients(server: ServerProcess, **options):
+    """A sync and an async official OpenAI client for the server (no retries: tests see every error)."""
+    import openai
+
+    options = {"api_key": "unused", "max_retries": 0, "timeout": 60, **options}
+    return openai.OpenAI(base_url=server.base_url, **options), openai.AsyncOpenAI(base_url=server.base_url, **options)
