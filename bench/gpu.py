@@ -94,6 +94,35 @@ def check_8b_logits(engine) -> str:
             f"(missing {len(missing)}, unexpected {len(unexpected)})")
 
 
+def hf_continuous_batching(engine, batches, prompt_tokens: int, max_tokens: int) -> list[str]:
+    """transformers' own continuous batching (`generate_batch`) on the same weights, total tok/s."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from onebit.bench.offline import random_prompts
+    cfg = AutoConfig.from_pretrained(engine.model_path)
+    with torch.device("cuda"):
+        ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    ref.load_state_dict(_hf_state_dict(engine.runner.model), strict=False)
+    rows = []
+    for b in batches:
+        gen = GenerationConfig(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                               eos_token_id=-1, pad_token_id=0, max_batch_tokens=8192, num_blocks=4096,
+                               block_size=32)
+        prompts = random_prompts(b, prompt_tokens, cfg.vocab_size, seed=b)
+        ref.generate_batch(inputs=prompts[:2], generation_config=gen)  # warm-up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = ref.generate_batch(inputs=prompts, generation_config=gen)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        made = sum(len(r.generated_tokens) for r in out.values())
+        rows.append(f"| transformers CB | {b} | - | {made / dt:,.0f} | - | - | - |")
+        print(rows[-1], flush=True)
+    del ref
+    torch.cuda.empty_cache()
+    return rows
+
+
 def time_replays(engine, sizes=(1, 8, 64, 256)) -> str:
     """Median time of a bare graph replay per batch size: the GPU's share of a decode step."""
     graphs = engine.runner.graphs
@@ -125,6 +154,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default="eager,graphs", help="engine variants to time")
+    ap.add_argument("--hf-batches", default="8,32,64", help="transformers continuous batching sizes ('' to skip)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     lines = [f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}"]
@@ -169,6 +199,13 @@ def main() -> int:
             rows.append(f"| {variant} | {b} | {r.decode_tokens_per_s:,.0f} | {r.total_tokens_per_s:,.0f} | "
                         f"{r.prefill_s:.2f} | {r.decode_s:.2f} | {1000 * r.decode_s / steps:.1f} |")
             print(rows[-1], flush=True)
+        if variant == "graphs" and args.hf_batches:
+            try:
+                rows += hf_continuous_batching(engine, [int(b) for b in args.hf_batches.split(",")],
+                                               args.prompt_tokens, args.max_tokens)
+            except Exception:
+                traceback.print_exc()
+                lines.append("transformers continuous batching FAILED (traceback above)")
         del engine
         torch.cuda.empty_cache()
     if args.out:

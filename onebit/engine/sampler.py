@@ -62,8 +62,8 @@ def shape_distribution(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tens
         drop |= before >= ps[:, None]
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
-    min_p = torch.tensor([s.params.min_p for s in seqs], dtype=probs.dtype, device=probs.device)
-    if bool((min_p > 0).any()):
+    if any(s.params.min_p > 0 for s in seqs):  # decided on the host: no device sync
+        min_p = torch.tensor([s.params.min_p for s in seqs], dtype=probs.dtype, device=probs.device)
         threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)

@@ -1,0 +1,180 @@
+"""One streamed request against an OpenAI-compatible server, timed and checked.
+
+A request succeeds only when the stream is complete and honest: HTTP 200, no `error` event,
+a finish_reason, a usage chunk, `data: [DONE]` at the end, and as many completion tokens as
+asked. Anything else is a failure with a `kind` (see FAILURE_KINDS) and a message.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+from onebit.bench.prompts import Prompt
+
+FAILURE_KINDS = ("http", "connection", "timeout", "error_event", "bad_event", "truncated",
+                 "no_finish_reason", "no_usage", "short")
+
+
+@dataclass
+class RequestResult:
+    """Timings (seconds) and outcome of one request; times are relative to the request's start."""
+
+    index: int
+    start: float = 0.0  # seconds since the level began
+    ttft: float | None = None
+    e2e: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk carrying text
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
+    failure: str | None = None  # one of FAILURE_KINDS, None on success
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the request completed in full."""
+        return self.failure is None
+
+    def to_json(self) -> dict:
+        """A plain dict for the JSON report (times rounded to microseconds)."""
+        out = asdict(self)
+        for key in ("start", "ttft", "e2e"):
+            if out[key] is not None:
+                out[key] = round(out[key], 6)
+        out["chunk_times"] = [round(t, 6) for t in self.chunk_times]
+        return out
+
+
+def build_payload(prompt: Prompt, endpoint: str, model: str, max_tokens: int, extra: dict | None = None) -> dict:
+    """The JSON body: streamed, usage requested, fixed length (ignore_eos + min_tokens), greedy.
+
+    `extra` is merged in last; a key mapped to None is removed (e.g. {"min_tokens": None}).
+    """
+    body: dict = {"model": model, "max_tokens": max_tokens, "stream": True,
+                  "stream_options": {"include_usage": True},
+                  "ignore_eos": True, "min_tokens": max_tokens, "temperature": 0.0}
+    if endpoint == "chat":
+        if prompt.text is None:
+            raise ValueError("the chat endpoint needs text prompts")
+        body["messages"] = [{"role": "user", "content": prompt.text}]
+    else:
+        body["prompt"] = list(prompt.token_ids) if prompt.token_ids is not None else prompt.text
+    for key, value in (extra or {}).items():
+        # null removes a field, for servers that reject the ones they do not know (422).
+        if value is None:
+            body.pop(key, None)
+        else:
+            body[key] = value
+    return body
+
+
+def endpoint_path(endpoint: str) -> str:
+    """URL path of 'chat' or 'completions', relative to the /v1 base."""
+    return "/chat/completions" if endpoint == "chat" else "/completions"
+
+
+class _StreamState:
+    """What the SSE events of one stream said so far."""
+
+    def __init__(self, result: RequestResult, t0: float):
+        self.result = result
+        self.t0 = t0
+        self.done = False
+        self.usage_seen = False
+        self.error: str | None = None
+
+    def feed(self, data: str) -> None:
+        """Take the payload of one `data:` line."""
+        if data == "[DONE]":
+            self.done = True
+            return
+        event = json.loads(data)
+        if not isinstance(event, dict):
+            raise ValueError("event is not a JSON object")
+        if event.get("error") is not None:
+            err = event["error"]
+            self.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            return
+        now = time.perf_counter() - self.t0
+        text = False
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if choice.get("text") or delta.get("content") or delta.get("reasoning_content") \
+                    or delta.get("tool_calls"):
+                text = True
+            if choice.get("finish_reason"):
+                self.result.finish_reason = choice["finish_reason"]
+        if text:
+            if self.result.ttft is None:
+                self.result.ttft = now
+            self.result.chunk_times.append(now)
+        usage = event.get("usage")
+        if usage:
+            self.usage_seen = True
+            self.result.prompt_tokens = usage.get("prompt_tokens")
+            self.result.completion_tokens = usage.get("completion_tokens")
+        self._speculative(event)
+
+    def _speculative(self, event: dict) -> None:
+        # llama-server reports drafted/accepted tokens in `timings` on its last chunk.
+        timings = event.get("timings")
+        if isinstance(timings, dict) and "draft_n" in timings:
+            self.result.draft_tokens = timings.get("draft_n")
+            self.result.accepted_tokens = timings.get("draft_n_accepted")
+
+
+def _classify(state: _StreamState, max_tokens: int) -> tuple[str, str] | None:
+    """(kind, message) for a stream that ended, or None when it is a success."""
+    r = state.result
+    if state.error is not None:
+        return "error_event", state.error
+    if not state.done:
+        return "truncated", "stream ended without data: [DONE]"
+    if r.finish_reason is None:
+        return "no_finish_reason", "no choice carried a finish_reason"
+    if not state.usage_seen or r.completion_tokens is None:
+        return "no_usage", "no usage chunk (stream_options.include_usage ignored?)"
+    if r.completion_tokens < max_tokens:
+        return "short", f"{r.completion_tokens} of {max_tokens} tokens (finish_reason {r.finish_reason})"
+    return None
+
+
+async def stream_request(client: httpx.AsyncClient, url: str, body: dict, index: int = 0,
+                         headers: dict | None = None) -> RequestResult:
+    """POST `body` to `url`, read the SSE stream to its end, and return the timed, classified result.
+
+    Never raises for a failed request (connection refused, reset, timeout, bad JSON): the
+    failure is in the result.
+    """
+    result = RequestResult(index=index)
+    t0 = time.perf_counter()
+    state = _StreamState(result, t0)
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                result.failure, result.message = "http", f"HTTP {response.status_code}: {text[:500]}"
+            else:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        state.feed(line[5:].strip())
+                    if state.done or state.error is not None:
+                        break
+    except httpx.TimeoutException as exc:
+        result.failure, result.message = "timeout", f"{type(exc).__name__}: {exc}"
+    except httpx.HTTPError as exc:
+        result.failure, result.message = "connection", f"{type(exc).__name__}: {exc}"
+    except (ValueError, AttributeError) as exc:
+        result.failure, result.message = "bad_event", f"unreadable event: {exc}"
+    result.e2e = time.perf_counter() - t0
+    if result.failure is None:
+        verdict = _classify(state, body.get("max_tokens", 0))
+        if verdict:
+            result.failure, result.message = verdict
+    return result

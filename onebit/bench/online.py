@@ -1,0 +1,126 @@
+"""The online benchmark: every concurrency level against one OpenAI-compatible server, as a run dict."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+from tqdm import tqdm
+
+from onebit.bench.client import build_payload, endpoint_path, stream_request
+from onebit.bench.loadgen import LevelPlan, run_level
+from onebit.bench.prompts import DEFAULT_RANDOM_IDS, default_endpoint, make_prompts
+from onebit.bench.runfile import SCHEMA
+from onebit.bench.stats import summarize
+from onebit.bench.tables import fmt_rate
+
+# Prompts drawn per level in --duration mode; request i uses prompt i modulo this.
+PROMPT_POOL = 512
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run (server unreachable, no model, warm-up failed)."""
+
+
+@dataclass
+class OnlineConfig:
+    """Everything an online run needs; `url` is the server root or its /v1 base."""
+
+    url: str
+    concurrency: list[int]
+    max_tokens: int = 256
+    prompts: str = "chat"
+    requests: int | None = None
+    duration_s: float | None = None
+    request_rate: float | None = None
+    model: str | None = None
+    api_key: str | None = None
+    endpoint: str | None = None  # 'chat' or 'completions'; default follows the prompt set
+    label: str | None = None
+    warmup: int = 1
+    timeout_s: float = 600.0
+    extra_body: dict = field(default_factory=dict)
+    random_ids: tuple[int, int] = DEFAULT_RANDOM_IDS
+    seed: int = 0
+    progress: bool = True
+
+
+def requests_per_level(cfg: OnlineConfig, concurrency: int) -> int | None:
+    """--requests if given; None in --duration mode; else 4 per client, at least 8."""
+    if cfg.requests is not None or cfg.duration_s is not None:
+        return cfg.requests
+    return max(4 * concurrency, 8)
+
+
+def api_base(url: str) -> str:
+    """'http://h:p' or 'http://h:p/v1/' -> 'http://h:p/v1'."""
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+async def discover_model(client: httpx.AsyncClient, base: str) -> str:
+    """The first model id that GET /v1/models lists."""
+    try:
+        response = await client.get(f"{base}/models")
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+        raise BenchError(f"cannot list models at {base}/models ({exc}); pass --model") from None
+
+
+def _settings(cfg: OnlineConfig, base: str, model: str, endpoint: str) -> dict:
+    return {"url": base, "model": model, "endpoint": endpoint, "prompts": cfg.prompts,
+            "max_tokens": cfg.max_tokens, "concurrency": cfg.concurrency, "requests": cfg.requests,
+            "duration_s": cfg.duration_s, "request_rate": cfg.request_rate, "warmup": cfg.warmup,
+            "extra_body": cfg.extra_body}
+
+
+async def _warm_up(cfg: OnlineConfig, client: httpx.AsyncClient, url: str, model: str, endpoint: str) -> None:
+    prompts = make_prompts(cfg.prompts, max(cfg.warmup, 1), endpoint, seed=-1, id_range=cfg.random_ids)
+    for i in range(cfg.warmup):
+        # Full length, so that first-use costs of long sequences stay out of the first level.
+        body = build_payload(prompts[i], endpoint, model, cfg.max_tokens, cfg.extra_body)
+        result = await stream_request(client, url, body, index=i)
+        if result.failure in ("http", "connection", "timeout", "error_event"):
+            raise BenchError(f"warm-up request to {url} failed ({result.failure}): {result.message}")
+
+
+async def run_online_async(cfg: OnlineConfig, print_fn=tqdm.write) -> dict:
+    """Run every level of `cfg` and return the run dict (see runfile.py)."""
+    base = api_base(cfg.url)
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(cfg.concurrency))
+    timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
+        model = cfg.model or await discover_model(client, base)
+        endpoint = cfg.endpoint or default_endpoint(cfg.prompts)
+        url = base + endpoint_path(endpoint)
+        await _warm_up(cfg, client, url, model, endpoint)
+        levels = []
+        for c in cfg.concurrency:
+            count = requests_per_level(cfg, c)
+            pool = make_prompts(cfg.prompts, count or PROMPT_POOL, endpoint, seed=cfg.seed + c,
+                                id_range=cfg.random_ids)
+
+            def send(i: int, pool=pool):
+                body = build_payload(pool[i % len(pool)], endpoint, model, cfg.max_tokens, cfg.extra_body)
+                return stream_request(client, url, body, index=i)
+
+            plan = LevelPlan(c, count, cfg.duration_s, cfg.request_rate, seed=cfg.seed + c)
+            results, wall = await run_level(send, plan, cfg.progress)
+            summary = summarize(results, wall, c)
+            levels.append({"concurrency": c, "summary": summary, "requests": [r.to_json() for r in results]})
+            print_fn(f"C={c}: {fmt_rate(summary['total_tok_s'])} tok/s total, "
+                     f"{summary['completed']}/{summary['requests']} completed, {summary['failed']} failed")
+    label = cfg.label or urlsplit(base).netloc
+    return {"schema": SCHEMA, "label": label,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "settings": _settings(cfg, base, model, endpoint), "levels": levels}
+
+
+def run_online(cfg: OnlineConfig, print_fn=tqdm.write) -> dict:
+    """Synchronous wrapper of `run_online_async`."""
+    return asyncio.run(run_online_async(cfg, print_fn))
