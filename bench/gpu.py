@@ -18,14 +18,9 @@ from pathlib import Path
 
 import torch
 
-QWEN3_8B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
-    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0, "max_position_embeddings": 40960, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
-    "bos_token_id": 151643, "eos_token_id": 151645,
-}
+from make_shape_model import SHAPES  # noqa: E402  (bench/ is the script directory)
+
+QWEN3_8B = SHAPES["qwen3-8b"]
 
 
 def check_tiny_on_cuda(work: Path) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 
@@ -27,6 +28,30 @@ def _positive(text: str) -> int:
     return value
 
 
+def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group(
+        "several backends",
+        "A request goes to the first backend (in --backend order) holding fewer requests than its slots; "
+        "when all are full it waits in one FIFO queue. A backend that dies or stops answering is restarted "
+        "with backoff; requests it had not started streaming go to another backend.")
+    group.add_argument("--adaptive", action="store_true",
+                       help="a primary with --adaptive-at slots, overflow to a secondary with --adaptive-slots; "
+                            "without --backend: two native backends on --device")
+    group.add_argument("--adaptive-at", type=_positive, default=None, metavar="N",
+                       help="requests the primary holds before the overflow goes on (default: --parallel)")
+    group.add_argument("--adaptive-slots", type=_positive, default=16, metavar="K",
+                       help="slots of every backend after the first (default 16)")
+    # --mtp (once it exists) applies to the primary only: see _backend_specs.
+    group.add_argument("--backend", action="append", default=None, metavar="SPEC",
+                       help="repeatable, first = primary: native, native:cpu, native:cuda, native:cuda:N, or "
+                            "url:http://HOST:PORT (any OpenAI-compatible server). Options after '?': slots=N; "
+                            "for url: also prompt=ids|text (token ids need the same tokenizer on the peer) and "
+                            "model=NAME. Example: url:http://box2:8000?slots=32&prompt=text. A url peer's API "
+                            "key is read from $ONEBIT_BACKEND_API_KEY")
+    group.add_argument("--backend-timeout", type=float, default=30.0, metavar="S",
+                       help="seconds without an answer before a backend counts as hung (default 30)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand but `bench` (which parses its own)."""
     parser = argparse.ArgumentParser(prog="1bit", description="One GPU, many users: an OpenAI-compatible server.")
@@ -40,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ctx-size", type=_positive, default=None, help="context size in tokens")
     serve.add_argument("--parallel", type=_positive, default=4, help="slots decoding together")
     serve.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV pool size, e.g. 2G")
+    serve.add_argument("--max-batch-tokens", type=_positive, default=2048, help="token budget of one step")
+    serve.add_argument("--block-size", type=_positive, default=16, help="tokens per KV cache block")
+    serve.add_argument("--no-prefix-caching", action="store_true", help="do not reuse cached prompt prefixes")
+    serve.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (debugging)")
+    serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                       help="dummy: random weights from config.json alone (benchmarks)")
+    _add_backend_arguments(serve)
     serve.add_argument("--alias", help="model name clients use (default: directory name)")
     serve.add_argument("--api-key", help="require this key on every API route")
     serve.add_argument("--max-queue", type=int, default=1024, help="requests that may wait for a slot")
@@ -52,6 +84,26 @@ def build_parser() -> argparse.ArgumentParser:
 def _fail(message: str) -> int:
     print(f"1bit: error: {message}", file=sys.stderr)
     return 1
+
+
+def _backend_specs(args: argparse.Namespace):
+    """The backends to run and the slots of each, from --backend/--adaptive*; ValueError on a bad mix."""
+    from onebit.backends.spec import BackendSpec, parse_backend_spec
+
+    if args.adaptive_at is not None and not args.adaptive:
+        raise ValueError("--adaptive-at needs --adaptive")
+    if args.backend_timeout <= 0:
+        raise ValueError("--backend-timeout must be > 0")
+    specs = [parse_backend_spec(text) for text in args.backend or []]
+    if args.adaptive and not specs:
+        specs = [BackendSpec("native"), BackendSpec("native")]
+    if not specs:
+        specs = [BackendSpec("native")]
+    if args.adaptive and len(specs) < 2:
+        raise ValueError("--adaptive needs two backends or more (give none, or at least two --backend)")
+    first = (args.adaptive_at or args.parallel) if args.adaptive else args.parallel
+    slots = [s.slots or (first if i == 0 else args.adaptive_slots) for i, s in enumerate(specs)]
+    return specs, slots
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -71,17 +123,27 @@ def serve(args: argparse.Namespace) -> int:
         return _fail(str(error))
     from onebit.api.app import create_app
     from onebit.api.server import make_server, run_server
-    from onebit.backends.native import NativeBackend
     from onebit.engine.config import EngineConfig
     from onebit.models.tokenizer import Tokenizer
     from onebit.router import Router
 
     try:
         config = EngineConfig(model=str(path), device=args.device, dtype=args.dtype, parallel=args.parallel,
-                              ctx_size=args.ctx_size, kv_cache_memory=args.kv_cache_memory)
+                              ctx_size=args.ctx_size, kv_cache_memory=args.kv_cache_memory,
+                              max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
+                              enable_prefix_caching=not args.no_prefix_caching,
+                              cuda_graphs=not args.no_cuda_graphs, load_format=args.load_format)
     except ValueError as error:
         return _fail(str(error))
-    router = Router([NativeBackend(config, name="native-0")], max_queue=args.max_queue)
+    try:
+        specs, slots = _backend_specs(args)
+    except ValueError as error:
+        return _fail(str(error))
+    from onebit.backends.factory import BuildOptions, build_backends
+
+    options = BuildOptions(default_device=args.device, health_timeout=args.backend_timeout,
+                           api_key=os.environ.get("ONEBIT_BACKEND_API_KEY"))
+    router = Router(build_backends(specs, slots, config, options), max_queue=args.max_queue)
     name = args.alias or path.name
     failure: list[str] = []
 

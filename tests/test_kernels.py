@@ -115,3 +115,36 @@ def test_qk_norm_rope_store_matches_reference(with_norm):
     assert _rel(flat(caches[1]), flat(caches[3])) < FUSED_TOL
     # slots not written stay untouched (NaN) in both
     assert torch.equal(caches[0].isnan(), caches[2].isnan())
+
+
+# -- varlen prefill over the paged cache -------------------------------------------------------
+
+triton_prefill = pytest.importorskip("onebit.kernels.triton_prefill")
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,chunks", [
+    (4, 2, 16, 4, [(5, 5), (3, 20), (1, 9)]),     # fresh prompt, chunk after a cached prefix, a decode
+    (8, 1, 32, 16, [(70, 70), (17, 150)]),         # MQA, several query tiles and key tiles
+    (4, 4, 16, 8, [(33, 33)]),                     # MHA
+])
+def test_paged_prefill_matches_reference(heads, kv_heads, head_dim, block_size, chunks):
+    from onebit.kernels.attention import prefill_attention_ref
+    qlens = [n for n, _ in chunks]
+    ctxs = [c for _, c in chunks]
+    q_all, k, v, tables, _ = _case(len(chunks), heads, kv_heads, head_dim, block_size, ctxs, seed=sum(ctxs))
+    g = torch.Generator().manual_seed(7)
+    total = sum(qlens)
+    q = torch.randn(total + 3, heads, head_dim, generator=g).to(DEVICE)  # 3 rows outside any chunk
+    starts = [sum(qlens[:i]) for i in range(len(qlens))]
+    out = torch.full_like(q, float("nan"))
+    triton_prefill.paged_prefill_attention(q, k, v, starts, qlens, ctxs, tables, head_dim ** -0.5, out=out)
+    assert out[total:].isnan().all()  # rows outside the chunks untouched
+    for i, (start, n, ctx) in enumerate(zip(starts, qlens, ctxs)):
+        ref = prefill_attention_ref(q[start:start + n], k, v, ctx, tables[i].long(), head_dim ** -0.5)
+        assert _rel(out[start:start + n], ref) < TOLERANCE
+
+
+def test_prefill_tiles_cover_every_query():
+    seqs, starts = triton_prefill.prefill_tiles([5, 0, 33], 16)
+    assert list(zip(seqs, starts)) == [(0, 0), (2, 0), (2, 16), (2, 32)]
+    assert triton_prefill.tokens_per_tile(32, 8) == 16 and triton_prefill.tokens_per_tile(8, 8) == 64

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Download, here, the wheels the GPU device machine lacks (its python3 is 3.12 with torch,
-# transformers, httpx, jinja2 and tokenizers, but no fastapi/uvicorn/pydantic/openai/gguf).
+# Download, here, the wheels the GPU device machine lacks for running the server there
+# (its python3 is 3.12 with torch, transformers, httpx, jinja2, tokenizers; no fastapi, uvicorn,
+# pydantic or gguf; the openai client is left out: the bench talks plain httpx).
 # Carry the folder .whl with the device call and start the command with:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
@@ -11,7 +12,8 @@ mkdir -p .whl
 python3 - <<'PY' > /tmp/onebit-device-versions.txt
 from importlib.metadata import version
 for name in ["fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core", "annotated-types",
-             "typing-inspection", "openai", "distro", "jiter", "sniffio", "gguf"]:
+             "typing-inspection", "gguf",
+             "opentelemetry-api", "typing-extensions", "annotated-doc"]:
     try:
         print(f"{name}=={version(name)}")
     except Exception:

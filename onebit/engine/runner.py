@@ -58,13 +58,20 @@ class ModelRunner:
             logits = logits[torch.tensor(rows, device=logits.device, dtype=torch.long)]
         return logits, [seqs[i] for i in rows]
 
+    def _table(self, tables: list[list[int]]) -> torch.Tensor | None:
+        """Block tables padded to one width, as a [rows, width] tensor on the device."""
+        if not tables:
+            return None
+        width = max(len(t) for t in tables)
+        return self._tensor([x for t in tables for x in t + [0] * (width - len(t))]).view(len(tables), width)
+
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
 
     def prepare(self, plan: list[tuple[Sequence, int]]):
         """Packed input ids, positions and attention metadata, plus the rows that produce logits."""
         ids, positions, slots, sample_rows = [], [], [], []
-        decode_tables, decode_lens, prefills = [], [], []
+        decode_tables, decode_lens, prefills, prefill_tables = [], [], [], []
         bs = self.block_size
         for seq, n in plan:
             start = seq.num_computed_tokens
@@ -77,17 +84,13 @@ class ModelRunner:
                 decode_tables.append(table)
                 decode_lens.append(start + 1)
             else:
-                prefills.append((query_start, n, start + n, self._tensor(table)))
+                prefills.append((query_start, n, start + n))
+                prefill_tables.append(table)
             if start + n == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
-        decode_bt = decode_ctx = None
-        if decode_tables:
-            width = max(len(t) for t in decode_tables)
-            decode_bt = self._tensor([x for t in decode_tables for x in t + [0] * (width - len(t))])
-            decode_bt = decode_bt.view(len(decode_tables), width)
-            decode_ctx = self._tensor(decode_lens)
-        meta = AttentionMetadata(self._tensor(slots), len(decode_tables), decode_bt, decode_ctx, prefills,
-                                 self.num_splits, self.max_model_len)
+        decode_ctx = self._tensor(decode_lens) if decode_tables else None
+        meta = AttentionMetadata(self._tensor(slots), len(decode_tables), self._table(decode_tables), decode_ctx,
+                                 prefills, self._table(prefill_tables), self.num_splits, self.max_model_len)
         return self._tensor(ids), self._tensor(positions), meta, sample_rows
 
     @torch.inference_mode()

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 try:  # the GPU kernels need triton; without it every path uses the torch reference
-    from onebit.kernels import triton_decode
+    from onebit.kernels import triton_decode, triton_prefill
 except ImportError:  # pragma: no cover - depends on the install
-    triton_decode = None
+    triton_decode = triton_prefill = None
 
 
 @dataclass
@@ -28,14 +28,16 @@ class AttentionMetadata:
     num_decodes: the first num_decodes tokens are single-token decode steps.
     decode_block_tables [D, max_blocks], decode_context_lens [D]: their contexts.
     prefills: for each prefilling sequence, (query start in the packed batch,
-    query length, context length after this step, block table as a tensor).
+    query length, context length after this step); prefill_block_tables [P, max_blocks]
+    holds their block tables, row i for prefills[i].
     """
 
     slot_mapping: torch.Tensor
     num_decodes: int
     decode_block_tables: torch.Tensor | None
     decode_context_lens: torch.Tensor | None
-    prefills: list[tuple[int, int, int, torch.Tensor]]
+    prefills: list[tuple[int, int, int]]
+    prefill_block_tables: torch.Tensor | None = None
     decode_num_splits: int = 1
     decode_max_context: int | None = None
 
@@ -61,8 +63,9 @@ def prefill_attention_ref(q, k_cache, v_cache, context_len, block_table, scale):
     """Causal attention of one sequence's n new queries [n, heads, head_dim] over its whole context."""
     n, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
-    keys = k_cache[block_table].reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
-    values = v_cache[block_table].reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
+    used = block_table[:-(-context_len // k_cache.shape[1])]
+    keys = k_cache[used].reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
+    values = v_cache[used].reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
     gqa = num_heads != kv_heads
     if n == context_len:  # nothing cached before: plain causal attention (flash kernels on GPU)
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, is_causal=True, scale=scale,
@@ -89,7 +92,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         else:
             out[:d] = decode_attention_ref(q[:d], k_cache, v_cache, meta.decode_block_tables,
                                            meta.decode_context_lens, scale)
-    for start, length, context_len, block_table in meta.prefills:
+    if not meta.prefills:
+        return out
+    if q.is_cuda and triton_prefill is not None:
+        starts, lens, ctxs = (list(col) for col in zip(*meta.prefills))
+        triton_prefill.paged_prefill_attention(q, k_cache, v_cache, starts, lens, ctxs,
+                                               meta.prefill_block_tables, scale, out=out)
+        return out
+    for i, (start, length, context_len) in enumerate(meta.prefills):
         out[start:start + length] = prefill_attention_ref(
-            q[start:start + length], k_cache, v_cache, context_len, block_table, scale)
+            q[start:start + length], k_cache, v_cache, context_len, meta.prefill_block_tables[i], scale)
     return out

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call: kernel tests on the GPU, the engine table (bench/gpu.py), then the server
+# through HTTP with `1bit bench`. Run from the repo root with .whl carried (tools/device_wheels.sh).
+# Usage: bash bench/gpu_serve.sh [CONCURRENCY] [GPU_PY_ARGS...]
+set -u
+CONC=${1:-1,8,32,64}
+shift || true
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py > "$OUT/kernels.log" 2>&1
+tail -3 "$OUT/kernels.log"
+python3 bench/make_shape_model.py /tmp/qwen3-8b-shape > /dev/null
+python3 -m onebit.cli bench --serve "-m /tmp/qwen3-8b-shape --load-format dummy --device cuda --parallel 64 --ctx-size 1024 --max-batch-tokens 8192" \
+  --concurrency "$CONC" --max-tokens 128 --prompts random:128 --label 1bit-h200 --out "$OUT/serve" --no-progress \
+  > "$OUT/serve.log" 2>&1
+grep -A12 "total tok/s" "$OUT/serve.log" | head -30
+python3 bench/gpu.py --out "$OUT" "$@" > "$OUT/gpu.log" 2>&1
+grep -v "loading weights" "$OUT/gpu.log" | tail -25

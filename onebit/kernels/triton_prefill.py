@@ -1,0 +1,113 @@
+"""Triton varlen attention over the paged KV cache for prefill chunks (any query length).
+
+Queries of a step are packed; each sequence's chunk is cut into tiles of TQ tokens. One
+program handles one tile and one KV head, with all the query heads of that head's group as
+rows (GQA: K/V read once per group), and walks the sequence's context through its block
+table with an online softmax, masking keys after each row's own position. Cached prefixes
+and earlier chunks are just context, so prefix-cache hits and chunked prefill need nothing
+special. Reference: `onebit.kernels.attention.prefill_attention_ref`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, tile_seq_ptr, tile_q0_ptr, seq_start_ptr, seq_qlen_ptr, seq_ctx_ptr,
+    tables_ptr, scale, max_blocks,
+    stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_ot, stride_oh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, TQ: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_K: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + tile)
+    q0 = tl.load(tile_q0_ptr + tile)
+    start = tl.load(seq_start_ptr + seq)
+    qlen = tl.load(seq_qlen_ptr + seq)
+    ctx = tl.load(seq_ctx_ptr + seq)
+
+    rows = tl.arange(0, TQ * GROUP_PAD)
+    tok = q0 + rows // GROUP_PAD
+    g = rows % GROUP_PAD
+    row_ok = (tok < qlen) & (g < GROUP)
+    pos = ctx - qlen + tok  # absolute position of each row's token
+    dims = tl.arange(0, HEAD_DIM)
+    q_off = (start + tok).to(tl.int64) * stride_qt + (kv_head * GROUP + g) * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+
+    m = tl.full([TQ * GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([TQ * GROUP_PAD], tl.float32)
+    acc = tl.zeros([TQ * GROUP_PAD, HEAD_DIM], tl.float32)
+    kv_end = tl.minimum(ctx, ctx - qlen + q0 + TQ)  # one past the tile's last position
+    table = tables_ptr + seq.to(tl.int64) * max_blocks
+    for k0 in range(0, kv_end, TILE_K):
+        keys = k0 + tl.arange(0, TILE_K)
+        key_ok = keys < kv_end
+        blocks = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0)
+        offs = blocks.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+        k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        visible = (keys[None, :] <= pos[:, None]) & key_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        m = m_new
+    out = acc / tl.maximum(l, 1e-30)[:, None]
+    o_off = (start + tok).to(tl.int64) * stride_ot + (kv_head * GROUP + g) * stride_oh
+    tl.store(out_ptr + o_off[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def tokens_per_tile(num_heads: int, num_kv_heads: int) -> int:
+    """Query tokens one program takes: about 64 rows of (token, head) pairs."""
+    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+    return max(64 // group_pad, 1)
+
+
+def prefill_tiles(query_lens: list[int], tq: int) -> tuple[list[int], list[int]]:
+    """(sequence index, first query offset) of every tile covering the given chunks."""
+    seqs, starts = [], []
+    for i, n in enumerate(query_lens):
+        for q0 in range(0, n, tq):
+            seqs.append(i)
+            starts.append(q0)
+    return seqs, starts
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            query_starts: list[int], query_lens: list[int], context_lens: list[int],
+                            block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention for packed query chunks q [T, heads, head_dim] over their paged contexts.
+
+    Sequence i's queries are q[query_starts[i] : + query_lens[i]], the last query_lens[i] of its
+    context_lens[i] tokens; block_tables [S, max_blocks]. Rows of `out` outside the chunks are
+    left untouched.
+    """
+    _, num_heads, head_dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    group = num_heads // kv_heads
+    tq = tokens_per_tile(num_heads, kv_heads)
+    tile_seq, tile_q0 = prefill_tiles(query_lens, tq)
+    out = torch.empty_like(q) if out is None else out
+    if not tile_seq:
+        return out
+    dev = q.device
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.int32).to(dev, non_blocking=True)  # noqa: E731
+    _prefill_kernel[(len(tile_seq), kv_heads)](
+        q, k_cache, v_cache, out, as_t(tile_seq), as_t(tile_q0), as_t(query_starts), as_t(query_lens),
+        as_t(context_lens), block_tables, scale, block_tables.shape[1],
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), TQ=tq, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, TILE_K=64 if head_dim <= 128 else 32,
+    )
+    return out
