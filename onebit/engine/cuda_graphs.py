@@ -41,8 +41,9 @@ class CudaGraphDecoder:
         self.sizes = ladder_for(max_batch)
 
     def _forward(self, b: int) -> torch.Tensor:
-        meta = AttentionMetadata(self.slots[:b], b, self.tables[:b], self.lens[:b], [],
-                                 self.num_splits, self.max_context)
+        meta = AttentionMetadata(slot_mapping=self.slots[:b], num_decodes=b, decode_block_tables=self.tables[:b],
+                                 decode_context_lens=self.lens[:b], prefills=[],
+                                 decode_num_splits=self.num_splits, decode_max_context=self.max_context)
         hidden = self.model(self.ids[:b], self.positions[:b], self.kv_cache, meta, self.rope)
         return self.model.compute_logits(hidden)
 
@@ -68,9 +69,9 @@ class CudaGraphDecoder:
         """True when a captured graph covers a decode of `batch` sequences."""
         return 0 < batch <= self.sizes[-1]
 
-    def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-            lens: list[int]) -> torch.Tensor:
-        """Fill the static inputs for this step and replay; returns logits [len(ids), vocab]."""
+    def fill(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+             lens: list[int]) -> int:
+        """Write one decode step into the static inputs, padded to a ladder size; return that size."""
         n = len(ids)
         b = next(size for size in self.sizes if size >= n)
         width = max(len(t) for t in tables)
@@ -82,6 +83,11 @@ class CudaGraphDecoder:
         self.slots[:b].copy_(torch.tensor(slots + [self.scratch_slot] * pad))
         self.lens[:b].copy_(torch.tensor(lens + [1] * pad, dtype=torch.int32))
         self.tables[:b, :width].copy_(torch.tensor(rows, dtype=torch.int32))
-        graph, logits = self.graphs[b]
+        return b
+
+    def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+            lens: list[int]) -> torch.Tensor:
+        """Fill the static inputs for this step and replay; returns logits [len(ids), vocab]."""
+        graph, logits = self.graphs[self.fill(ids, positions, slots, tables, lens)]
         graph.replay()
-        return logits[:n]
+        return logits[:len(ids)]

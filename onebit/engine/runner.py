@@ -89,8 +89,11 @@ class ModelRunner:
             if start + n == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
         decode_ctx = self._tensor(decode_lens) if decode_tables else None
-        meta = AttentionMetadata(self._tensor(slots), len(decode_tables), self._table(decode_tables), decode_ctx,
-                                 prefills, self._table(prefill_tables), self.num_splits, self.max_model_len)
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots), num_decodes=len(decode_tables),
+            decode_block_tables=self._table(decode_tables), decode_context_lens=decode_ctx, prefills=prefills,
+            prefill_block_tables=self._table(prefill_tables), decode_num_splits=self.num_splits,
+            decode_max_context=self.max_model_len)
         return self._tensor(ids), self._tensor(positions), meta, sample_rows
 
     @torch.inference_mode()

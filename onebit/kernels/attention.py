@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton_decode = triton_prefill = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AttentionMetadata:
     """Where each token of a step goes in the cache and what it attends to.
 
