@@ -10,8 +10,7 @@ from typing import AsyncIterator
 
 from onebit.api.errors import APIError, context_overflow, internal_error, invalid_request, unavailable
 from onebit.api.state import ServerState
-from onebit.backends.base import BackendError, GenerateRequest
-from onebit.backends.native import RequestRejected
+from onebit.backends.base import BackendError, GenerateRequest, RequestRejected
 from onebit.engine.outputs import StepDelta
 from onebit.engine.sampling_params import SamplingParams
 from onebit.router import QueueFull, RouterError, Ticket
@@ -25,6 +24,7 @@ class Choice:
     prompt_token_ids: list[int]
     params: SamplingParams
     request_id: str
+    prompt_text: str | None = None
 
 
 def router_error(error: RouterError) -> APIError:
@@ -59,48 +59,68 @@ async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> Asyn
     """Stream one choice's deltas, recording metrics; raise APIError on any failure.
 
     A delta finishing with "error" or "abort" becomes an APIError: a broken stream
-    must never look finished.
+    must never look finished. The router re-routes the choice if its backend fails
+    before it streamed anything.
     """
     metrics = state.metrics
     arrival = time.monotonic()
+    request = GenerateRequest(choice.request_id, choice.prompt_token_ids, choice.params, choice.prompt_text)
+    routed = state.router.stream(ticket, request)
+    last = None
+    finished = False
     try:
-        try:
-            lease = await ticket.wait()
-        except RouterError as error:
-            raise router_error(error) from None
-        name = lease.backend.name
-        request = GenerateRequest(choice.request_id, choice.prompt_token_ids, choice.params)
-        last = None
-        finished = False
-        try:
-            async with contextlib.aclosing(lease.backend.generate(request)) as stream:
-                async for delta in stream:
-                    now = time.monotonic()
-                    if delta.token_ids:
-                        if last is None:
-                            metrics.ttft.labels(name).observe(now - arrival)
-                        else:
-                            metrics.itl.labels(name).observe(now - last)
-                        last = now
-                    if delta.finished:
-                        finished = True
-                        reason = delta.finish_reason or "stop"
-                        metrics.requests.labels(name, reason).inc()
-                        metrics.prompt_tokens.labels(name).inc(delta.num_prompt_tokens or len(choice.prompt_token_ids))
-                        metrics.generation_tokens.labels(name).inc(delta.num_output_tokens)
-                        metrics.e2e.labels(name).observe(now - arrival)
-                        if reason in ("error", "abort"):
-                            raise internal_error(delta.error or f"request {reason}ed by the engine")
-                    yield delta
-        except BackendError as error:
-            finished = True
-            metrics.requests.labels(name, "error").inc()
-            raise backend_error(error) from None
-        finally:
-            if not finished:  # the client went away: the backend aborted it
-                metrics.requests.labels(name, "abort").inc()
+        async with contextlib.aclosing(routed.deltas()) as stream:
+            async for delta in stream:
+                name = routed.backend
+                now = time.monotonic()
+                if delta.token_ids or delta.text:
+                    if last is None:
+                        metrics.ttft.labels(name).observe(now - arrival)
+                    else:
+                        metrics.itl.labels(name).observe(now - last)
+                    last = now
+                if delta.finished:
+                    finished = True
+                    reason = delta.finish_reason or "stop"
+                    metrics.requests.labels(name, reason).inc()
+                    metrics.prompt_tokens.labels(name).inc(delta.num_prompt_tokens or len(choice.prompt_token_ids))
+                    metrics.generation_tokens.labels(name).inc(delta.num_output_tokens)
+                    metrics.e2e.labels(name).observe(now - arrival)
+                    if reason in ("error", "abort"):
+                        raise internal_error(delta.error or f"request {reason}ed by the engine")
+                yield delta
+    except RouterError as error:
+        finished = True
+        raise router_error(error) from None
+    except BackendError as error:
+        finished = True
+        metrics.requests.labels(routed.backend or "none", "error").inc()
+        raise backend_error(error) from None
     finally:
-        ticket.close()
+        if not finished and routed.backend is not None:  # the client went away: the backend aborted it
+            metrics.requests.labels(routed.backend, "abort").inc()
+
+
+class TokenCounter:
+    """Completion tokens per choice: the ids streamed, or the backend's own final count when larger.
+
+    A peer that streams text without token ids still reports how many it generated.
+    """
+
+    def __init__(self):
+        self._counts: dict[int, int] = {}
+
+    def add(self, index: int, delta: StepDelta) -> None:
+        """Count one delta of choice `index`."""
+        count = self._counts.get(index, 0) + len(delta.token_ids)
+        if delta.finished:
+            count = max(count, delta.num_output_tokens)
+        self._counts[index] = count
+
+    @property
+    def total(self) -> int:
+        """Completion tokens over all choices."""
+        return sum(self._counts.values())
 
 
 async def merge_choices(state: ServerState, choices: list[Choice],

@@ -80,6 +80,16 @@ def completion_prompts(state: ServerState, request: CompletionRequest) -> list[l
     return out
 
 
+def completion_prompt_texts(request: CompletionRequest) -> list[str | None]:
+    """Each prompt's text where the client sent text (None where it sent token ids)."""
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [None]
+    return [p if isinstance(p, str) else None for p in prompt]
+
+
 def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, float]:
     out = {}
     for key, value in (bias or {}).items():

@@ -82,6 +82,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
+    return_token_ids: bool = False  # vLLM's extension: streamed choices carry their `token_ids`
 
 
 class TokenizeRequest(_Lenient):

@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from onebit.api.errors import APIError, internal_error
 from onebit.api.formatting import SSE_DONE, SSE_HEADERS, chat_logprobs, sse, usage
-from onebit.api.generation import Choice, ClientGone, merge_choices, take_tickets, unless_disconnected
+from onebit.api.generation import (Choice, ClientGone, TokenCounter, merge_choices, take_tickets,
+                                   unless_disconnected)
 from onebit.api.prepare import chat_prompt, chat_sampling_params
 from onebit.api.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse
 from onebit.api.reasoning import ReasoningSplitter, prompt_opens_reasoning
@@ -35,13 +36,13 @@ def _split(text: str, in_reasoning: bool) -> tuple[str | None, str]:
 
 async def _full(state, request: ChatCompletionRequest, rid: str, choices, tickets, split, in_reasoning):
     texts = {c.index: [] for c in choices}
-    counts = {c.index: 0 for c in choices}
+    counts = TokenCounter()
     finish = {c.index: None for c in choices}
     logprobs = {c.index: [] for c in choices}
     async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
         async for index, delta in stream:
             texts[index].append(delta.text)
-            counts[index] += len(delta.token_ids)
+            counts.add(index, delta)
             if delta.logprobs:
                 logprobs[index].extend(delta.logprobs)
             if delta.finished:
@@ -56,7 +57,7 @@ async def _full(state, request: ChatCompletionRequest, rid: str, choices, ticket
         lp = chat_logprobs(state, logprobs[c.index]) if c.params.logprobs is not None else None
         out.append({"index": c.index, "message": message, "logprobs": lp, "finish_reason": finish[c.index]})
     body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
-            "choices": out, "usage": usage(len(choices[0].prompt_token_ids), sum(counts.values()))}
+            "choices": out, "usage": usage(len(choices[0].prompt_token_ids), counts.total)}
     return JSONResponse(body)
 
 
@@ -73,14 +74,14 @@ async def _stream(state, request: ChatCompletionRequest, rid: str, choices, tick
         return sse(payload)
 
     splitters = {c.index: ReasoningSplitter(in_reasoning) for c in choices}
-    completion_tokens = 0
+    completion_tokens = TokenCounter()
     try:
         for c in choices:
             yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                           "logprobs": None, "finish_reason": None}])
         async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
             async for index, delta in stream:
-                completion_tokens += len(delta.token_ids)
+                completion_tokens.add(index, delta)
                 if split:
                     reasoning, content = splitters[index].feed(delta.text)
                     if delta.finished:
@@ -102,7 +103,7 @@ async def _stream(state, request: ChatCompletionRequest, rid: str, choices, tick
         if include_usage:
             yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                        "model": state.model_name, "choices": [],
-                       "usage": usage(len(choices[0].prompt_token_ids), completion_tokens)})
+                       "usage": usage(len(choices[0].prompt_token_ids), completion_tokens.total)})
         yield SSE_DONE
     except APIError as error:
         yield sse(error.body())
@@ -122,7 +123,7 @@ async def chat_completions(request: ChatCompletionRequest, http: Request):
     prompt_text, ids = chat_prompt(state, request)
     params = chat_sampling_params(state, request)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    choices = [Choice(i, ids, p, f"{rid}-{i}") for i, p in enumerate(params)]
+    choices = [Choice(i, ids, p, f"{rid}-{i}", prompt_text) for i, p in enumerate(params)]
     split = request.reasoning_format != "none"
     in_reasoning = split and prompt_opens_reasoning(prompt_text)
     tickets = take_tickets(state, len(choices))

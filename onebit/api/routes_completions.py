@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from onebit.api.errors import APIError, internal_error
 from onebit.api.formatting import SSE_DONE, SSE_HEADERS, completion_logprobs, sse, usage
-from onebit.api.generation import Choice, ClientGone, merge_choices, take_tickets, unless_disconnected
-from onebit.api.prepare import completion_prompts, completion_sampling_params
+from onebit.api.generation import (Choice, ClientGone, TokenCounter, merge_choices, take_tickets,
+                                   unless_disconnected)
+from onebit.api.prepare import completion_prompt_texts, completion_prompts, completion_sampling_params
 from onebit.api.protocol import CompletionRequest, CompletionResponse
 from onebit.api.routes_chat import ERROR_RESPONSES
 
@@ -27,13 +28,13 @@ def _prompt_tokens(choices: list[Choice], n: int) -> int:
 
 async def _full(state, rid: str, choices: list[Choice], tickets, n: int):
     texts = {c.index: [] for c in choices}
-    counts = {c.index: 0 for c in choices}
+    counts = TokenCounter()
     finish = {c.index: None for c in choices}
     logprobs = {c.index: [] for c in choices}
     async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
         async for index, delta in stream:
             texts[index].append(delta.text)
-            counts[index] += len(delta.token_ids)
+            counts.add(index, delta)
             if delta.logprobs:
                 logprobs[index].extend(delta.logprobs)
             if delta.finished:
@@ -44,7 +45,7 @@ async def _full(state, rid: str, choices: list[Choice], tickets, n: int):
         out.append({"index": c.index, "text": "".join(texts[c.index]), "logprobs": lp,
                     "finish_reason": finish[c.index]})
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
-            "choices": out, "usage": usage(_prompt_tokens(choices, n), sum(counts.values()))}
+            "choices": out, "usage": usage(_prompt_tokens(choices, n), counts.total)}
     return JSONResponse(body)
 
 
@@ -52,7 +53,7 @@ async def _stream(state, request: CompletionRequest, rid: str, choices: list[Cho
     created = int(time.time())
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     offsets = {c.index: 0 for c in choices}
-    completion_tokens = 0
+    completion_tokens = TokenCounter()
 
     def chunk(item: dict) -> str:
         payload = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
@@ -64,18 +65,21 @@ async def _stream(state, request: CompletionRequest, rid: str, choices: list[Cho
     try:
         async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
             async for index, delta in stream:
-                completion_tokens += len(delta.token_ids)
+                completion_tokens.add(index, delta)
                 lp = None
                 if request.logprobs is not None and delta.logprobs:
                     lp = completion_logprobs(state, delta.logprobs, offsets[index])
                 offsets[index] += len(delta.text)
-                if delta.text or lp:
-                    yield chunk({"index": index, "text": delta.text, "logprobs": lp, "finish_reason": None})
+                if delta.text or lp or (request.return_token_ids and delta.token_ids):
+                    item = {"index": index, "text": delta.text, "logprobs": lp, "finish_reason": None}
+                    if request.return_token_ids:
+                        item["token_ids"] = delta.token_ids
+                    yield chunk(item)
                 if delta.finished:
                     yield chunk({"index": index, "text": "", "logprobs": None, "finish_reason": delta.finish_reason})
         if include_usage:
             yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
-                       "choices": [], "usage": usage(_prompt_tokens(choices, n), completion_tokens)})
+                       "choices": [], "usage": usage(_prompt_tokens(choices, n), completion_tokens.total)})
         yield SSE_DONE
     except APIError as error:
         yield sse(error.body())
@@ -93,10 +97,11 @@ async def completions(request: CompletionRequest, http: Request):
     state.require_ready()
     state.check_model(request.model)
     prompts = completion_prompts(state, request)
+    texts = completion_prompt_texts(request)
     params = completion_sampling_params(state, request)
     rid = f"cmpl-{uuid.uuid4().hex}"
     n = len(params)
-    choices = [Choice(p * n + j, ids, sp, f"{rid}-{p * n + j}")
+    choices = [Choice(p * n + j, ids, sp, f"{rid}-{p * n + j}", texts[p])
                for p, ids in enumerate(prompts) for j, sp in enumerate(params)]
     tickets = take_tickets(state, len(choices))
     if request.stream:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta  # re-exported for backends
 from onebit.engine.sampling_params import SamplingParams
@@ -14,6 +14,18 @@ class BackendError(RuntimeError):
     """A backend failed or went away while serving a request."""
 
 
+class RequestRejected(BackendError):
+    """The backend refused a request before running it (bad input, prompt too long).
+
+    `details` holds "type", "message" and, when known, "param", "n_prompt_tokens", "n_ctx".
+    Never a reason to try another backend: the input itself is at fault.
+    """
+
+    def __init__(self, details: dict):
+        super().__init__(details.get("message", "request rejected"))
+        self.details = details
+
+
 @dataclass
 class GenerateRequest:
     """One generation request as the router hands it to a backend (already tokenized)."""
@@ -21,6 +33,7 @@ class GenerateRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    prompt_text: str | None = None  # the same prompt as text, for peers that cannot take token ids
 
 
 class Backend(abc.ABC):
@@ -31,11 +44,16 @@ class Backend(abc.ABC):
     `generate` yields StepDeltas; the last has finished=True. If the backend dies
     mid-stream, `generate` raises BackendError: a failed stream never ends cleanly.
     Breaking out of (or cancelling) a `generate` iteration aborts the request.
+
+    Health is the backend's own business: when its process dies or stops answering it
+    sets `state` to "down" and calls `on_state_change()` (set by the router), and a
+    later `start()` must bring it back. The router restarts down backends with backoff.
     """
 
     name: str
     kind: str
     capacity: int
+    on_state_change: Callable[[], None] | None = None
 
     @property
     @abc.abstractmethod

@@ -3,87 +3,66 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
 import os
-import queue
-import threading
 from typing import AsyncIterator, Callable
 
-from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, SlotInfo
+from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, RequestRejected, SlotInfo
+from onebit.backends.heartbeat import Heartbeat
 from onebit.backends.native_worker import worker_main
+from onebit.backends.pipe_writer import PipeWriter
 from onebit.engine.config import EngineConfig
 from onebit.engine.outputs import StepDelta
+
+__all__ = ["NativeBackend", "RequestRejected"]  # RequestRejected lived here once; base.py owns it now
 
 log = logging.getLogger(__name__)
 
 _STOP_GRACE_S = 5.0
 
 
-class RequestRejected(BackendError):
-    """The engine refused a request before running it (bad input, prompt too long).
-
-    `details` holds "type", "message" and, when known, "param", "n_prompt_tokens", "n_ctx".
-    """
-
-    def __init__(self, details: dict):
-        super().__init__(details.get("message", "request rejected"))
-        self.details = details
-
-
-class _PipeWriter:
-    """Sends commands from a thread so a full pipe never blocks the event loop."""
-
-    def __init__(self, conn):
-        self._conn = conn
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="onebit-pipe-writer", daemon=True)
-        self._thread.start()
-
-    def send(self, message) -> None:
-        """Queue a message for the worker."""
-        self._queue.put(message)
-
-    def close(self) -> None:
-        """Stop the thread after the queued messages are sent."""
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while (message := self._queue.get()) is not None:
-            try:
-                self._conn.send(message)
-            except (OSError, ValueError):  # the worker is gone; the reader reports it
-                return
-
-
 class NativeBackend(Backend):
     """Runs an LLMEngine in a spawned worker process (own GIL, owns the device).
 
     The worker sends one message per engine step with every request's delta; the
-    front reads the pipe from the event loop and feeds per-request queues.
+    front reads the pipe from the event loop and feeds per-request queues. A worker
+    that exits is noticed at once (EOF on the pipe); one that stops answering pings
+    for `health_timeout` seconds is killed. Either way the backend goes "down", and
+    `start()` spawns a fresh worker.
+
+    `load_gate`: backends sharing one GPU share one lock, so they load one after the
+    other and each sizes its KV pool from what the previous one left free.
     """
 
     kind = "native"
     _ids = itertools.count()
 
     def __init__(self, config: EngineConfig, name: str | None = None,
-                 on_state_change: Callable[[], None] | None = None):
+                 on_state_change: Callable[[], None] | None = None, *,
+                 load_gate: asyncio.Lock | None = None, health_interval: float = 2.0,
+                 health_timeout: float = 30.0):
         self.config = config
         self.name = name or f"native-{next(self._ids)}"
         self.capacity = config.parallel
         self.on_state_change = on_state_change
         self.model_info: dict = {}
         self.last_error: str | None = None
+        self.restarts = 0
+        self._load_gate = load_gate
         self._state = "stopped"
         self._process = None
         self._conn = None
-        self._writer: _PipeWriter | None = None
+        self._writer: PipeWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future | None = None
         self._streams: dict[str, asyncio.Queue] = {}
         self._stats = EngineStats()
-        self._slots = [SlotInfo(id=i, backend=self.name, is_processing=False) for i in range(self.capacity)]
+        self._slots = self._idle_slots()
+        self._heartbeat = Heartbeat(lambda: self._writer.send(("ping",)), self._on_silent,
+                                    health_interval, health_timeout)
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -97,6 +76,9 @@ class NativeBackend(Backend):
         """The worker's process id, while it runs."""
         return self._process.pid if self._process is not None else None
 
+    def _idle_slots(self) -> list[SlotInfo]:
+        return [SlotInfo(id=i, backend=self.name, is_processing=False) for i in range(self.capacity)]
+
     def _set_state(self, state: str) -> None:
         if state != self._state:
             self._state = state
@@ -104,7 +86,27 @@ class NativeBackend(Backend):
                 self.on_state_change()
 
     async def start(self) -> None:
-        """Spawn the worker and wait until the model is loaded; raise BackendError on failure."""
+        """Spawn the worker and wait until the model is loaded; raise BackendError on failure.
+
+        Also restarts a backend that went down (the dead worker is reaped first).
+        """
+        if self._process is not None:
+            await self._shutdown_worker()
+        if self.model_info:
+            self.restarts += 1
+        self.last_error = None
+        self._set_state("loading")
+        if self._load_gate is None:
+            await self._spawn_and_wait()
+        else:
+            async with self._load_gate:
+                await self._spawn_and_wait()
+        self._pin_kv_budget()
+        self._heartbeat.start()
+        self._set_state("ready")
+        log.info("%s ready: %s", self.name, self.model_info)
+
+    async def _spawn_and_wait(self) -> None:
         # Started from the event loop (main) thread: PR_SET_PDEATHSIG fires when the
         # *thread* that forked the child exits, so never start it from a helper thread.
         self._loop = asyncio.get_running_loop()
@@ -112,11 +114,10 @@ class NativeBackend(Backend):
         front_conn, worker_conn = ctx.Pipe(duplex=True)
         self._process = ctx.Process(target=worker_main, args=(self.config, worker_conn, os.getpid()),
                                     name=f"onebit-{self.name}", daemon=True)
-        self._set_state("loading")
         self._process.start()
         worker_conn.close()  # so that the worker's death reads as EOF here
         self._conn = front_conn
-        self._writer = _PipeWriter(front_conn)
+        self._writer = PipeWriter(front_conn)
         self._ready = self._loop.create_future()
         self._loop.add_reader(front_conn.fileno(), self._on_readable)
         try:
@@ -125,11 +126,16 @@ class NativeBackend(Backend):
             await self._shutdown_worker()
             self._set_state("down")
             raise
-        self._set_state("ready")
-        log.info("%s ready: %s", self.name, self.model_info)
+
+    def _pin_kv_budget(self) -> None:
+        """On a GPU, keep the KV pool this load got, so a restart gets the same and still fits."""
+        size = self.model_info.get("kv_cache_bytes")
+        if self.config.kv_cache_memory is None and size and str(self.model_info.get("device", "")).startswith("cuda"):
+            self.config = dataclasses.replace(self.config, kv_cache_memory=size)
 
     async def stop(self) -> None:
         """Fail in-flight streams, tell the worker to stop, and reap it."""
+        self._heartbeat.stop()
         if self._process is None:
             self._set_state("stopped")
             return
@@ -143,15 +149,14 @@ class NativeBackend(Backend):
             self._writer.send(("stop",))
             self._writer.close()
         self._detach_reader()
-        if process is None:
-            return
-        deadline = asyncio.get_running_loop().time() + _STOP_GRACE_S
-        while process.is_alive() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
-        if process.is_alive():
-            process.kill()
-            await asyncio.sleep(0.05)
-        process.join(timeout=1.0)
+        if process is not None:
+            deadline = asyncio.get_running_loop().time() + _STOP_GRACE_S
+            while process.is_alive() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            if process.is_alive():
+                process.kill()
+                await asyncio.sleep(0.05)
+            process.join(timeout=1.0)
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -172,6 +177,8 @@ class NativeBackend(Backend):
             self._on_worker_exit()
 
     def _handle(self, message) -> None:
+        if self._state == "ready":
+            self._heartbeat.heard()
         kind = message[0]
         if kind == "step":
             _, deltas, self._stats, slots = message
@@ -194,16 +201,25 @@ class NativeBackend(Backend):
             if self._ready is not None and not self._ready.done():
                 self._ready.set_exception(BackendError(message[1]))
 
+    def _on_silent(self, seconds: float) -> None:
+        """The worker answered nothing for too long: kill it; its EOF marks the backend down."""
+        self.last_error = f"engine worker stopped answering ({seconds:.0f}s without a reply)"
+        log.error("%s: %s; killing it", self.name, self.last_error)
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+
     def _on_worker_exit(self) -> None:
         self._detach_reader()
+        self._heartbeat.stop()
         code = self._process.exitcode if self._process is not None else None
         reason = f"engine worker exited (exit code {code})" if code is not None else "engine worker exited"
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(BackendError(self.last_error or reason))
         if self._state in ("ready", "loading"):
             log.error("%s: %s", self.name, reason)
+            self.last_error = self.last_error or reason
             self._fail_all(BackendError(reason))
-            self._slots = [SlotInfo(id=i, backend=self.name, is_processing=False) for i in range(self.capacity)]
+            self._slots = self._idle_slots()
             self._set_state("down")
 
     def _fail_all(self, error: BackendError) -> None:
@@ -258,7 +274,8 @@ class NativeBackend(Backend):
         """What /props shows about this backend."""
         info = super().info()
         info.update(device=self.model_info.get("device", self.config.device), pid=self.pid,
-                    n_ctx=self.model_info.get("max_model_len"))
+                    n_ctx=self.model_info.get("max_model_len"), restarts=self.restarts,
+                    kv_cache_bytes=self.model_info.get("kv_cache_bytes"))
         if self.last_error:
             info["error"] = self.last_error
         return info

@@ -1,9 +1,9 @@
 """The engine worker process: owns the device, runs engine steps, talks over one pipe.
 
 Messages in (front -> worker): ("add", request_id, prompt_token_ids, params),
-("abort", request_id), ("stop",).
+("abort", request_id), ("ping",), ("stop",).
 Messages out (worker -> front): ("ready", info), ("load_error", message),
-("rejected", request_id, details), ("step", deltas, stats, slots).
+("rejected", request_id, details), ("step", deltas, stats, slots), ("pong",).
 """
 
 from __future__ import annotations
@@ -69,11 +69,25 @@ def serve_engine(engine, conn: Connection) -> None:
                     conn.send(("rejected", request_id, _rejection(error)))
             elif kind == "abort":
                 engine.abort(message[1])
+            elif kind == "ping":
+                conn.send(("pong",))
             elif kind == "stop":
                 return
             busy = engine.has_unfinished()
         deltas = engine.step()
         conn.send(("step", deltas, engine.stats(), engine.slots()))
+
+
+def _kv_info(engine, config: EngineConfig) -> dict:
+    """The KV pool this engine got, so the front can log it and keep it across restarts."""
+    try:
+        from onebit.engine.runner import kv_block_bytes
+
+        blocks = engine.block_manager.num_blocks
+        return {"kv_cache_blocks": blocks,
+                "kv_cache_bytes": blocks * kv_block_bytes(engine.model_config, config.block_size, engine.dtype)}
+    except (AttributeError, ImportError, TypeError):  # an engine without a paged pool: nothing to report
+        return {}
 
 
 def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None:
@@ -92,6 +106,7 @@ def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None
         "device": str(engine.device),
         "pid": os.getpid(),
         "vocab_size": getattr(engine.tokenizer, "vocab_size", None),
+        **_kv_info(engine, config),
     }
     conn.send(("ready", info))
     try:

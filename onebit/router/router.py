@@ -17,6 +17,8 @@ from typing import AsyncIterator
 from onebit.backends.base import Backend, GenerateRequest
 from onebit.engine.outputs import StepDelta
 from onebit.router.errors import NoBackendAvailable, QueueFull, RouterClosed
+from onebit.router.routed_stream import RoutedStream
+from onebit.router.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,9 @@ class Route:
     backend: Backend
     limit: int
     in_flight: int = 0
-    served: int = 0
+    served: int = 0  # slots handed out (a re-routed request counts on each backend it reached)
+    completed: int = 0  # requests that finished cleanly here
+    failed: int = 0  # requests that ended here with a backend error
 
     @property
     def name(self) -> str:
@@ -102,9 +106,13 @@ class Router:
     fewer than its limit; when all are full it waits in one FIFO queue of at most
     `max_queue` requests (beyond it: QueueFull). With one backend this is a plain
     admission gate; with a primary and a secondary it is issue 4's adaptive mode.
+
+    A backend that goes down is restarted by the `supervisor` (pass None for none);
+    a request it failed before streaming anything is re-routed (`stream()`).
     """
 
-    def __init__(self, backends: list[Backend], limits: list[int] | None = None, max_queue: int = 1024):
+    def __init__(self, backends: list[Backend], limits: list[int] | None = None, max_queue: int = 1024,
+                 supervisor: Supervisor | None | bool = True, max_attempts: int = 3):
         if not backends:
             raise ValueError("the router needs at least one backend")
         limits = limits or [b.capacity for b in backends]
@@ -112,24 +120,42 @@ class Router:
             raise ValueError("one limit >= 1 per backend")
         self.routes = [Route(b, n) for b, n in zip(backends, limits)]
         self.max_queue = max_queue
+        self.max_attempts = max_attempts
+        self.supervisor = Supervisor() if supervisor is True else (supervisor or None)
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._closed = False
+        self._started = False
         for route in self.routes:
-            if hasattr(route.backend, "on_state_change"):
-                route.backend.on_state_change = self._on_backend_state_change
+            route.backend.on_state_change = self._on_backend_state_change
 
     # ---- lifecycle -------------------------------------------------------
 
     async def start(self) -> None:
-        """Start every backend concurrently; raise the first failure."""
-        await asyncio.gather(*(r.backend.start() for r in self.routes))
-        self._dispatch()
+        """Start every backend concurrently; raise the first failure only if none started.
+
+        Backends that failed while another started are left to the supervisor.
+        """
+        results = await asyncio.gather(*(r.backend.start() for r in self.routes), return_exceptions=True)
+        errors = [(r, e) for r, e in zip(self.routes, results) if isinstance(e, BaseException)]
+        if len(errors) == len(self.routes):
+            raise errors[0][1]
+        for route, error in errors:
+            log.error("backend %s failed to start (%s); serving without it for now", route.name, error)
+        self._started = True
+        self._on_backend_state_change()
 
     async def stop(self) -> None:
-        """Refuse new requests, fail waiting ones, and stop every backend."""
+        """Refuse new requests, fail waiting ones, stop every backend, and log what each served."""
+        if self._closed:
+            return
         self._closed = True
         self._fail_waiters(RouterClosed("server is shutting down"))
+        if self.supervisor is not None:
+            await self.supervisor.close()
         await asyncio.gather(*(r.backend.stop() for r in self.routes), return_exceptions=True)
+        for route in self.routes:
+            log.info("backend %s (%s) took %d requests: %d completed, %d failed", route.name, route.backend.kind,
+                     route.served, route.completed, route.failed)
 
     @property
     def state(self) -> str:
@@ -184,26 +210,35 @@ class Router:
     def _serviceable(self) -> bool:
         return any(r.backend.state in ("ready", "loading") for r in self.routes)
 
-    def ticket(self) -> Ticket:
+    def ticket(self, front: bool = False) -> Ticket:
         """Claim a free slot now, or join the FIFO queue, without awaiting.
 
         Raises RouterClosed, NoBackendAvailable or QueueFull at once, so an API can
-        answer 503 before it starts a streaming response.
+        answer 503 before it starts a streaming response. `front=True` is for a
+        request being re-routed: it already waited its turn, so it goes first and
+        is not bounded by `max_queue`.
         """
         if self._closed:
             raise RouterClosed("server is shutting down")
         if not self._serviceable():
             raise NoBackendAvailable("no backend is available")
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        if not self.queue_size:
+        if front or not self.queue_size:
             route = self._try_claim()
             if route is not None:
                 future.set_result(Lease(self, route))
                 return Ticket(future)
+        if front:
+            self._waiters.appendleft(future)
+            return Ticket(future)
         if self.queue_size >= self.max_queue:
             raise QueueFull(f"all slots are busy and {self.max_queue} requests are waiting")
         self._waiters.append(future)
         return Ticket(future)
+
+    def stream(self, ticket: Ticket, request: GenerateRequest) -> RoutedStream:
+        """The request's deltas from whichever backend serves it, re-routed on an early failure."""
+        return RoutedStream(self, ticket, request, self.max_attempts)
 
     async def acquire(self) -> Lease:
         """Reserve a slot, waiting in FIFO order when all are taken."""
@@ -226,11 +261,10 @@ class Router:
             ticket.close()
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StepDelta]:
-        """Reserve a slot and stream the request's deltas from that backend."""
-        async with self.reserve() as lease:
-            async with contextlib.aclosing(lease.backend.generate(request)) as stream:
-                async for delta in stream:
-                    yield delta
+        """Reserve a slot and stream the request's deltas (re-routed if its backend fails first)."""
+        async with contextlib.aclosing(self.stream(self.ticket(), request).deltas()) as stream:
+            async for delta in stream:
+                yield delta
 
     # ---- health ------------------------------------------------------------
 
@@ -241,7 +275,9 @@ class Router:
                 future.set_exception(error)
 
     def _on_backend_state_change(self) -> None:
-        """A backend changed state: wake waiters, or fail them if nothing can serve."""
+        """A backend changed state: have it restarted if down; wake waiters, or fail them if nothing can serve."""
+        if self._started and not self._closed and self.supervisor is not None:
+            self.supervisor.check([r.backend for r in self.routes])
         if not self._serviceable():
             self._fail_waiters(NoBackendAvailable("no backend is available"))
         else:

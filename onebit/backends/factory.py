@@ -1,0 +1,57 @@
+"""Turn parsed `--backend` specs into Backend objects (the one place that knows every kind)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+from onebit.backends.base import Backend
+from onebit.backends.kv_split import device_key, split_kv
+from onebit.backends.native import NativeBackend
+from onebit.backends.remote import RemoteBackend
+from onebit.backends.spec import BackendSpec
+from onebit.engine.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class BuildOptions:
+    """What backends of every kind take from the command line."""
+
+    default_device: str = "auto"
+    health_timeout: float = 30.0
+    api_key: str | None = None  # for url: backends whose peer wants one
+
+
+def build_backends(specs: list[BackendSpec], slots: list[int], base: EngineConfig,
+                   options: BuildOptions | None = None) -> list[Backend]:
+    """One backend per spec, named `<kind>-<i>`, with `slots[i]` slots; KV split where GPUs are shared.
+
+    A new kind (e.g. `llamacpp`: llama-server child processes) is one more branch here
+    and a Backend subclass; the router never changes.
+    """
+    options = options or BuildOptions()
+    natives = [i for i, s in enumerate(specs) if s.kind == "native"]
+    configs = [dataclasses.replace(base, device=specs[i].target or options.default_device, parallel=slots[i])
+               for i in natives]
+    configs, notes = split_kv(configs)
+    gates: dict[str, asyncio.Lock] = {}
+    by_index = dict(zip(natives, zip(configs, notes)))
+    backends: list[Backend] = []
+    for i, (spec, n) in enumerate(zip(specs, slots)):
+        if spec.kind == "native":
+            config, note = by_index[i]
+            key = device_key(config.device)
+            shared = key != "cpu" and sum(device_key(c.device) == key for c in configs) > 1
+            gate = gates.setdefault(key, asyncio.Lock()) if shared else None
+            backend = NativeBackend(config, name=f"native-{i}", load_gate=gate, health_timeout=options.health_timeout)
+            log.info("backend native-%d: %d slots on %s", i, n, note)
+        else:
+            backend = RemoteBackend(spec.target, name=f"remote-{i}", capacity=n,
+                                    prompt_mode=spec.options.get("prompt", "ids"), model=spec.options.get("model"),
+                                    api_key=options.api_key, health_timeout=options.health_timeout)
+            log.info("backend remote-%d: %d slots at %s (prompt as %s)", i, n, spec.target, backend.prompt_mode)
+        backends.append(backend)
+    return backends

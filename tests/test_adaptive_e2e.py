@@ -1,0 +1,145 @@
+"""`1bit serve --adaptive` end to end: two native CPU workers, routing, /slots, a worker's death, kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from server_utils import openai_clients, pid_alive, start_server, stop_server
+
+ARGS = ("--adaptive", "--adaptive-at", "2", "--adaptive-slots", "2", "--device", "cpu",
+        "--ctx-size", "256", "--alias", "tiny", "--backend-timeout", "10")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    server = start_server(tiny_model_dir, *ARGS)
+    try:
+        yield server
+    finally:
+        stop_server(server)
+
+
+def _props(server) -> dict:
+    return httpx.get(f"{server.root}/props", timeout=10).json()
+
+
+def _wait_all_ready(server, timeout: float = 60) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        backends = _props(server)["backends"]
+        if all(b["state"] == "ready" for b in backends):
+            return backends
+        time.sleep(0.1)
+    raise AssertionError(f"backends not ready: {_props(server)['backends']}\n{server.log()}")
+
+
+async def _streams(server, n: int, max_tokens: int) -> tuple[list[int], dict[str, int]]:
+    """Run n concurrent streams; return their completion token counts and the peak busy slots per backend."""
+    _, client = openai_clients(server)
+    peak: dict[str, int] = {}
+    done = asyncio.Event()
+
+    async def watch():
+        async with httpx.AsyncClient(timeout=10) as http:
+            while not done.is_set():
+                busy: dict[str, int] = {}
+                for slot in (await http.get(f"{server.root}/slots")).json():
+                    busy[slot["backend"]] = busy.get(slot["backend"], 0) + slot["is_processing"]
+                for name, count in busy.items():
+                    peak[name] = max(peak.get(name, 0), count)
+                await asyncio.sleep(0.05)
+
+    async def one(i: int) -> int:
+        stream = await client.completions.create(model="tiny", prompt=f"story {i}", max_tokens=max_tokens,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True})
+        usage, text = None, ""
+        async for chunk in stream:
+            if chunk.usage:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                text += choice.text
+        assert text
+        return usage.completion_tokens
+
+    watcher = asyncio.create_task(watch())
+    try:
+        counts = await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        done.set()
+        await watcher
+        await client.close()
+    return counts, peak
+
+
+def test_props_show_two_native_backends(server):
+    props = _props(server)
+    backends = props["backends"]
+    assert [(b["name"], b["kind"], b["capacity"], b["state"]) for b in backends] == [
+        ("native-0", "native", 2, "ready"), ("native-1", "native", 2, "ready")]
+    assert all(b["device"] == "cpu" and b["in_flight"] == 0 for b in backends)
+    assert len({b["pid"] for b in backends}) == 2 and set(server.children()) >= {b["pid"] for b in backends}
+    slots = httpx.get(f"{server.root}/slots").json()
+    assert [(s["backend"], s["id"]) for s in slots] == [("native-0", 0), ("native-0", 1), ("native-1", 0),
+                                                       ("native-1", 1)]
+
+
+def test_six_streams_fill_both_backends_and_all_complete(server):
+    counts, peak = asyncio.run(_streams(server, 6, 40))
+    assert counts == [40] * 6
+    assert peak == {"native-0": 2, "native-1": 2}
+    metrics = httpx.get(f"{server.root}/metrics").text
+    for name in ("native-0", "native-1"):
+        assert f'onebit:request_success_total{{backend="{name}",finished_reason="length"}}' in metrics
+    assert all(b["in_flight"] == 0 for b in _props(server)["backends"])
+
+
+def _stream_events(server, max_tokens: int):
+    """Open one raw SSE stream; return the response iterator after its first event."""
+    client = httpx.Client(timeout=60)
+    body = {"prompt": "long story", "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    cm = client.stream("POST", f"{server.root}/v1/completions", json=body)
+    lines = cm.__enter__().iter_lines()
+    first = next(line for line in lines if line.startswith("data: "))
+    return client, cm, lines, first
+
+
+def test_killed_worker_fails_its_stream_others_keep_serving_and_it_comes_back(server):
+    backends = _wait_all_ready(server)
+    victim = backends[0]["pid"]
+    client, cm, lines, first = _stream_events(server, 200)  # the first request lands on the primary
+    try:
+        assert _props(server)["backends"][0]["in_flight"] == 1
+        os.kill(victim, signal.SIGKILL)
+        events = [first] + [line for line in lines if line.startswith("data: ")]
+    finally:
+        cm.__exit__(None, None, None)
+        client.close()
+    last = json.loads(events[-1][6:])
+    assert "error" in last, "a broken stream must end with an error event, not [DONE]"
+    # While the primary is down or reloading, the secondary serves everything (the rest queue for it).
+    assert httpx.get(f"{server.root}/health").status_code == 200
+    counts, _ = asyncio.run(_streams(server, 4, 8))
+    assert counts == [8] * 4
+    backends = _wait_all_ready(server)
+    assert backends[0]["pid"] != victim and backends[0]["restarts"] >= 1
+    assert not pid_alive(victim)
+    counts, peak = asyncio.run(_streams(server, 4, 30))
+    assert counts == [30] * 4 and peak.get("native-0") == 2
+
+
+def test_kill_9_of_the_server_leaves_no_worker(server):
+    workers = [b["pid"] for b in _wait_all_ready(server)]
+    assert len(workers) == 2
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(pid_alive(p) for p in workers):
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in workers)

@@ -1,0 +1,243 @@
+"""Adaptive routing with fake backends: primary first, overflow, FIFO, exactly-once release, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, RequestRejected
+from onebit.engine.outputs import StepDelta
+from onebit.engine.sampling_params import SamplingParams
+from onebit.router import Router
+from onebit.router.supervisor import Backoff, Supervisor
+
+
+class DyingBackend(Backend):
+    """A fake that streams `steps` deltas per request and can die (failing its streams) and come back."""
+
+    kind = "fake"
+
+    def __init__(self, name: str, capacity: int, steps: int = 3, delay: float = 0.001):
+        self.name, self.capacity, self.steps, self.delay = name, capacity, steps, delay
+        self._state = "ready"
+        self.active: dict[str, asyncio.Queue] = {}
+        self.peak = self.total = self.starts = 0
+        self.first_delay = 0.0  # seconds before the first delta (a request "in the engine's queue")
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def _set(self, state: str) -> None:
+        self._state = state
+        if self.on_state_change:
+            self.on_state_change()
+
+    async def start(self) -> None:
+        self.starts += 1
+        self._set("ready")
+
+    async def stop(self) -> None:
+        self._set("stopped")
+
+    def die(self) -> None:
+        for queue in self.active.values():
+            queue.put_nowait(BackendError(f"{self.name} died"))
+        self._set("down")
+
+    async def generate(self, request: GenerateRequest):
+        if self._state != "ready":
+            raise BackendError(f"{self.name} is {self._state}")
+        if request.prompt_token_ids == [666]:
+            raise RequestRejected({"message": "bad prompt", "param": "prompt"})
+        queue: asyncio.Queue = asyncio.Queue()
+        self.active[request.request_id] = queue
+        self.total += 1
+        self.peak = max(self.peak, len(self.active))
+        assert len(self.active) <= self.capacity, "router overfilled a backend"
+
+        async def feed():
+            await asyncio.sleep(self.first_delay)
+            for i in range(self.steps):
+                await asyncio.sleep(self.delay)
+                last = i == self.steps - 1
+                queue.put_nowait(StepDelta(request.request_id, [i], "x", finished=last,
+                                           finish_reason="length" if last else None, num_output_tokens=i + 1))
+
+        task = asyncio.create_task(feed())
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            task.cancel()
+            del self.active[request.request_id]
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+    def slots(self):
+        return []
+
+    def stats(self):
+        return EngineStats(num_running=len(self.active))
+
+
+def _request(i: int, prompt=(1, 2)) -> GenerateRequest:
+    return GenerateRequest(f"r{i}", list(prompt), SamplingParams())
+
+
+def _check(router: Router) -> None:
+    for route in router.routes:
+        assert 0 <= route.in_flight <= route.limit, (route.name, route.in_flight)
+
+
+async def _consume(router: Router, i: int, log: list | None = None) -> tuple[str, int]:
+    stream = router.stream(router.ticket(), _request(i))
+    count = 0
+    async with contextlib.aclosing(stream.deltas()) as deltas:
+        async for delta in deltas:
+            if log is not None and count == 0:
+                log.append((i, stream.backend))
+            _check(router)
+            count += len(delta.token_ids)
+    return stream.backend, count
+
+
+def test_burst_of_500_at_8_fills_primary_then_secondary_then_queue_in_order():
+    primary, secondary = DyingBackend("primary", 8), DyingBackend("secondary", 16)
+    router = Router([primary, secondary], max_queue=1000)
+    order: list = []
+
+    async def go():
+        tasks = [asyncio.create_task(_consume(router, i, order)) for i in range(500)]
+        await asyncio.sleep(0)
+        # Every ticket was taken synchronously: 8 on the primary, 16 on the secondary, 476 queued.
+        assert [r.in_flight for r in router.routes] == [8, 16] and router.queue_size == 476
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(go())
+    assert [name for name, _ in results[:8]] == ["primary"] * 8
+    assert [name for name, _ in results[8:24]] == ["secondary"] * 16
+    assert all(count == 3 for _, count in results)
+    assert primary.peak == 8 and secondary.peak == 16
+    assert [i for i, _ in order][24:] == sorted(i for i, _ in order[24:]), "the queue is FIFO"
+    assert [r.in_flight for r in router.routes] == [0, 0] and router.queue_size == 0
+    assert sum(r.served for r in router.routes) == 500 and sum(r.completed for r in router.routes) == 500
+
+
+def test_cancel_while_queued_and_while_streaming_releases_each_slot_once():
+    primary, secondary = DyingBackend("p", 2, steps=10_000), DyingBackend("s", 2, steps=10_000)
+    router = Router([primary, secondary], max_queue=100)
+
+    async def go():
+        tasks = [asyncio.create_task(_consume(router, i)) for i in range(10)]
+        await asyncio.sleep(0.02)
+        assert [r.in_flight for r in router.routes] == [2, 2] and router.queue_size == 6
+        tasks[7].cancel()  # queued
+        tasks[0].cancel()  # streaming on the primary
+        await asyncio.sleep(0.02)
+        _check(router)
+        assert [r.in_flight for r in router.routes] == [2, 2] and router.queue_size == 4
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert [r.in_flight for r in router.routes] == [0, 0] and router.queue_size == 0
+        assert not primary.active and not secondary.active
+
+    asyncio.run(go())
+
+
+def test_dead_backend_reroutes_unstarted_requests_and_fails_streaming_ones():
+    primary, secondary = DyingBackend("p", 4, steps=10_000), DyingBackend("s", 4, steps=3)
+    router = Router([primary, secondary], max_queue=100, supervisor=None)
+
+    async def go():
+        streaming = [asyncio.create_task(_consume(router, i)) for i in range(2)]
+        await asyncio.sleep(0.02)  # these two have streamed deltas from the primary
+        primary.first_delay = 10.0  # the next two sit in the primary's engine queue
+        waiting = [asyncio.create_task(_consume(router, i)) for i in range(2, 4)]
+        queued = [asyncio.create_task(_consume(router, i)) for i in range(4, 12)]  # 4 on s, 4 in the queue
+        await asyncio.sleep(0.005)
+        assert router.routes[0].in_flight == 4
+        primary.die()
+        for task in streaming:
+            with pytest.raises(BackendError):
+                await task
+        results = await asyncio.gather(*waiting, *queued)
+        assert all(name == "s" and count == 3 for name, count in results)
+        assert [r.in_flight for r in router.routes] == [0, 0] and router.queue_size == 0
+        assert router.routes[0].failed == 2
+
+    asyncio.run(go())
+
+
+def test_rejected_input_is_not_rerouted():
+    router = Router([DyingBackend("p", 1), DyingBackend("s", 1)], supervisor=None)
+
+    async def go():
+        stream = router.stream(router.ticket(), _request(0, prompt=[666]))
+        with pytest.raises(RequestRejected):
+            async for _ in stream.deltas():
+                pass
+        assert stream.attempts == 1 and router.in_flight == 0
+
+    asyncio.run(go())
+
+
+def test_supervisor_restarts_a_down_backend_with_backoff():
+    primary, secondary = DyingBackend("p", 1), DyingBackend("s", 1)
+    fails = {"left": 2}
+    real_start = primary.start
+
+    async def flaky_start():
+        primary.starts += 1
+        if fails["left"]:
+            fails["left"] -= 1
+            primary._set("down")
+            raise BackendError("not yet")
+        await real_start()
+
+    primary.start = flaky_start
+    supervisor = Supervisor(Backoff(initial=0.01, maximum=0.04))
+    router = Router([primary, secondary], supervisor=supervisor)
+
+    async def go():
+        await router.start()
+        primary.die()
+        assert router.state == "ready"  # the secondary still serves
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if primary.state == "ready":
+                break
+        assert primary.state == "ready" and fails["left"] == 0  # came back after two failed restarts
+        name, _ = await _consume(router, 1)
+        assert name == "p"
+        await router.stop()
+
+    asyncio.run(go())
+
+
+def test_start_survives_one_failing_backend_but_not_all():
+    class Broken(DyingBackend):
+        async def start(self):
+            self._set("down")
+            raise BackendError("cannot load")
+
+    async def go(backends):
+        router = Router(backends, supervisor=Supervisor(Backoff(initial=60)))
+        try:
+            await router.start()
+            return router.state
+        finally:
+            await router.stop()
+
+    assert asyncio.run(go([Broken("a", 1), DyingBackend("b", 1)])) == "ready"
+    with pytest.raises(BackendError):
+        asyncio.run(go([Broken("a", 1), Broken("b", 1)]))
