@@ -1,0 +1,205 @@
+"""tools/train_demo.py: the smoke run writes a loadable model whose MTP head has the documented layout."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tools" / "train_demo.py"
+
+
+def _load_script():
+    name = "train_demo_under_test"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def td():
+    """The training script as a module."""
+    return _load_script()
+
+
+@pytest.fixture(scope="module")
+def smoke_dir(tmp_path_factory):
+    """Output of `train_demo.py --smoke`, run once on the CPU."""
+    out = tmp_path_factory.mktemp("demo-smoke")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def _config(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+def test_output_files(smoke_dir):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "generation_config.json", "metrics.json", "MODEL_CARD.md"):
+        assert (smoke_dir / name).is_file(), name
+    assert sum(f.stat().st_size for f in smoke_dir.iterdir()) < 40e6
+
+
+def test_config_and_tokenizer_files(smoke_dir):
+    cfg = _config(smoke_dir)
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["model_type"] == "qwen3"
+    assert cfg["torch_dtype"] == "bfloat16"
+    assert cfg["num_nextn_predict_layers"] == 1
+    assert cfg["tie_word_embeddings"] is True
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]) == (64, 2, 512)
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(smoke_dir / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")}
+    assert None not in ids.values()
+    assert tok.get_vocab_size() == cfg["vocab_size"]
+    text = "def f(x):\n    return x + 1\n"
+    assert tok.decode(tok.encode(text).ids) == text
+
+    tok_cfg = json.loads((smoke_dir / "tokenizer_config.json").read_text())
+    assert tok_cfg["eos_token"] == "<|im_end|>" and "<|im_start|>" in tok_cfg["chat_template"]
+    gen = json.loads((smoke_dir / "generation_config.json").read_text())
+    assert set(gen["eos_token_id"]) == {ids["<|endoftext|>"], ids["<|im_end|>"]}
+
+
+def test_mtp_tensors_have_the_documented_layout(smoke_dir):
+    cfg = _config(smoke_dir)
+    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    expected = {
+        "mtp.pre_fc_norm_embedding.weight": [h],
+        "mtp.pre_fc_norm_hidden.weight": [h],
+        "mtp.fc.weight": [h, 2 * h],
+        "mtp.layers.0.input_layernorm.weight": [h],
+        "mtp.layers.0.self_attn.q_proj.weight": [q, h],
+        "mtp.layers.0.self_attn.k_proj.weight": [kv, h],
+        "mtp.layers.0.self_attn.v_proj.weight": [kv, h],
+        "mtp.layers.0.self_attn.o_proj.weight": [h, q],
+        "mtp.layers.0.self_attn.q_norm.weight": [d],
+        "mtp.layers.0.self_attn.k_norm.weight": [d],
+        "mtp.layers.0.post_attention_layernorm.weight": [h],
+        "mtp.layers.0.mlp.gate_proj.weight": [inter, h],
+        "mtp.layers.0.mlp.up_proj.weight": [inter, h],
+        "mtp.layers.0.mlp.down_proj.weight": [h, inter],
+        "mtp.norm.weight": [h],
+    }
+    with safe_open(str(smoke_dir / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        shapes = {n: list(f.get_slice(n).get_shape()) for n in names}
+        dtypes = {f.get_tensor(n).dtype for n in names}
+    assert {n: shapes.get(n) for n in expected} == expected
+    assert {n for n in names if n.startswith("mtp.")} == set(expected)
+    assert dtypes == {torch.bfloat16}
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # tied
+
+
+def test_transformers_loads_the_base_model_with_the_same_logits(smoke_dir, td):
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(str(smoke_dir), dtype=torch.float32).eval()
+    ours = td.load_demo(smoke_dir)
+    ids = torch.randint(0, _config(smoke_dir)["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference(ids).logits
+        got = ours.logits(ours.base(ids))
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    metrics = json.loads((smoke_dir / "metrics.json").read_text())
+    assert metrics["transformers_max_abs_logit_diff"] < 1e-4
+
+
+def test_training_reduced_the_loss(smoke_dir):
+    metrics = json.loads((smoke_dir / "metrics.json").read_text())
+    curve = metrics["train_curve"]
+    assert len(curve) >= 2 and curve[-1]["train_loss"] < curve[0]["train_loss"]
+    assert curve[-1]["train_mtp_loss"] < curve[0]["train_mtp_loss"]
+    assert metrics["val_curve"][-1]["val_loss"] < metrics["val_curve"][0]["val_loss"]
+    for k in (1, 3):
+        rate = metrics["mtp_acceptance"][f"draft_{k}"]["acceptance_rate"]
+        assert 0.0 <= rate <= 1.0
+    assert metrics["parameters"]["mtp"] > 0 and metrics["training"]["tokens_seen"] > 0
+
+
+def _tiny_model(td, seed: int = 0):
+    settings = td.SMOKE
+    config = {
+        "hidden_size": settings.hidden, "intermediate_size": settings.intermediate,
+        "num_hidden_layers": settings.layers, "num_attention_heads": settings.heads,
+        "num_key_value_heads": settings.kv_heads, "head_dim": settings.head_dim, "vocab_size": 97,
+        "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "max_position_embeddings": 256, "tie_word_embeddings": True,
+    }
+    torch.manual_seed(seed)
+    return td.DemoModel(td.build_qwen3_config(config)).eval()
+
+
+def test_mtp_layer_is_causal(td):
+    model = _tiny_model(td)
+    ids = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(0))
+    j = 17
+    changed = ids.clone()
+    changed[:, j] = (ids[:, j] + 5) % 97
+    with torch.no_grad():
+        outs = []
+        for seq in (ids, changed):
+            hidden = model.base(seq)
+            outs.append(model.mtp_logits(model.mtp_hidden(hidden[:, :-1], seq[:, 1:])))
+    # MTP entry t reads token t+1 and h_t: a change at j may only reach entries j-1 onwards.
+    torch.testing.assert_close(outs[0][:, :j - 1], outs[1][:, :j - 1], atol=0, rtol=0)
+    assert not torch.allclose(outs[0][:, j - 1], outs[1][:, j - 1])
+    assert not torch.allclose(outs[0][:, j:], outs[1][:, j:])
+    td.check_causal(model, 97)  # the script's own start-up check agrees
+
+
+def test_mtp_entries_match_one_at_a_time(td):
+    """Running the MTP layer over a prefix gives the same entries as over the whole sequence."""
+    model = _tiny_model(td, seed=3)
+    ids = torch.randint(0, 97, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        hidden = model.base(ids)
+        full = model.mtp_hidden(hidden[:, :-1], ids[:, 1:])
+        for t in (0, 5, 22):
+            prefix = model.mtp_hidden(hidden[:, :t + 1], ids[:, 1:t + 2])
+            torch.testing.assert_close(prefix[:, -1], full[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_a_failing_compile_falls_back_to_eager(td, monkeypatch):
+    def broken_compile(fn, **_):
+        def fail(*args):
+            raise RuntimeError("simulated compiler failure")
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    model = _tiny_model(td).train()
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 97, (4000,), generator=gen, dtype=torch.int32)
+    val = td._windows(torch.randint(0, 97, (1000,), generator=gen), td.SMOKE.seq_len + 1, 4).long()
+    settings = td.replace(td.SMOKE, max_steps=2, val_every_steps=2)
+    history = td.train(model, tokens, val, settings, torch.device("cpu"), seed=0, budget_s=60.0, compile_it=True)
+    assert history["steps"] == 2 and history["step_mode"] == "eager"
+
+
+def test_spdx_licence_expressions(td):
+    assert td.spdx_is_permissive("BSD-3-Clause AND 0BSD AND MIT AND Zlib AND CC0-1.0")
+    assert td.spdx_is_permissive("Apache-2.0 AND Apache-2.0 WITH LLVM-exception AND MIT")
+    assert td.spdx_is_permissive("MIT OR GPL-3.0-only")
+    assert not td.spdx_is_permissive("MPL-2.0 AND MIT")
+    assert not td.spdx_is_permissive("GPL-2.0-or-later")
+    assert not td.spdx_is_permissive("(MIT AND")
