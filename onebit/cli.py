@@ -116,7 +116,7 @@ def serve(args: argparse.Namespace) -> int:
         if args.model:
             path = resolve_model_path(args.model)
         else:
-            from onebit.models.tiny import default_model_dir
+            from onebit.models.default_model import default_model_dir
 
             path = default_model_dir()
     except ModelLoadError as error:

@@ -79,11 +79,13 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start_server(model_dir: Path, *args: str, wait: bool = True) -> ServerProcess:
-    """Launch `python -m onebit.cli serve -m MODEL --port P ARGS`; wait for /health 200 if asked."""
+def start_server(model_dir: Path | None, *args: str, wait: bool = True) -> ServerProcess:
+    """Launch `python -m onebit.cli serve -m MODEL --port P ARGS` (no -m when model_dir is None:
+    the built-in model); wait for /health 200 if asked."""
     port = free_port()
     log_path = Path(tempfile.mkstemp(prefix="onebit-server-", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "onebit.cli", "serve", "-m", str(model_dir), "--port", str(port),
+    model = ["-m", str(model_dir)] if model_dir is not None else []
+    cmd = [sys.executable, "-m", "onebit.cli", "serve", *model, "--port", str(port),
            "--log-level", "warning", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
     with open(log_path, "wb") as log:
@@ -126,7 +128,7 @@ def stop_server(server: ServerProcess, timeout: float = 15) -> int | None:
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path, *args: str):
+def running_server(model_dir: Path | None, *args: str):
     """Context manager: a healthy server, stopped at the end."""
     server = start_server(model_dir, *args)
     try:

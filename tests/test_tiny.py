@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from onebit.models import tiny
-from onebit.models.tiny import default_model_dir, make_tiny_model
+from onebit.models.tiny import make_tiny_model
 from onebit.models.tokenizer import Tokenizer
 
 ARCHS = ["qwen3", "llama", "qwen2", "mistral"]
@@ -92,19 +92,3 @@ def test_cli_writes_model(tmp_path, capsys):
     assert "lm_head.weight" not in load_file(tmp_path / "m" / "model.safetensors")
 
 
-def test_default_model_dir_is_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("ONEBIT_CACHE", str(tmp_path / "cache"))
-    path = default_model_dir()
-    assert path == tmp_path / "cache" / "tiny-qwen3-default"
-    config = json.loads((path / "config.json").read_text())
-    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (4, 128, 1024)
-    stamp = (path / "model.safetensors").stat().st_mtime_ns
-    assert default_model_dir() == path
-    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["tiny-qwen3-default"]  # no temp left
-
-
-def test_default_model_dir_honours_xdg(tmp_path, monkeypatch):
-    monkeypatch.delenv("ONEBIT_CACHE", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert default_model_dir() == tmp_path / "onebit" / "tiny-qwen3-default"

@@ -127,7 +127,7 @@ def _report_main(argv: list[str]) -> int:
 
 def _offline_main(args: argparse.Namespace) -> int:
     if not args.model:
-        from onebit.models.tiny import default_model_dir
+        from onebit.models.default_model import default_model_dir
         args.model = str(default_model_dir())
     from onebit.bench.offline import run_offline
     run_offline(args.model, args.batch, args.max_tokens, args.prompt_tokens, args.device, args.dtype)

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -231,35 +228,6 @@ def make_tiny_model(
         arch, **shape, max_pos=max_position_embeddings, bos=endoftext, eos=im_end))
     save_file(_weights(arch, **shape, seed=seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
-
-
-def _cache_root() -> Path:
-    if os.environ.get("ONEBIT_CACHE"):
-        return Path(os.environ["ONEBIT_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "onebit"
-
-
-def default_model_dir() -> Path:
-    """The built-in default model (tiny Qwen3), generated into the cache on first use."""
-    root = _cache_root()
-    final = root / "tiny-qwen3-default"
-    if (final / "model.safetensors").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-qwen3-default.", dir=root))
-    try:
-        make_tiny_model(tmp, arch="qwen3", layers=4, hidden=128, vocab=1024)
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
-        # rename is atomic: a concurrent reader sees no directory or a complete one.
-        os.rename(tmp, final)
-    except OSError:
-        if not (final / "model.safetensors").is_file():
-            raise
-        # Another process won the race; its copy is identical.
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 def main(argv: list[str] | None = None) -> None:
