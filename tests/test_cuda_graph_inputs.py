@@ -30,7 +30,7 @@ def test_static_decode_inputs_reproduce_eager_logits(tiny_model_dir):
     plan = [(seq, 1) for seq in engine.scheduler.running]
     for seq, _ in plan:
         engine.block_manager.grow(seq, seq.num_tokens)
-    eager, _ = runner.run(plan)
+    eager = runner.run(plan).logits
     graphs = CudaGraphDecoder(runner.model, runner.kv_cache, runner.rope, engine.block_manager.num_blocks,
                               runner.block_size, max_batch=8, max_blocks=-(-engine.max_model_len // 4),
                               num_splits=1, max_context=engine.max_model_len)

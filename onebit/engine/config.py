@@ -29,6 +29,9 @@ class EngineConfig:
     seed: int = 0
     load_format: str = "auto"
     cuda_graphs: bool = True
+    speculative: str | None = None
+    draft_max: int = 3
+    mtp_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -39,3 +42,7 @@ class EngineConfig:
             raise ValueError("max_batch_tokens must be >= 1")
         if self.ctx_size is not None and self.ctx_size < 2:
             raise ValueError("ctx_size must be >= 2")
+        if self.speculative not in (None, "mtp", "ngram"):
+            raise ValueError("speculative must be None, 'mtp' or 'ngram'")
+        if self.draft_max < 1:
+            raise ValueError("draft_max must be >= 1")

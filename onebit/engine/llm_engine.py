@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
+from pathlib import Path
 
 import torch
 
@@ -17,6 +19,7 @@ from onebit.engine.sampler import Sampler
 from onebit.engine.sampling_params import InvalidParameter, SamplingParams
 from onebit.engine.scheduler import Scheduler
 from onebit.engine.sequence import Sequence
+from onebit.engine.speculative import DraftPolicy, can_draft, ngram_propose, verify
 from onebit.models.loader import load_model, resolve_model_path
 from onebit.models.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
@@ -43,11 +46,19 @@ class LLMEngine:
         model, cfg = load_model(path, self.device, self.dtype, config.load_format)
         self.model_config = cfg
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(cfg.eos_token_ids)
+        mtp = None
+        if config.speculative == "mtp":
+            from onebit.models.mtp import load_mtp_head
+            mtp = load_mtp_head(path, cfg, self.device, self.dtype,
+                                Path(config.mtp_path) if config.mtp_path else None)
+        self._mtp_layers = 1 if mtp is not None else 0
         num_blocks, self.max_model_len = self._size_pool(cfg)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.parallel, config.max_batch_tokens)
         self.runner = ModelRunner(model, cfg, self.device, self.dtype, num_blocks, config.block_size,
-                                  self.max_model_len, config.parallel, config.cuda_graphs)
+                                  self.max_model_len, config.parallel, config.cuda_graphs, mtp)
+        self.policy = DraftPolicy(config.draft_max) if config.speculative else None
+        self.spec_proposed = self.spec_accepted = 0
         self.sampler = Sampler(self.eos_token_ids, self.device, config.seed)
         self.seqs: dict[str, Sequence] = {}
         self._pending: list[StepDelta] = []
@@ -59,7 +70,7 @@ class LLMEngine:
     def _size_pool(self, cfg) -> tuple[int, int]:
         c = self.config
         bs = c.block_size
-        per_block = kv_block_bytes(cfg, bs, self.dtype)
+        per_block = kv_block_bytes(cfg, bs, self.dtype) * (cfg.num_layers + self._mtp_layers) // cfg.num_layers
         want_len = c.ctx_size or cfg.max_position_embeddings
         if c.kv_cache_memory is not None:
             num_blocks = c.kv_cache_memory // per_block
@@ -112,53 +123,178 @@ class LLMEngine:
 
     # -- stepping -------------------------------------------------------------------------
 
+    @torch.inference_mode()
     def step(self) -> list[StepDelta]:
         """Run one batched forward and return every delta it produced."""
         deltas, self._pending = self._pending, []
+        drafting, want_state = self._propose_drafts()
         plan = self.scheduler.schedule()
+        scheduled = {seq: n for seq, n in plan}
+        for seq in drafting:  # drafts the plan did not fit are dropped; no step carries stale ones
+            seq.drop_drafts(max(scheduled.get(seq, 0) - 1, 0))
         if not plan:
             return deltas
+        decodes = sum(1 for seq in scheduled if seq.num_computed_tokens > 0)
+        started = time.perf_counter()
         try:
-            logits, sampling = self.runner.run(plan)
-            tokens, logprobs = self.sampler(logits, sampling)
+            # The MTP head needs base states for every position it will read: prompts (eager anyway)
+            # and speculative steps. Plain decode steps under load skip it and stay graph replays.
+            want_hidden = self.runner.mtp is not None and (want_state or any(n > 1 for _, n in plan))
+            out = self.runner.run(plan, want_hidden=want_hidden)
+            plain = [(seq, row) for seq, row, count in out.rows if not seq.num_draft]
+            tokens, logprobs = self.sampler(out.logits[[row for _, row in plain]], [seq for seq, _ in plain]) \
+                if plain else ([], [])
         except Exception as exc:  # a failed forward fails the step's requests, not the engine
             log.exception("step failed")
             for seq, _ in plan:
                 deltas.append(self._fail(seq, f"internal error during the forward pass: {exc}"))
             return deltas
+        computed = {}
         for seq, n in plan:
+            computed[seq] = (seq.num_computed_tokens, n)
             seq.num_computed_tokens += n
-            self.block_manager.commit_full_blocks(seq)
-        for seq, token, lp in zip(sampling, tokens, logprobs):
-            try:
-                deltas.append(self._accept(seq, token, lp))
-            except Exception as exc:
-                log.exception("request %s failed", seq.request_id)
-                deltas.append(self._fail(seq, f"internal error: {exc}"))
+        for (seq, _), token, lp in zip(plain, tokens, logprobs):
+            deltas.append(self._guarded(seq, lambda seq=seq, token=token, lp=lp: self._accept(seq, token, lp)))
+        for seq, row, count in out.rows:
+            if seq.num_draft:
+                deltas.append(self._guarded(seq, lambda seq=seq, row=row, count=count:
+                                            self._accept_verified(seq, out.logits[row:row + count])))
+        if out.hidden is not None:
+            self._mtp_catch_up(plan, out, computed)
+        for seq, _ in plan:
+            if not seq.is_finished:
+                self.block_manager.commit_full_blocks(seq)
+        if self.policy is not None and decodes:
+            self.policy.record_step(decodes, self._step_k if drafting else 0, time.perf_counter() - started)
         return deltas
 
+    def _guarded(self, seq: Sequence, accept) -> StepDelta:
+        try:
+            return accept()
+        except Exception as exc:
+            log.exception("request %s failed", seq.request_id)
+            return self._fail(seq, f"internal error: {exc}")
+
+    # -- speculative decoding -------------------------------------------------------------
+
+    def _draft_budget(self, seq: Sequence, k: int) -> int:
+        if seq.params.draft_max is not None:
+            k = min(k, seq.params.draft_max)
+        return max(0, min(k, seq.max_total_tokens - seq.num_tokens - 1))
+
+    def _propose_drafts(self) -> tuple[list[Sequence], bool]:
+        """Append drafts to running decodes when the policy says drafting pays for this batch.
+        Returns the drafting sequences, and whether this step should collect MTP state."""
+        self._step_k = 0
+        if self.policy is None:
+            return [], False
+        decoding = [s for s in self.scheduler.running if s.num_uncomputed == 1]
+        self._step_k = self.policy.choose(len(decoding)) if decoding else 0
+        if not self._step_k:
+            return [], False
+        chosen = []
+        for seq in decoding:
+            k = self._draft_budget(seq, self._step_k) if can_draft(seq) else 0
+            if k and self.block_manager.can_grow(seq, seq.num_tokens + k):
+                self.block_manager.grow(seq, seq.num_tokens + k)
+                chosen.append((seq, k))
+        if self.runner.mtp is None:
+            proposals = [(seq, ngram_propose(seq.token_ids, k)) for seq, k in chosen]
+        else:
+            proposals = self._mtp_drafts([(seq, k) for seq, k in chosen if seq.hidden_pos == seq.num_tokens - 2])
+        drafting = []
+        for seq, drafts in proposals:
+            if drafts:
+                seq.token_ids.extend(drafts)
+                seq.num_draft = len(drafts)
+                drafting.append(seq)
+        # With an MTP head, a sequence without a fresh base state gets one from this step.
+        return drafting, self.runner.mtp is not None and bool(chosen)
+
+    def _mtp_drafts(self, chosen: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[int]]]:
+        """Chain the MTP head k times from each sequence's last base state."""
+        if not chosen:
+            return []
+        drafts = {seq: [] for seq, _ in chosen}
+        hidden = {seq: seq.last_hidden[None] for seq, _ in chosen}
+        last = {seq: seq.token_ids[-1] for seq, _ in chosen}
+        for depth in range(max(k for _, k in chosen)):
+            active = [seq for seq, k in chosen if k > depth]
+            entries = [(seq, seq.num_tokens - 2 + depth, [last[seq]], hidden[seq]) for seq in active]
+            prenorm, normed = self.runner.mtp_forward(entries)
+            guesses = self.runner.model.compute_logits(normed).argmax(dim=-1).tolist()
+            for i, seq in enumerate(active):
+                drafts[seq].append(guesses[i])
+                hidden[seq], last[seq] = prenorm[i:i + 1], guesses[i]
+        return list(drafts.items())
+
+    def _accept_verified(self, seq: Sequence, logits) -> StepDelta:
+        """Keep the drafts the target agrees with, then its own next token; roll the rest back."""
+        drafts = seq.token_ids[seq.num_tokens - seq.num_draft:]
+        kept, bonus = verify(logits, seq, drafts, self.sampler.generator)
+        self.spec_proposed += len(drafts)
+        self.spec_accepted += kept
+        self.policy.record_acceptance(len(drafts), kept)
+        seq.drop_drafts()
+        # K/V is valid up to the last kept draft; the rest of this step's positions are overwritten later.
+        seq.num_computed_tokens = seq.num_tokens + kept
+        return self._accept_many(seq, drafts[:kept] + [bonus])
+
+    def _mtp_catch_up(self, plan, out, computed) -> None:
+        """Write MTP cache entries for the positions this step made final, with the true base states,
+        and keep each sequence's last base state for the next draft."""
+        entries = []
+        for (seq, _), start in zip(plan, out.starts):
+            if seq.is_finished:
+                continue
+            first, n = computed[seq]
+            n_real = min(n, seq.num_computed_tokens - first)  # kept positions of a verify step
+            if n_real <= 0:
+                continue
+            t0 = first - 1 if seq.hidden_pos == first - 1 and first > 0 else first
+            t1 = first + n_real - 2  # the last entry whose next token is already known
+            if t1 >= t0:
+                states = [out.hidden[start + (t - first)][None] if t >= first else seq.last_hidden[None]
+                          for t in range(t0, t1 + 1)]
+                entries.append((seq, t0, seq.token_ids[t0 + 1:t1 + 2], torch.cat(states)))
+            seq.last_hidden = out.hidden[start + n_real - 1].clone()
+            seq.hidden_pos = first + n_real - 1
+        if entries:
+            self.runner.mtp_forward(entries)
+
     def _accept(self, seq: Sequence, token: int, lp: TokenLogprob | None) -> StepDelta:
-        seq.append(token)
+        return self._accept_many(seq, [token], [lp] if lp is not None else None)
+
+    def _accept_many(self, seq: Sequence, tokens: list[int], logprobs=None) -> StepDelta:
+        """Append tokens in order, stopping at the first that ends the request; one delta for all."""
         p = seq.params
         reason = None
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            reason = "stop"
-            text = seq.detokenizer.flush()
-        else:
-            text = seq.detokenizer.add([token])
-            if seq.num_tokens >= seq.max_total_tokens:
-                reason = "length"
-                text += seq.detokenizer.flush()
-        if seq.stop_matcher is not None:
-            text, stopped = seq.stop_matcher.feed(text)
-            if stopped:
+        text = ""
+        taken = []
+        for token in tokens:
+            seq.append(token)
+            taken.append(token)
+            if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
                 reason = "stop"
-            elif reason is not None:
-                text += seq.stop_matcher.flush()
+                piece = seq.detokenizer.flush()
+            else:
+                piece = seq.detokenizer.add([token])
+                if seq.num_tokens >= seq.max_total_tokens:
+                    reason = "length"
+                    piece += seq.detokenizer.flush()
+            if seq.stop_matcher is not None:
+                piece, stopped = seq.stop_matcher.feed(piece)
+                if stopped:
+                    reason = "stop"
+                elif reason is not None:
+                    piece += seq.stop_matcher.flush()
+            text += piece
+            if reason is not None:
+                break
         if reason is not None:
             self.scheduler.finish(seq)
             self.seqs.pop(seq.request_id, None)
-        return self._delta(seq, [token], text, reason, [lp] if lp is not None else None)
+        return self._delta(seq, taken, text, reason, logprobs)
 
     def _fail(self, seq: Sequence, message: str) -> StepDelta:
         self.scheduler.finish(seq)
@@ -176,8 +312,9 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         """Running/waiting counts, KV usage and preemptions."""
         s = self.scheduler
+        extra = {"spec_draft_tokens": self.spec_proposed, "spec_accepted_tokens": self.spec_accepted}
         return EngineStats(len(s.running), len(s.waiting), self.block_manager.usage, s.num_preemptions,
-                           self.block_manager.num_blocks)
+                           self.block_manager.num_blocks, extra)
 
     def slots(self) -> list[SlotInfo]:
         """One entry per slot, with the request it serves if any."""

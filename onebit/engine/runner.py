@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from onebit.engine.cuda_graphs import CudaGraphDecoder
@@ -23,18 +25,33 @@ def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
 
 
+@dataclass
+class StepOutput:
+    """A forward's results: logits rows, which sequence owns which rows (seq, first row, count),
+    the pre-norm hidden states of the packed tokens when asked, and each plan entry's first
+    packed token."""
+
+    logits: torch.Tensor
+    rows: list[tuple[Sequence, int, int]]
+    hidden: torch.Tensor | None
+    starts: list[int]
+
+
 class ModelRunner:
     """Owns the KV cache tensor and turns a step plan into logits."""
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_model_len: int, max_batch: int = 1,
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, mtp=None):
         self.model = model
+        self.mtp = mtp
         self.cfg = cfg
         self.device = device
         self.block_size = block_size
         # One block past the pool is scratch: padded rows of a graph replay write there.
-        self.kv_cache = torch.zeros(2, cfg.num_layers, num_blocks + 1, block_size, cfg.num_kv_heads,
+        # With an MTP head, one more layer of cache holds its entries.
+        layers = cfg.num_layers + (1 if mtp is not None else 0)
+        self.kv_cache = torch.zeros(2, layers, num_blocks + 1, block_size, cfg.num_kv_heads,
                                     cfg.head_dim, dtype=dtype, device=device)
         self.rope = rope_cos_sin(cfg, max_model_len, device)
         self.num_splits = pick_num_splits(max_model_len)
@@ -45,7 +62,7 @@ class ModelRunner:
                                            -(-max_model_len // block_size), self.num_splits, max_model_len)
             self.graphs.capture()
 
-    def _run_graph(self, plan: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
+    def _run_graph(self, plan: list[tuple[Sequence, int]]) -> StepOutput:
         bs = self.block_size
         seqs = [seq for seq, _ in plan]
         positions = [seq.num_computed_tokens for seq in seqs]
@@ -56,7 +73,7 @@ class ModelRunner:
         rows = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
         if len(rows) != len(seqs):
             logits = logits[torch.tensor(rows, device=logits.device, dtype=torch.long)]
-        return logits, [seqs[i] for i in rows]
+        return StepOutput(logits, [(seqs[i], j, 1) for j, i in enumerate(rows)], None, list(range(len(seqs))))
 
     def _table(self, tables: list[list[int]]) -> torch.Tensor | None:
         """Block tables padded to one width, as a [rows, width] tensor on the device."""
@@ -86,7 +103,9 @@ class ModelRunner:
             else:
                 prefills.append((query_start, n, start + n))
                 prefill_tables.append(table)
-            if start + n == seq.num_tokens:
+            if seq.num_draft:  # verification: the target's logits at every position
+                sample_rows.extend(range(query_start, query_start + n))
+            elif start + n == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
         decode_ctx = self._tensor(decode_lens) if decode_tables else None
         meta = AttentionMetadata(
@@ -97,13 +116,45 @@ class ModelRunner:
         return self._tensor(ids), self._tensor(positions), meta, sample_rows
 
     @torch.inference_mode()
-    def run(self, plan: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
-        """Forward the step; return logits [N, vocab] for the sequences that sample a token, and those sequences."""
-        if self.graphs is not None and all(n == 1 for _, n in plan) and self.graphs.can_run(len(plan)):
+    def run(self, plan: list[tuple[Sequence, int]], want_hidden: bool = False) -> StepOutput:
+        """Forward the step: logits for every sequence that samples (all positions of a
+        verifying one), and with want_hidden the pre-norm states of every packed token."""
+        if (not want_hidden and self.graphs is not None and all(n == 1 for _, n in plan)
+                and self.graphs.can_run(len(plan))):
             return self._run_graph(plan)
         ids, positions, meta, sample_rows = self.prepare(plan)
-        hidden = self.model(ids, positions, self.kv_cache, meta, self.rope)
-        sampling = [seq for seq, n in plan if seq.num_computed_tokens + n == seq.num_tokens]
-        if not sample_rows:
-            return hidden.new_empty((0, self.cfg.vocab_size)), sampling
-        return self.model.compute_logits(hidden[self._tensor(sample_rows)]), sampling
+        normed, prenorm = self.model(ids, positions, self.kv_cache, meta, self.rope, return_prenorm=True)
+        rows, starts, row, start = [], [], 0, 0
+        for seq, n in plan:
+            count = n if seq.num_draft else int(seq.num_computed_tokens + n == seq.num_tokens)
+            if count:
+                rows.append((seq, row, count))
+            starts.append(start)
+            row += count
+            start += n
+        logits = (self.model.compute_logits(normed[self._tensor(sample_rows)]) if sample_rows
+                  else normed.new_empty((0, self.cfg.vocab_size)))
+        return StepOutput(logits, rows, prenorm if want_hidden else None, starts)
+
+    @torch.inference_mode()
+    def mtp_forward(self, entries: list[tuple[Sequence, int, list[int], torch.Tensor]]):
+        """Run MTP entries: per sequence (seq, first entry t0, tokens t0+1.., hidden states [m, H]).
+        Entry t writes the MTP cache at position t, rotated as position t + 1. Returns
+        (pre-norm outputs, normed outputs), one row per entry, in order."""
+        bs = self.block_size
+        ids, rope_pos, slots, prefills, tables, hidden = [], [], [], [], [], []
+        for seq, t0, tokens, states in entries:
+            m = len(tokens)
+            prefills.append((len(ids), m, t0 + m))
+            tables.append(seq.block_table)
+            ids.extend(tokens)
+            rope_pos.extend(range(t0 + 1, t0 + m + 1))
+            slots.extend(seq.block_table[t // bs] * bs + t % bs for t in range(t0, t0 + m))
+            hidden.append(states)
+        meta = AttentionMetadata(slot_mapping=self._tensor(slots), num_decodes=0, decode_block_tables=None,
+                                 decode_context_lens=None, prefills=prefills,
+                                 prefill_block_tables=self._table(tables), decode_num_splits=self.num_splits,
+                                 decode_max_context=self.max_model_len)
+        layer = self.cfg.num_layers
+        return self.mtp(self.model, self._tensor(ids), torch.cat(hidden), self._tensor(rope_pos),
+                        self.kv_cache[0, layer], self.kv_cache[1, layer], meta, self.rope)

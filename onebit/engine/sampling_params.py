@@ -19,7 +19,8 @@ class SamplingParams:
 
     temperature 0 means greedy. top_k <= 0 disables top-k. max_tokens None means
     "until the context is full". logprobs None returns no log-probabilities; an
-    integer n returns the sampled token's logprob plus the top-n alternatives.
+    integer n returns the sampled token's logprob plus the top-n alternatives. draft_max caps
+    speculative drafts for this request (llama.cpp's "speculative": {"n_max": N}; 0 = off).
     """
 
     temperature: float = 1.0
@@ -38,6 +39,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    draft_max: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -62,6 +64,7 @@ class SamplingParams:
             ("repetition_penalty", self.repetition_penalty > 0.0, "repetition_penalty must be > 0"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]"),
             ("seed", self.seed is None or isinstance(self.seed, int), "seed must be an integer"),
+            ("speculative.n_max", self.draft_max is None or self.draft_max >= 0, "speculative.n_max must be >= 0"),
         ]
         for param, ok, message in checks:
             if not ok:

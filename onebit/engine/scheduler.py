@@ -41,6 +41,7 @@ class Scheduler:
             seq.slot = None
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.drop_drafts()
         self.running.remove(seq)
         self.blocks.free_sequence(seq)
         self._release_slot(seq)
@@ -50,6 +51,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence from wherever it is and free its blocks."""
+        seq.drop_drafts()
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

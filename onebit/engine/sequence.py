@@ -39,6 +39,10 @@ class Sequence:
         self.output_counts: dict[int, int] = {}
         self.detokenizer = None
         self.stop_matcher = None
+        # speculative decoding: drafts sit at the end of token_ids until verified
+        self.num_draft = 0
+        self.last_hidden = None  # base model's pre-norm state at hidden_pos (for the MTP head)
+        self.hidden_pos = -1
 
     @property
     def num_tokens(self) -> int:
@@ -64,6 +68,13 @@ class Sequence:
     def is_finished(self) -> bool:
         """True once the sequence stopped for any reason."""
         return self.status is SequenceStatus.FINISHED
+
+    def drop_drafts(self, keep: int = 0) -> None:
+        """Remove unverified drafts from the end of token_ids, keeping the first `keep`."""
+        drop = self.num_draft - keep
+        if drop > 0:
+            del self.token_ids[-drop:]
+            self.num_draft = keep
 
     def append(self, token_id: int) -> None:
         """Add a generated token."""

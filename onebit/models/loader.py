@@ -49,7 +49,8 @@ def resolve_model_path(model: str) -> Path:
     raise ModelLoadError(f"model directory {model!r} does not exist")
 
 
-def _weight_files(path: Path) -> list[Path]:
+def weight_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors files (from the index when there is one)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -76,14 +77,17 @@ _FUSED = {  # checkpoint name -> (our fused parameter, which shard)
 }
 
 
-def _target(name: str, cfg: ModelConfig, params: dict[str, torch.Tensor]):
-    """Map a checkpoint tensor name to (our parameter, slice start, slice length) or None to skip."""
+def base_name(name: str, cfg: ModelConfig) -> str | None:
+    """Our base-model parameter name for a checkpoint tensor, or None when it is not the base model's."""
     if name.startswith("model."):
-        name = name[len("model."):]
-    elif not name.startswith("lm_head."):
-        return None  # mtp.* heads and other extras are not part of the base model
-    if name == "lm_head.weight" and cfg.tie_word_embeddings:
-        return None
+        return name[len("model."):]
+    if name == "lm_head.weight" and not cfg.tie_word_embeddings:
+        return name
+    return None  # mtp.* heads, a tied lm_head and other extras
+
+
+def _target(name: str, cfg: ModelConfig, params: dict[str, torch.Tensor]):
+    """(our parameter, slice start, slice length, our name) for a local tensor name."""
     for ckpt, (ours, shard) in _FUSED.items():
         marker = f".{ckpt}."
         if marker in name:
@@ -95,6 +99,57 @@ def _target(name: str, cfg: ModelConfig, params: dict[str, torch.Tensor]):
                 starts, sizes = (0, cfg.intermediate_size), (cfg.intermediate_size,) * 2
             return params.get(fused), starts[shard], sizes[shard], fused
     return params.get(name), None, None, name
+
+
+def fill_from_checkpoint(module: torch.nn.Module, files: list[Path], cfg: ModelConfig, rename,
+                         device: torch.device, dtype: torch.dtype, what: str) -> None:
+    """Copy every checkpoint tensor that `rename` maps to a local name into `module`'s parameters
+    (fusing q/k/v and gate/up); ModelLoadError for unexpected, misshapen or missing tensors."""
+    params = dict(module.named_parameters())
+    filled: dict[str, int] = {}
+    with tqdm(total=len(params), desc=f"loading {what}", unit="tensor", leave=False) as bar:
+        for file in files:
+            try:
+                handle = safe_open(str(file), framework="pt", device="cpu")
+            except Exception as exc:  # safetensors raises its own error types
+                raise ModelLoadError(f"cannot read weights {file.name}: {exc}") from None
+            with handle:
+                for name in handle.keys():
+                    local = rename(name)
+                    if local is None:
+                        continue
+                    param, start, size, ours = _target(local, cfg, params)
+                    if param is None:
+                        raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for {cfg.architecture}")
+                    try:
+                        tensor = handle.get_tensor(name)
+                    except Exception as exc:
+                        raise ModelLoadError(f"{file.name}: cannot read tensor {name!r}: {exc}") from None
+                    dest = param.data if start is None else param.data.narrow(0, start, size)
+                    if tuple(dest.shape) != tuple(tensor.shape):
+                        raise ModelLoadError(
+                            f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                            f"expected {tuple(dest.shape)} from config.json")
+                    dest.copy_(tensor.to(device=device, dtype=dtype))
+                    filled[ours] = filled.get(ours, 0) + 1
+                    bar.update(1 if start is None else 0)
+    expected = {n: (3 if "qkv_proj" in n else 2 if "gate_up_proj" in n else 1) for n in params}
+    missing = [n for n, count in expected.items() if filled.get(n, 0) < count]
+    if missing:
+        raise ModelLoadError(f"checkpoint lacks {what} weights for {', '.join(missing[:5])}"
+                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+
+
+def build_on_device(factory, device: torch.device, dtype: torch.dtype):
+    """Construct a module without initialising it (meta device), then give it empty storage on `device`."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            module = factory()
+    finally:
+        torch.set_default_dtype(previous)
+    return module.to_empty(device=device)
 
 
 def _fill_random(model: CausalLM, seed: int) -> None:
@@ -118,49 +173,10 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
     cfg = ModelConfig.from_dir(path)
     if load_format not in ("auto", "dummy"):
         raise ModelLoadError(f"unknown load format {load_format!r}; use auto or dummy")
-    files = _weight_files(path) if load_format == "auto" else []
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            model = CausalLM(cfg)
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to_empty(device=device)
+    files = weight_files(path) if load_format == "auto" else []
+    model = build_on_device(lambda: CausalLM(cfg), device, dtype)
     if load_format == "dummy":
         _fill_random(model, seed=0)
         return model.eval(), cfg
-    params = dict(model.named_parameters())
-    filled: dict[str, int] = {}
-    with tqdm(total=len(params), desc="loading weights", unit="tensor", leave=False) as bar:
-        for file in files:
-            try:
-                handle = safe_open(str(file), framework="pt", device="cpu")
-            except Exception as exc:  # safetensors raises its own error types
-                raise ModelLoadError(f"cannot read weights {file.name}: {exc}") from None
-            with handle:
-                for name in handle.keys():
-                    target = _target(name, cfg, params)
-                    if target is None:
-                        continue
-                    param, start, size, ours = target
-                    if param is None:
-                        raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for {cfg.architecture}")
-                    try:
-                        tensor = handle.get_tensor(name)
-                    except Exception as exc:
-                        raise ModelLoadError(f"{file.name}: cannot read tensor {name!r}: {exc}") from None
-                    dest = param.data if start is None else param.data.narrow(0, start, size)
-                    if tuple(dest.shape) != tuple(tensor.shape):
-                        raise ModelLoadError(
-                            f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                            f"expected {tuple(dest.shape)} from config.json")
-                    dest.copy_(tensor.to(device=device, dtype=dtype))
-                    filled[ours] = filled.get(ours, 0) + 1
-                    bar.update(1 if start is None else 0)
-    expected = {n: (3 if "qkv_proj" in n else 2 if "gate_up_proj" in n else 1) for n in params}
-    missing = [n for n, count in expected.items() if filled.get(n, 0) < count]
-    if missing:
-        raise ModelLoadError(f"checkpoint lacks weights for {', '.join(missing[:5])}"
-                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    fill_from_checkpoint(model, files, cfg, lambda name: base_name(name, cfg), device, dtype, "weights")
     return model.eval(), cfg

@@ -75,16 +75,18 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                meta: AttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor], return_prenorm: bool = False):
         """Hidden states [T, hidden] after the final norm, for packed tokens input_ids [T].
 
         kv_cache is [2, layers, blocks, block_size, kv_heads, head_dim]; rope is the
-        (cos, sin) table, indexed here by position.
+        (cos, sin) table, indexed here by position. With return_prenorm, also the last layer's
+        output before the final norm (what an MTP head reads).
         """
         x, residual = self.embed_tokens(input_ids), None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, rope, kv_cache[0, i], kv_cache[1, i], meta)
-        return self.norm(x, residual)[0]
+        normed, prenorm = self.norm(x, residual)
+        return (normed, prenorm) if return_prenorm else normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] for selected hidden states [N, hidden]."""
