@@ -41,7 +41,7 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
                        help="requests the primary holds before the overflow goes on (default: --parallel)")
     group.add_argument("--adaptive-slots", type=_positive, default=16, metavar="K",
                        help="slots of every backend after the first (default 16)")
-    # --mtp (once it exists) applies to the primary only: see _backend_specs.
+    # --mtp / --ngram apply to the primary only (backends/factory.py).
     group.add_argument("--backend", action="append", default=None, metavar="SPEC",
                        help="repeatable, first = primary: native, native:cpu, native:cuda, native:cuda:N, or "
                             "url:http://HOST:PORT (any OpenAI-compatible server). Options after '?': slots=N; "
@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--block-size", type=_positive, default=16, help="tokens per KV cache block")
     serve.add_argument("--no-prefix-caching", action="store_true", help="do not reuse cached prompt prefixes")
     serve.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (debugging)")
+    spec = serve.add_argument_group("speculative decoding (drafts verified losslessly; the engine drafts "
+                                    "only while measured step times say it pays)")
+    spec.add_argument("--mtp", nargs="?", const="", default=None, metavar="PATH",
+                      help="draft with the multi-token-prediction head in the checkpoint (mtp.* tensors), "
+                           "or with the one in PATH (a safetensors file or directory)")
+    spec.add_argument("--ngram", action="store_true", help="draft by prompt lookup (n-gram matching)")
+    spec.add_argument("--mtp-max", "--draft-max", dest="draft_max", type=_positive, default=3,
+                      help="most drafted tokens per step (default 3)")
     serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                        help="dummy: random weights from config.json alone (benchmarks)")
     _add_backend_arguments(serve)
@@ -127,12 +135,16 @@ def serve(args: argparse.Namespace) -> int:
     from onebit.models.tokenizer import Tokenizer
     from onebit.router import Router
 
+    if args.mtp is not None and args.ngram:
+        return _fail("--mtp and --ngram are two drafters; choose one")
     try:
         config = EngineConfig(model=str(path), device=args.device, dtype=args.dtype, parallel=args.parallel,
                               ctx_size=args.ctx_size, kv_cache_memory=args.kv_cache_memory,
                               max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
                               enable_prefix_caching=not args.no_prefix_caching,
-                              cuda_graphs=not args.no_cuda_graphs, load_format=args.load_format)
+                              cuda_graphs=not args.no_cuda_graphs, load_format=args.load_format,
+                              speculative="mtp" if args.mtp is not None else "ngram" if args.ngram else None,
+                              mtp_path=args.mtp or None, draft_max=args.draft_max)
     except ValueError as error:
         return _fail(str(error))
     try:

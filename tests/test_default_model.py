@@ -86,3 +86,19 @@ def test_serve_without_model_answers(tmp_path):
         done = client.completions.create(model="demo", prompt="def read_json(path):", max_tokens=24,
                                          temperature=0)
         assert done.usage.completion_tokens >= 1 and done.choices[0].text.strip()
+
+
+def test_serve_mtp_without_model_matches_plain_greedy(demo):
+    from server_utils import openai_clients, running_server
+    prompt = "def read_json(path):"
+    want = demo.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].text
+    with running_server(None, "--mtp", "--parallel", "2", "--ctx-size", "512") as server:
+        client, _ = openai_clients(server)
+        for body in ({}, {"speculative": {"n_max": 0}}, {"speculative": {"n_max": 2}}):
+            done = client.completions.create(model="demo", prompt=prompt, max_tokens=40, temperature=0,
+                                             extra_body={"ignore_eos": True, **body})
+            assert done.choices[0].text == want and done.usage.completion_tokens == 40
+        bad = client.with_options(max_retries=0).completions
+        import openai
+        with pytest.raises(openai.BadRequestError):
+            bad.create(model="demo", prompt=prompt, max_tokens=4, extra_body={"speculative": {"n_max": -1}})

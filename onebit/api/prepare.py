@@ -125,6 +125,7 @@ def sampling_params(state: ServerState, request: SamplingFields, max_tokens: int
             repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
             logit_bias=_logit_bias(state, request.logit_bias),
             logprobs=logprobs,
+            draft_max=request.speculative.n_max if request.speculative else None,
         )
     except InvalidParameter as error:
         raise invalid_request(str(error), error.param) from None

@@ -39,6 +39,12 @@ class ChatMessage(_Lenient):
     reasoning_content: str | None = None
 
 
+class Speculative(_Lenient):
+    """llama.cpp's per-request speculative settings; n_max 0 turns drafting off."""
+
+    n_max: int | None = Field(None, ge=0, le=64)
+
+
 class SamplingFields(_Lenient):
     """Generation fields shared by chat and text completions."""
 
@@ -60,6 +66,7 @@ class SamplingFields(_Lenient):
     user: str | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
+    speculative: Speculative | None = None
 
 
 class ChatCompletionRequest(SamplingFields):

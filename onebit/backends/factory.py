@@ -34,7 +34,9 @@ def build_backends(specs: list[BackendSpec], slots: list[int], base: EngineConfi
     """
     options = options or BuildOptions()
     natives = [i for i, s in enumerate(specs) if s.kind == "native"]
-    configs = [dataclasses.replace(base, device=specs[i].target or options.default_device, parallel=slots[i])
+    # Speculative decoding (MTP) belongs to the primary: the first backend, the one for few users.
+    configs = [dataclasses.replace(base, device=specs[i].target or options.default_device, parallel=slots[i],
+                                   speculative=base.speculative if i == 0 else None)
                for i in natives]
     configs, notes = split_kv(configs)
     gates: dict[str, asyncio.Lock] = {}
