@@ -73,7 +73,7 @@ class DraftPolicy:
     estimates follow the machine and the load.
     """
 
-    def __init__(self, k_max: int, explore_every: int = 64):
+    def __init__(self, k_max: int, explore_every: int = 1024):
         self.k_max = k_max
         self.explore_every = explore_every
         self.times: dict[tuple[int, int], float] = {}
