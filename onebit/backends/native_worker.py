@@ -45,8 +45,15 @@ def _rejection(error: Exception) -> dict:
 
 
 def _load_engine(config: EngineConfig):
-    from onebit.engine.llm_engine import LLMEngine  # heavy: torch, the model code
+    import torch  # heavy: imported in the worker only
 
+    from onebit.engine.llm_engine import LLMEngine
+
+    on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
+    if on_cpu and "OMP_NUM_THREADS" not in os.environ:
+        # Leave one core to the HTTP front: spinning math threads on every core starve the
+        # process that streams the tokens (measured on 2 cores: 353 -> 669 tok/s at 4 streams).
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
     return LLMEngine(config)
 
 
