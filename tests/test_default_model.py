@@ -49,18 +49,10 @@ def test_logits_match_transformers(demo):
     transformers = pytest.importorskip("transformers")
     ids = demo.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n")
     ref = transformers.AutoModelForCausalLM.from_pretrained(DEMO_DIR, dtype=torch.float32).eval()
-    engine = demo.engine
-    from onebit.engine.sequence import Sequence
-    seq = Sequence("probe", ids, SamplingParams(), engine.max_model_len, 0)
-    engine.block_manager.grow(seq, len(ids))
-    try:
-        x, pos, meta, _ = engine.runner.prepare([(seq, len(ids))])
-        with torch.inference_mode():
-            ours = engine.runner.model.compute_logits(engine.runner.model(x, pos, engine.runner.kv_cache, meta,
-                                                                          engine.runner.rope))
-            theirs = ref(torch.tensor([ids])).logits[0]
-    finally:
-        engine.block_manager.free_sequence(seq)
+    from model_probe import all_logits
+    ours = all_logits(demo, ids)
+    with torch.no_grad():
+        theirs = ref(torch.tensor([ids])).logits[0]
     assert (ours - theirs).abs().max().item() < 1e-3
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from onebit import LLM, SamplingParams
-from onebit.engine.sequence import Sequence
+from model_probe import all_logits
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,26 +24,12 @@ def _reference(path):
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def _all_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
-    """Logits at every prompt position from our model, through the real runner's packing."""
-    engine = llm.engine
-    seq = Sequence("probe", ids, SamplingParams(), engine.max_model_len, 0)
-    engine.block_manager.grow(seq, len(ids))
-    try:
-        input_ids, positions, meta, _ = engine.runner.prepare([(seq, len(ids))])
-        with torch.inference_mode():
-            hidden = engine.runner.model(input_ids, positions, engine.runner.kv_cache, meta, engine.runner.rope)
-            return engine.runner.model.compute_logits(hidden)
-    finally:
-        engine.block_manager.free_sequence(seq)
-
-
 @pytest.mark.parametrize("arch,options", CASES, ids=[f"{a}-{i}" for i, (a, _) in enumerate(CASES)])
 def test_logits_match_transformers(tiny_models, arch, options):
     path = tiny_models(arch, **options)
     llm = LLM(str(path), device="cpu", parallel=2)
     ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog. def f(x): return x * 2")
-    ours = _all_logits(llm, ids)
+    ours = all_logits(llm, ids)
     with torch.no_grad():
         ref = _reference(path)(torch.tensor([ids])).logits[0]
     assert ours.shape == ref.shape
@@ -76,7 +62,7 @@ def test_llama3_rope_scaling_matches_transformers(tmp_path, tiny_models):
     (dst / "config.json").write_text(json.dumps(cfg))
     llm = LLM(str(dst), device="cpu", parallel=1)
     ids = list(range(5, 205))  # long enough that scaled and unscaled frequencies differ
-    ours = _all_logits(llm, ids)
+    ours = all_logits(llm, ids)
     with torch.no_grad():
         ref = _reference(dst)(torch.tensor([ids])).logits[0]
     assert (ours - ref).abs().max().item() < 1e-4
