@@ -12,7 +12,7 @@ import httpx
 import pytest
 from server_utils import openai_clients, pid_alive, start_server, stop_server
 
-ARGS = ("--adaptive", "--adaptive-at", "2", "--adaptive-slots", "2", "--device", "cpu",
+ARGS = ("--adaptive", "--adaptive-at", "4", "--adaptive-slots", "8", "--device", "cpu",
         "--ctx-size", "256", "--alias", "tiny", "--backend-timeout", "10")
 
 
@@ -82,18 +82,18 @@ def test_props_show_two_native_backends(server):
     props = _props(server)
     backends = props["backends"]
     assert [(b["name"], b["kind"], b["capacity"], b["state"]) for b in backends] == [
-        ("native-0", "native", 2, "ready"), ("native-1", "native", 2, "ready")]
+        ("native-0", "native", 4, "ready"), ("native-1", "native", 8, "ready")]
     assert all(b["device"] == "cpu" and b["in_flight"] == 0 for b in backends)
     assert len({b["pid"] for b in backends}) == 2 and set(server.children()) >= {b["pid"] for b in backends}
     slots = httpx.get(f"{server.root}/slots").json()
-    assert [(s["backend"], s["id"]) for s in slots] == [("native-0", 0), ("native-0", 1), ("native-1", 0),
-                                                       ("native-1", 1)]
+    assert [(s["backend"], s["id"]) for s in slots] == ([("native-0", i) for i in range(4)]
+                                                        + [("native-1", i) for i in range(8)])
 
 
-def test_six_streams_fill_both_backends_and_all_complete(server):
-    counts, peak = asyncio.run(_streams(server, 6, 40))
-    assert counts == [40] * 6
-    assert peak == {"native-0": 2, "native-1": 2}
+def test_twelve_streams_fill_both_backends_and_all_complete(server):
+    counts, peak = asyncio.run(_streams(server, 12, 40))
+    assert counts == [40] * 12
+    assert peak == {"native-0": 4, "native-1": 8}
     metrics = httpx.get(f"{server.root}/metrics").text
     for name in ("native-0", "native-1"):
         assert f'onebit:request_success_total{{backend="{name}",finished_reason="length"}}' in metrics
@@ -131,7 +131,7 @@ def test_killed_worker_fails_its_stream_others_keep_serving_and_it_comes_back(se
     assert backends[0]["pid"] != victim and backends[0]["restarts"] >= 1
     assert not pid_alive(victim)
     counts, peak = asyncio.run(_streams(server, 4, 30))
-    assert counts == [30] * 4 and peak.get("native-0") == 2
+    assert counts == [30] * 4 and peak.get("native-0") == 4
 
 
 def test_kill_9_of_the_server_leaves_no_worker(server):

@@ -28,3 +28,35 @@ def test_bench_serve_tiny_model(tiny_model_dir, tmp_path, capsys):
     assert f"| tiny | {cells} |" in (tmp_path / "tiny.md").read_text()
     assert f"| tiny | {cells} |" in capsys.readouterr().out
     assert (tmp_path / "tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_server_killed_mid_run_gives_failures_not_a_hang(tiny_model_dir, tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    from server_utils import start_server, stop_server
+
+    server = start_server(tiny_model_dir, "--parallel", "4", "--ctx-size", "512")
+    result = {}
+
+    def bench():
+        result["code"] = bench_main(["--url", server.root, "--concurrency", "4", "--requests", "40",
+                                     "--max-tokens", "200", "--prompts", "random:16", "--label", "killed",
+                                     "--out", str(tmp_path), "--no-progress", "--timeout", "30", "--warmup", "0"])
+
+    worker = threading.Thread(target=bench, daemon=True)
+    try:
+        worker.start()
+        time.sleep(2.0)  # well inside the 40 x 200-token run
+        os.kill(server.proc.pid, signal.SIGKILL)
+        worker.join(timeout=120)
+        assert not worker.is_alive(), "the bench must not hang when its server dies"
+    finally:
+        stop_server(server)
+    run = json.loads((tmp_path / "killed.json").read_text())
+    summary = run["levels"][0]["summary"]
+    assert summary["failed"] > 0
+    assert summary["completed"] + summary["failed"] == 40
+    assert all(r["completion_tokens"] == 200 for r in run["levels"][0]["requests"] if not r.get("failure"))

@@ -212,3 +212,17 @@ def test_sharded_checkpoint_loads(tmp_path, tiny_model_dir):
     a = LLM(str(sharded), device="cpu", parallel=1).generate([[10, 20, 30]], params)[0]
     b = LLM(str(tiny_model_dir), device="cpu", parallel=1).generate([[10, 20, 30]], params)[0]
     assert a.token_ids == b.token_ids
+
+
+def test_model_from_local_hugging_face_cache(tmp_path, monkeypatch, tiny_model_dir):
+    import shutil
+    repo = tmp_path / "hub" / "models--some-org--tiny-model"
+    snapshot = repo / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_model_dir, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    cached = LLM("some-org/tiny-model", device="cpu", parallel=1).generate([[10, 20, 30]], params)[0]
+    local = LLM(str(tiny_model_dir), device="cpu", parallel=1).generate([[10, 20, 30]], params)[0]
+    assert cached.token_ids == local.token_ids
