@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--ngram", action="store_true", help="draft by prompt lookup (n-gram matching)")
     spec.add_argument("--mtp-max", "--draft-max", dest="draft_max", type=_positive, default=3,
                       help="most drafted tokens per step (default 3)")
+    spec.add_argument("--mtp-p-min", type=float, default=0.0, metavar="P",
+                      help="draft a token only while the MTP head gives it at least probability P (default 0)")
     serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                        help="dummy: random weights from config.json alone (benchmarks)")
     _add_backend_arguments(serve)
@@ -144,7 +146,7 @@ def serve(args: argparse.Namespace) -> int:
                               enable_prefix_caching=not args.no_prefix_caching,
                               cuda_graphs=not args.no_cuda_graphs, load_format=args.load_format,
                               speculative="mtp" if args.mtp is not None else "ngram" if args.ngram else None,
-                              mtp_path=args.mtp or None, draft_max=args.draft_max)
+                              mtp_path=args.mtp or None, draft_max=args.draft_max, mtp_p_min=args.mtp_p_min)
     except ValueError as error:
         return _fail(str(error))
     try:

@@ -106,3 +106,25 @@ def test_request_can_turn_drafting_off_and_sampling_stays_valid():
     assert all(o.finish_reason in ("stop", "length") and o.token_ids for o in a)
     assert llm.engine.spec_proposed > 0
     assert not llm.engine.has_unfinished()
+
+
+def test_tiny_generator_writes_an_mtp_head_the_engine_loads(tmp_path, tiny_model_dir):
+    from safetensors import safe_open
+
+    from onebit.models.tiny import make_tiny_model
+    path = make_tiny_model(tmp_path / "mtp", arch="qwen3", mtp=True)
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert {"mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.self_attn.q_proj.weight"} <= names
+    with safe_open(str(tiny_model_dir / "model.safetensors"), "pt") as plain, \
+            safe_open(str(path / "model.safetensors"), "pt") as with_head:
+        assert torch.equal(plain.get_tensor("model.embed_tokens.weight"), with_head.get_tensor("model.embed_tokens.weight"))
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = LLM(str(tiny_model_dir), device="cpu", parallel=2).generate([[10, 20, 30], [40, 50]], params)
+    proposed = {}
+    for p_min in (0.0, 0.99):  # a random head is never 99% sure: with that floor it never drafts
+        spec = LLM(str(path), device="cpu", parallel=2, speculative="mtp", mtp_p_min=p_min)
+        got = spec.generate([[10, 20, 30], [40, 50]], params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        proposed[p_min] = spec.engine.spec_proposed
+    assert proposed[0.0] > 0 and proposed[0.99] == 0

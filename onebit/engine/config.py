@@ -32,6 +32,7 @@ class EngineConfig:
     speculative: str | None = None
     draft_max: int = 3
     mtp_path: str | None = None
+    mtp_p_min: float = 0.0
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -46,3 +47,5 @@ class EngineConfig:
             raise ValueError("speculative must be None, 'mtp' or 'ngram'")
         if self.draft_max < 1:
             raise ValueError("draft_max must be >= 1")
+        if not 0.0 <= self.mtp_p_min < 1.0:
+            raise ValueError("mtp_p_min must be in [0, 1)")

@@ -218,12 +218,21 @@ class LLMEngine:
         drafts = {seq: [] for seq, _ in chosen}
         hidden = {seq: seq.last_hidden[None] for seq, _ in chosen}
         last = {seq: seq.token_ids[-1] for seq, _ in chosen}
+        stopped: set[Sequence] = set()
+        p_min = self.config.mtp_p_min
         for depth in range(max(k for _, k in chosen)):
-            active = [seq for seq, k in chosen if k > depth]
+            active = [seq for seq, k in chosen if k > depth and seq not in stopped]
+            if not active:
+                break
             entries = [(seq, seq.num_tokens - 2 + depth, [last[seq]], hidden[seq]) for seq in active]
             prenorm, normed = self.runner.mtp_forward(entries)
-            guesses = self.runner.model.compute_logits(normed).argmax(dim=-1).tolist()
+            logits = self.runner.model.compute_logits(normed)
+            guesses = logits.argmax(dim=-1).tolist()
+            confident = (logits.float().softmax(-1).amax(-1) >= p_min).tolist() if p_min > 0 else None
             for i, seq in enumerate(active):
+                if confident is not None and not confident[i]:
+                    stopped.add(seq)  # the head is unsure: stop this chain here
+                    continue
                 drafts[seq].append(guesses[i])
                 hidden[seq], last[seq] = prenorm[i:i + 1], guesses[i]
         return list(drafts.items())

@@ -148,7 +148,7 @@ def _model_config(arch: str, *, layers: int, hidden: int, heads: int, kv_heads: 
 
 
 def _weights(arch: str, *, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int,
-             intermediate: int, tie: bool, seed: int) -> dict[str, torch.Tensor]:
+             intermediate: int, tie: bool, seed: int, mtp: bool = False) -> dict[str, torch.Tensor]:
     """Random weights with the exact HF names, drawn in a fixed order from one generator."""
     gen = torch.Generator().manual_seed(seed)
     head_dim = hidden // heads
@@ -164,8 +164,8 @@ def _weights(arch: str, *, layers: int, hidden: int, heads: int, kv_heads: int, 
 
     # Embedding/lm_head scaled so logits have std ~1: sampling is neither uniform nor greedy.
     tensors = {"model.embed_tokens.weight": normal(vocab, hidden, std=hidden ** -0.5)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
+
+    def decoder_layer(p: str) -> None:
         tensors[p + "input_layernorm.weight"] = norm(hidden)
         tensors[p + "self_attn.q_proj.weight"] = normal(heads * head_dim, hidden)
         tensors[p + "self_attn.k_proj.weight"] = normal(kv_heads * head_dim, hidden)
@@ -182,9 +182,18 @@ def _weights(arch: str, *, layers: int, hidden: int, heads: int, kv_heads: int, 
         tensors[p + "mlp.gate_proj.weight"] = normal(intermediate, hidden)
         tensors[p + "mlp.up_proj.weight"] = normal(intermediate, hidden)
         tensors[p + "mlp.down_proj.weight"] = normal(hidden, intermediate)
+
+    for i in range(layers):
+        decoder_layer(f"model.layers.{i}.")
     tensors["model.norm.weight"] = norm(hidden)
     if not tie:
         tensors["lm_head.weight"] = normal(vocab, hidden, std=hidden ** -0.5)
+    if mtp:  # drawn last, so the base weights are the same bytes with or without the head
+        tensors["mtp.pre_fc_norm_embedding.weight"] = norm(hidden)
+        tensors["mtp.pre_fc_norm_hidden.weight"] = norm(hidden)
+        tensors["mtp.fc.weight"] = normal(hidden, 2 * hidden)
+        decoder_layer("mtp.layers.0.")
+        tensors["mtp.norm.weight"] = norm(hidden)
     return tensors
 
 
@@ -200,11 +209,13 @@ def make_tiny_model(
     tie_word_embeddings: bool | None = None,
     intermediate: int | None = None,
     max_position_embeddings: int = 4096,
+    mtp: bool = False,
 ) -> Path:
     """Write a tiny model directory (config, safetensors, tokenizer files) and return its path.
 
     `tie_word_embeddings=None` picks the family's habit for small models: tied for Qwen,
-    untied for Llama and Mistral. `intermediate` defaults to 3 * hidden.
+    untied for Llama and Mistral. `intermediate` defaults to 3 * hidden. `mtp` adds a random
+    multi-token-prediction head under `mtp.*` (layout: tools/mtp_layout.md).
     """
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
@@ -226,7 +237,11 @@ def make_tiny_model(
                  intermediate=intermediate, tie=tie)
     _write_json(out / "config.json", _model_config(
         arch, **shape, max_pos=max_position_embeddings, bos=endoftext, eos=im_end))
-    save_file(_weights(arch, **shape, seed=seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    if mtp:
+        config = json.loads((out / "config.json").read_text())
+        _write_json(out / "config.json", {**config, "num_nextn_predict_layers": 1})
+    save_file(_weights(arch, **shape, seed=seed, mtp=mtp), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     return out
 
 
@@ -245,12 +260,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tie", action=argparse.BooleanOptionalAction, default=None,
                         help="tie lm_head to the embedding (default: tied for qwen, untied otherwise)")
+    parser.add_argument("--mtp", action="store_true", help="add a random multi-token-prediction head (mtp.*)")
     args = parser.parse_args(argv)
     try:
         path = make_tiny_model(
             args.out_dir, arch=args.arch, layers=args.layers, hidden=args.hidden, heads=args.heads,
             kv_heads=args.kv_heads, vocab=args.vocab, seed=args.seed, tie_word_embeddings=args.tie,
-            intermediate=args.intermediate, max_position_embeddings=args.max_position_embeddings,
+            intermediate=args.intermediate, max_position_embeddings=args.max_position_embeddings, mtp=args.mtp,
         )
     except ValueError as exc:
         parser.error(str(exc))
