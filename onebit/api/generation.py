@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextlib
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
 from onebit.api.errors import APIError, context_overflow, internal_error, invalid_request, unavailable
+from onebit.api.formatting import SSE_DONE, sse
 from onebit.api.state import ServerState
 from onebit.backends.base import BackendError, GenerateRequest, RequestRejected
 from onebit.engine.outputs import StepDelta
 from onebit.engine.sampling_params import SamplingParams
 from onebit.router import QueueFull, RouterError, Ticket
+
+log = logging.getLogger("onebit.api")
 
 
 @dataclass
@@ -25,6 +29,21 @@ class Choice:
     params: SamplingParams
     request_id: str
     prompt_text: str | None = None
+
+
+async def guarded_sse(events: AsyncIterator[str], what: str) -> AsyncIterator[str]:
+    """Relay a stream's SSE events, then `[DONE]`. A failure becomes an error event and the
+    stream ends without `[DONE]`: a broken stream must never look finished."""
+    try:
+        async with contextlib.aclosing(events) as stream:
+            async for event in stream:
+                yield event
+        yield SSE_DONE
+    except APIError as error:
+        yield sse(error.body())
+    except Exception:
+        log.exception("%s failed", what)
+        yield sse(internal_error().body())
 
 
 def router_error(error: RouterError) -> APIError:

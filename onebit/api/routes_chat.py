@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from onebit.api.errors import APIError, internal_error
-from onebit.api.formatting import SSE_DONE, SSE_HEADERS, chat_logprobs, sse, usage
-from onebit.api.generation import (Choice, ClientGone, TokenCounter, merge_choices, take_tickets,
+from onebit.api.formatting import SSE_HEADERS, chat_logprobs, sse, usage
+from onebit.api.generation import (Choice, ClientGone, TokenCounter, guarded_sse, merge_choices, take_tickets,
                                    unless_disconnected)
 from onebit.api.prepare import chat_prompt, chat_sampling_params
 from onebit.api.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse
 from onebit.api.reasoning import ReasoningSplitter, prompt_opens_reasoning
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
@@ -75,41 +72,34 @@ async def _stream(state, request: ChatCompletionRequest, rid: str, choices, tick
 
     splitters = {c.index: ReasoningSplitter(in_reasoning) for c in choices}
     completion_tokens = TokenCounter()
-    try:
-        for c in choices:
-            yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                          "logprobs": None, "finish_reason": None}])
-        async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
-            async for index, delta in stream:
-                completion_tokens.add(index, delta)
-                if split:
-                    reasoning, content = splitters[index].feed(delta.text)
-                    if delta.finished:
-                        r, c = splitters[index].flush()
-                        reasoning, content = reasoning + r, content + c
-                else:
-                    reasoning, content = "", delta.text
-                body: dict = {}
-                if reasoning:
-                    body["reasoning_content"] = reasoning
-                if content or (not reasoning and delta.logprobs):
-                    body["content"] = content
-                lp = chat_logprobs(state, delta.logprobs) if want_logprobs and delta.logprobs else None
-                if body or lp:
-                    yield chunk([{"index": index, "delta": body, "logprobs": lp, "finish_reason": None}])
+    for c in choices:
+        yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                      "logprobs": None, "finish_reason": None}])
+    async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
+        async for index, delta in stream:
+            completion_tokens.add(index, delta)
+            if split:
+                reasoning, content = splitters[index].feed(delta.text)
                 if delta.finished:
-                    yield chunk([{"index": index, "delta": {}, "logprobs": None,
-                                  "finish_reason": delta.finish_reason}])
-        if include_usage:
-            yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                       "model": state.model_name, "choices": [],
-                       "usage": usage(len(choices[0].prompt_token_ids), completion_tokens.total)})
-        yield SSE_DONE
-    except APIError as error:
-        yield sse(error.body())
-    except Exception:
-        log.exception("chat stream %s failed", rid)
-        yield sse(internal_error().body())
+                    r, c = splitters[index].flush()
+                    reasoning, content = reasoning + r, content + c
+            else:
+                reasoning, content = "", delta.text
+            body: dict = {}
+            if reasoning:
+                body["reasoning_content"] = reasoning
+            if content or (not reasoning and delta.logprobs):
+                body["content"] = content
+            lp = chat_logprobs(state, delta.logprobs) if want_logprobs and delta.logprobs else None
+            if body or lp:
+                yield chunk([{"index": index, "delta": body, "logprobs": lp, "finish_reason": None}])
+            if delta.finished:
+                yield chunk([{"index": index, "delta": {}, "logprobs": None,
+                              "finish_reason": delta.finish_reason}])
+    if include_usage:
+        yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                   "model": state.model_name, "choices": [],
+                   "usage": usage(len(choices[0].prompt_token_ids), completion_tokens.total)})
 
 
 @router.post("/v1/chat/completions", response_model=None,
@@ -128,7 +118,8 @@ async def chat_completions(request: ChatCompletionRequest, http: Request):
     in_reasoning = split and prompt_opens_reasoning(prompt_text)
     tickets = take_tickets(state, len(choices))
     if request.stream:
-        return StreamingResponse(_stream(state, request, rid, choices, tickets, split, in_reasoning),
+        return StreamingResponse(guarded_sse(_stream(state, request, rid, choices, tickets, split, in_reasoning),
+                                             f"chat stream {rid}"),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         return await unless_disconnected(http.receive, _full(state, request, rid, choices, tickets, split, in_reasoning))

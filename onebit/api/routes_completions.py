@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from onebit.api.errors import APIError, internal_error
-from onebit.api.formatting import SSE_DONE, SSE_HEADERS, completion_logprobs, sse, usage
-from onebit.api.generation import (Choice, ClientGone, TokenCounter, merge_choices, take_tickets,
+from onebit.api.formatting import SSE_HEADERS, completion_logprobs, sse, usage
+from onebit.api.generation import (Choice, ClientGone, TokenCounter, guarded_sse, merge_choices, take_tickets,
                                    unless_disconnected)
 from onebit.api.prepare import completion_prompt_texts, completion_prompts, completion_sampling_params
 from onebit.api.protocol import CompletionRequest, CompletionResponse
 from onebit.api.routes_chat import ERROR_RESPONSES
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -62,30 +59,23 @@ async def _stream(state, request: CompletionRequest, rid: str, choices: list[Cho
             payload["usage"] = None
         return sse(payload)
 
-    try:
-        async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
-            async for index, delta in stream:
-                completion_tokens.add(index, delta)
-                lp = None
-                if request.logprobs is not None and delta.logprobs:
-                    lp = completion_logprobs(state, delta.logprobs, offsets[index])
-                offsets[index] += len(delta.text)
-                if delta.text or lp or (request.return_token_ids and delta.token_ids):
-                    item = {"index": index, "text": delta.text, "logprobs": lp, "finish_reason": None}
-                    if request.return_token_ids:
-                        item["token_ids"] = delta.token_ids
-                    yield chunk(item)
-                if delta.finished:
-                    yield chunk({"index": index, "text": "", "logprobs": None, "finish_reason": delta.finish_reason})
-        if include_usage:
-            yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
-                       "choices": [], "usage": usage(_prompt_tokens(choices, n), completion_tokens.total)})
-        yield SSE_DONE
-    except APIError as error:
-        yield sse(error.body())
-    except Exception:
-        log.exception("completion stream %s failed", rid)
-        yield sse(internal_error().body())
+    async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
+        async for index, delta in stream:
+            completion_tokens.add(index, delta)
+            lp = None
+            if request.logprobs is not None and delta.logprobs:
+                lp = completion_logprobs(state, delta.logprobs, offsets[index])
+            offsets[index] += len(delta.text)
+            if delta.text or lp or (request.return_token_ids and delta.token_ids):
+                item = {"index": index, "text": delta.text, "logprobs": lp, "finish_reason": None}
+                if request.return_token_ids:
+                    item["token_ids"] = delta.token_ids
+                yield chunk(item)
+            if delta.finished:
+                yield chunk({"index": index, "text": "", "logprobs": None, "finish_reason": delta.finish_reason})
+    if include_usage:
+        yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+                   "choices": [], "usage": usage(_prompt_tokens(choices, n), completion_tokens.total)})
 
 
 @router.post("/v1/completions", response_model=None,
@@ -105,7 +95,8 @@ async def completions(request: CompletionRequest, http: Request):
                for p, ids in enumerate(prompts) for j, sp in enumerate(params)]
     tickets = take_tickets(state, len(choices))
     if request.stream:
-        return StreamingResponse(_stream(state, request, rid, choices, tickets, n),
+        return StreamingResponse(guarded_sse(_stream(state, request, rid, choices, tickets, n),
+                                             f"completion stream {rid}"),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         return await unless_disconnected(http.receive, _full(state, rid, choices, tickets, n))
