@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from onebit.models.tiny import CHAT_TEMPLATE  # noqa: E402  (one ChatML template for the project)
+from onebit.models.tiny import tokenizer_config  # noqa: E402  (one ChatML setup for the project)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MTP_LOSS_WEIGHT = 0.3
@@ -809,26 +809,6 @@ def measure_acceptance(model: DemoModel, val_tokens: torch.Tensor, settings: Set
 
 def _write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def tokenizer_config(tok: Tokenizer, max_len: int) -> dict:
-    """tokenizer_config.json: fast tokenizer, ChatML template, eos <|im_end|>, pad <|endoftext|>."""
-    added = {
-        str(i): {"content": t.content, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": t.special}
-        for i, t in sorted(tok.get_added_tokens_decoder().items())
-    }
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "added_tokens_decoder": added,
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": max_len,
-        "chat_template": CHAT_TEMPLATE,
-    }
 
 
 def check_against_transformers(model: DemoModel, out: Path, sample: torch.Tensor) -> float:

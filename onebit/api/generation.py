@@ -207,3 +207,21 @@ async def unless_disconnected(receive, work):
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     raise ClientGone()
+
+
+async def collect_choices(state: ServerState, choices: list[Choice], tickets: list[Ticket]):
+    """Run every choice to its end for a non-streaming response: per choice index, the text
+    pieces, finish reason and logprobs, plus the token counter."""
+    texts = {c.index: [] for c in choices}
+    counts = TokenCounter()
+    finish = {c.index: None for c in choices}
+    logprobs = {c.index: [] for c in choices}
+    async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
+        async for index, delta in stream:
+            texts[index].append(delta.text)
+            counts.add(index, delta)
+            if delta.logprobs:
+                logprobs[index].extend(delta.logprobs)
+            if delta.finished:
+                finish[index] = delta.finish_reason
+    return texts, counts, finish, logprobs

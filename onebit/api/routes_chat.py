@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from onebit.api.formatting import SSE_HEADERS, chat_logprobs, sse, usage
-from onebit.api.generation import (Choice, ClientGone, TokenCounter, guarded_sse, merge_choices, take_tickets,
-                                   unless_disconnected)
+from onebit.api.generation import (Choice, ClientGone, TokenCounter, collect_choices, guarded_sse, merge_choices,
+                                   take_tickets, unless_disconnected)
 from onebit.api.prepare import chat_prompt, chat_sampling_params
 from onebit.api.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse
 from onebit.api.reasoning import ReasoningSplitter, prompt_opens_reasoning
@@ -32,18 +32,7 @@ def _split(text: str, in_reasoning: bool) -> tuple[str | None, str]:
 
 
 async def _full(state, request: ChatCompletionRequest, rid: str, choices, tickets, split, in_reasoning):
-    texts = {c.index: [] for c in choices}
-    counts = TokenCounter()
-    finish = {c.index: None for c in choices}
-    logprobs = {c.index: [] for c in choices}
-    async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
-        async for index, delta in stream:
-            texts[index].append(delta.text)
-            counts.add(index, delta)
-            if delta.logprobs:
-                logprobs[index].extend(delta.logprobs)
-            if delta.finished:
-                finish[index] = delta.finish_reason
+    texts, counts, finish, logprobs = await collect_choices(state, choices, tickets)
     out = []
     for c in choices:
         text = "".join(texts[c.index])

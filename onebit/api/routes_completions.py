@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from onebit.api.formatting import SSE_HEADERS, completion_logprobs, sse, usage
-from onebit.api.generation import (Choice, ClientGone, TokenCounter, guarded_sse, merge_choices, take_tickets,
-                                   unless_disconnected)
+from onebit.api.generation import (Choice, ClientGone, TokenCounter, collect_choices, guarded_sse, merge_choices,
+                                   take_tickets, unless_disconnected)
 from onebit.api.prepare import completion_prompt_texts, completion_prompts, completion_sampling_params
 from onebit.api.protocol import CompletionRequest, CompletionResponse
 from onebit.api.routes_chat import ERROR_RESPONSES
@@ -24,18 +24,7 @@ def _prompt_tokens(choices: list[Choice], n: int) -> int:
 
 
 async def _full(state, rid: str, choices: list[Choice], tickets, n: int):
-    texts = {c.index: [] for c in choices}
-    counts = TokenCounter()
-    finish = {c.index: None for c in choices}
-    logprobs = {c.index: [] for c in choices}
-    async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
-        async for index, delta in stream:
-            texts[index].append(delta.text)
-            counts.add(index, delta)
-            if delta.logprobs:
-                logprobs[index].extend(delta.logprobs)
-            if delta.finished:
-                finish[index] = delta.finish_reason
+    texts, counts, finish, logprobs = await collect_choices(state, choices, tickets)
     out = []
     for c in choices:
         lp = completion_logprobs(state, logprobs[c.index], 0) if c.params.logprobs is not None else None

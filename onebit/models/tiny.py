@@ -94,7 +94,9 @@ def build_tokenizer(vocab: int) -> Tokenizer:
     return tok
 
 
-def _tokenizer_config(tok: Tokenizer, max_position_embeddings: int) -> dict:
+def tokenizer_config(tok: Tokenizer, max_position_embeddings: int) -> dict:
+    """tokenizer_config.json for a byte-level BPE with our specials: ChatML template, eos <|im_end|>,
+    pad <|endoftext|> (shared with tools/train_demo.py)."""
     added = {
         str(i): {
             "content": t.content, "lstrip": False, "normalized": False, "rstrip": False,
@@ -229,7 +231,7 @@ def make_tiny_model(
     tok = build_tokenizer(vocab)
     tok.save(str(out / "tokenizer.json"))
     endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(tok, max_position_embeddings))
+    _write_json(out / "tokenizer_config.json", tokenizer_config(tok, max_position_embeddings))
     _write_json(out / "generation_config.json", {
         "bos_token_id": endoftext, "eos_token_id": [im_end, endoftext], "pad_token_id": endoftext,
     })
