@@ -84,6 +84,13 @@ class Backend(abc.ABC):
     def stats(self) -> EngineStats:
         """The backend's counters as last reported."""
 
+    def _check_admissible(self, request_id: str, active) -> None:
+        """BackendError unless this backend is ready and `request_id` is not already streaming."""
+        if self.state != "ready":
+            raise BackendError(f"backend {self.name} is {self.state}")
+        if request_id in active:
+            raise BackendError(f"duplicate request id {request_id}")
+
     def info(self) -> dict:
         """What /props shows about this backend."""
         return {"name": self.name, "kind": self.kind, "capacity": self.capacity, "state": self.state}

@@ -231,11 +231,8 @@ class NativeBackend(Backend):
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StepDelta]:
         """Stream the request's deltas; leaving early aborts it in the engine."""
-        if self._state != "ready":
-            raise BackendError(f"backend {self.name} is {self._state}")
         rid = request.request_id
-        if rid in self._streams:
-            raise BackendError(f"duplicate request id {rid}")
+        self._check_admissible(rid, self._streams)
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = stream
         self._writer.send(("add", rid, request.prompt_token_ids, request.params))

@@ -203,11 +203,8 @@ class RemoteBackend(Backend):
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StepDelta]:
         """Stream the request's deltas from the peer; leaving early closes the connection (aborts it there)."""
-        if self._state != "ready":
-            raise BackendError(f"backend {self.name} is {self._state}")
         rid = request.request_id
-        if rid in self._streams:
-            raise BackendError(f"duplicate request id {rid}")
+        self._check_admissible(rid, self._streams)
         queue: asyncio.Queue = asyncio.Queue()
         slot = SlotInfo(id=-1, backend=self.name, is_processing=True, request_id=rid,
                         n_prompt_tokens=len(request.prompt_token_ids))

@@ -142,8 +142,7 @@ class LLMEngine:
             want_hidden = self.runner.mtp is not None and (want_state or any(n > 1 for _, n in plan))
             out = self.runner.run(plan, want_hidden=want_hidden)
             plain = [(seq, row) for seq, row, count in out.rows if not seq.num_draft]
-            tokens, logprobs = self.sampler(out.logits[[row for _, row in plain]], [seq for seq, _ in plain]) \
-                if plain else ([], [])
+            tokens, logprobs = self._sample_plain(out.logits, plain) if plain else ([], [])
         except Exception as exc:  # a failed forward fails the step's requests, not the engine
             log.exception("step failed")
             for seq, _ in plan:
@@ -167,6 +166,14 @@ class LLMEngine:
         if self.policy is not None and decodes:
             self.policy.record_step(decodes, self._step_k if drafting else 0, time.perf_counter() - started)
         return deltas
+
+    def _sample_plain(self, logits, plain: list[tuple[Sequence, int]]):
+        """Sample one token for each (sequence, logits row); the common all-rows case needs no gather,
+        which on a 152k vocabulary is a copy of the whole logits tensor per step."""
+        rows = [row for _, row in plain]
+        if rows != list(range(logits.shape[0])):
+            logits = logits[rows]
+        return self.sampler(logits, [seq for seq, _ in plain])
 
     def _guarded(self, seq: Sequence, accept) -> StepDelta:
         try:
