@@ -16,6 +16,14 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import
            "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):"]
 
 
+def _always_draft(llm: LLM) -> LLM:
+    """Pin the draft length to its maximum: the policy's choice depends on measured step times,
+    which these tests must not (the policy has its own test above with given times)."""
+    policy = llm.engine.policy
+    policy.choose = lambda batch: policy.k_max
+    return llm
+
+
 def test_ngram_proposes_what_followed_the_latest_match():
     assert ngram_propose([1, 2, 3, 9, 1, 2, 3], 2) == [9, 1]
     assert ngram_propose([5, 1, 2, 7, 8, 1, 2], 3) == [7, 8, 1]
@@ -81,7 +89,7 @@ def demo_plain():
     {"speculative": "ngram", "parallel": 4, "draft_max": 2},
 ])
 def test_greedy_output_identical_with_speculation(demo_plain, options):
-    llm = LLM(str(default_model_dir()), device="cpu", **options)
+    llm = _always_draft(LLM(str(default_model_dir()), device="cpu", **options))
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     outs = [llm.generate([p], params)[0] for p in PROMPTS] if options["parallel"] == 1 else \
         llm.generate(PROMPTS, params)
@@ -97,7 +105,7 @@ def test_greedy_output_identical_with_speculation(demo_plain, options):
 
 
 def test_request_can_turn_drafting_off_and_sampling_stays_valid():
-    llm = LLM(str(default_model_dir()), device="cpu", parallel=2, speculative="mtp")
+    llm = _always_draft(LLM(str(default_model_dir()), device="cpu", parallel=2, speculative="mtp"))
     off = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, draft_max=0)
     llm.generate([PROMPTS[0]], off)
     assert llm.engine.spec_proposed == 0
@@ -123,7 +131,7 @@ def test_tiny_generator_writes_an_mtp_head_the_engine_loads(tmp_path, tiny_model
     want = LLM(str(tiny_model_dir), device="cpu", parallel=2).generate([[10, 20, 30], [40, 50]], params)
     proposed = {}
     for p_min in (0.0, 0.99):  # a random head is never 99% sure: with that floor it never drafts
-        spec = LLM(str(path), device="cpu", parallel=2, speculative="mtp", mtp_p_min=p_min)
+        spec = _always_draft(LLM(str(path), device="cpu", parallel=2, speculative="mtp", mtp_p_min=p_min))
         got = spec.generate([[10, 20, 30], [40, 50]], params)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
         proposed[p_min] = spec.engine.spec_proposed
