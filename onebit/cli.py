@@ -41,7 +41,7 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
                        help="requests the primary holds before the overflow goes on (default: --parallel)")
     group.add_argument("--adaptive-slots", type=_positive, default=16, metavar="K",
                        help="slots of every backend after the first (default 16)")
-    # --mtp / --ngram apply to the primary only (backends/factory.py).
+    # --mtp / --ngram / --draft-model apply to the primary only (backends/factory.py).
     group.add_argument("--backend", action="append", default=None, metavar="SPEC",
                        help="repeatable, first = primary: native, native:cpu, native:cuda, native:cuda:N, or "
                             "url:http://HOST:PORT (any OpenAI-compatible server). Options after '?': slots=N; "
@@ -75,10 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
                       help="draft with the multi-token-prediction head in the checkpoint (mtp.* tensors), "
                            "or with the one in PATH (a safetensors file or directory)")
     spec.add_argument("--ngram", action="store_true", help="draft by prompt lookup (n-gram matching)")
+    spec.add_argument("--draft-model", default=None, metavar="DIR",
+                      help="draft with a smaller model that has the same tokenizer (a directory or cached "
+                           "Hugging Face id, like -m); its KV cache shares the KV budget")
     spec.add_argument("--mtp-max", "--draft-max", dest="draft_max", type=_positive, default=3,
                       help="most drafted tokens per step (default 3)")
     spec.add_argument("--mtp-p-min", type=float, default=0.0, metavar="P",
                       help="draft a token only while the MTP head gives it at least probability P (default 0)")
+    spec.add_argument("--draft-policy", choices=["auto", "always"], default="auto",
+                      help="auto: draft only while measured step times say it pays (default); always: draft "
+                           "--draft-max tokens on every step, as llama.cpp does")
+    spec.add_argument("--draft", default=None, metavar="oracle:P",
+                      help="MEASURING INSTRUMENT, not a drafter: oracle:P proposes the recorded greedy output "
+                           "(--draft-record, JSON lines from a plain run) right with probability P, to measure "
+                           "speed against acceptance on random-weight models. Never use it to serve")
+    spec.add_argument("--draft-record", default=None, metavar="FILE", help="the oracle's recorded greedy outputs")
     serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                        help="dummy: random weights from config.json alone (benchmarks)")
     _add_backend_arguments(serve)
@@ -89,6 +100,45 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub.add_parser("bench", help="measure tokens/s of a server (see `1bit bench --help`)", add_help=False)
     return parser
+
+
+def _speculative_options(args: argparse.Namespace, path) -> dict:
+    """EngineConfig fields for the chosen drafter; ValueError (or ModelLoadError) with a clear message."""
+    from onebit.models.loader import resolve_model_path
+    from onebit.models.tokenizer import Tokenizer
+
+    drafters = [name for name, on in (("--mtp", args.mtp is not None), ("--ngram", args.ngram),
+                                      ("--draft-model", args.draft_model is not None),
+                                      ("--draft", args.draft is not None)) if on]
+    if len(drafters) > 1:
+        count = {2: "two", 3: "three"}.get(len(drafters), str(len(drafters)))
+        raise ValueError(f"{' and '.join(drafters)} are {count} drafters; choose one")
+    options = {"draft_max": args.draft_max, "mtp_p_min": args.mtp_p_min, "draft_policy": args.draft_policy}
+    if args.mtp is not None:
+        return {**options, "speculative": "mtp", "mtp_path": args.mtp or None}
+    if args.ngram:
+        return {**options, "speculative": "ngram"}
+    if args.draft_model is not None:
+        from onebit.engine.draft_model import check_same_tokenizer
+
+        draft_model = resolve_model_path(args.draft_model)
+        check_same_tokenizer(Tokenizer.from_dir(path), Tokenizer.from_dir(draft_model), str(draft_model))
+        return {**options, "speculative": "draft", "draft_model": str(draft_model)}
+    if args.draft is not None:
+        kind, _, p = args.draft.partition(":")
+        try:
+            probability = float(p)
+        except ValueError:
+            probability = -1.0
+        if kind != "oracle" or not 0.0 <= probability <= 1.0:
+            raise ValueError(f"--draft {args.draft!r}: the only value is oracle:P with P in [0, 1] (a measuring "
+                             "instrument; real drafters are --mtp, --ngram and --draft-model)")
+        if not args.draft_record:
+            raise ValueError("--draft oracle:P needs --draft-record FILE (recorded greedy outputs)")
+        return {**options, "speculative": "oracle", "oracle_p": probability, "oracle_record": args.draft_record}
+    if args.draft_record:
+        raise ValueError("--draft-record belongs to --draft oracle:P")
+    return {**options, "speculative": None}
 
 
 def _fail(message: str) -> int:
@@ -137,27 +187,29 @@ def serve(args: argparse.Namespace) -> int:
     from onebit.models.tokenizer import Tokenizer
     from onebit.router import Router
 
-    if args.mtp is not None and args.ngram:
-        return _fail("--mtp and --ngram are two drafters; choose one")
+    try:
+        speculative = _speculative_options(args, path)
+    except (ModelLoadError, ValueError) as error:
+        return _fail(str(error))
     try:
         config = EngineConfig(model=str(path), device=args.device, dtype=args.dtype, parallel=args.parallel,
                               ctx_size=args.ctx_size, kv_cache_memory=args.kv_cache_memory,
                               max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
                               enable_prefix_caching=not args.no_prefix_caching,
                               cuda_graphs=not args.no_cuda_graphs, load_format=args.load_format,
-                              speculative="mtp" if args.mtp is not None else "ngram" if args.ngram else None,
-                              mtp_path=args.mtp or None, draft_max=args.draft_max, mtp_p_min=args.mtp_p_min)
+                              **speculative)
     except ValueError as error:
         return _fail(str(error))
     try:
         specs, slots = _backend_specs(args)
     except ValueError as error:
         return _fail(str(error))
-    from onebit.backends.factory import BuildOptions, build_backends
+    from onebit.backends.factory import BuildOptions, build_backends, overflow_policy
 
     options = BuildOptions(default_device=args.device, health_timeout=args.backend_timeout,
                            api_key=os.environ.get("ONEBIT_BACKEND_API_KEY"))
-    router = Router(build_backends(specs, slots, config, options), max_queue=args.max_queue)
+    router = Router(build_backends(specs, slots, config, options), max_queue=args.max_queue,
+                    overflow=overflow_policy(specs, options))
     name = args.alias or path.name
     failure: list[str] = []
 

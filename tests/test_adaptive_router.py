@@ -132,6 +132,27 @@ def test_burst_of_500_at_8_fills_primary_then_secondary_then_queue_in_order():
     assert sum(r.served for r in router.routes) == 500 and sum(r.completed for r in router.routes) == 500
 
 
+@pytest.mark.parametrize("overflow, clients, primary_share", [
+    ("spill", 12, (30, 50)),  # the primary stays full: a third of 120 requests
+    ("switch", 12, (4, 4)),  # only the first wave: after it the load never drops under 4
+    ("switch", 3, (120, 120)),  # under the primary's limit everything stays on it
+])
+def test_overflow_policy_under_steady_closed_loop_load(overflow, clients, primary_share):
+    primary, secondary = DyingBackend("primary", 4), DyingBackend("secondary", 16)
+    router = Router([primary, secondary], overflow=overflow)
+
+    async def client(c: int) -> list[str]:
+        return [(await _consume(router, c * 100 + j))[0] for j in range(120 // clients)]
+
+    async def go():
+        return await asyncio.gather(*(client(c) for c in range(clients)))
+
+    names = [n for per_client in asyncio.run(go()) for n in per_client]
+    low, high = primary_share
+    assert low <= names.count("primary") <= high, names.count("primary")
+    assert len(names) == 120 and [r.in_flight for r in router.routes] == [0, 0]
+
+
 def test_cancel_while_queued_and_while_streaming_releases_each_slot_once():
     primary, secondary = DyingBackend("p", 2, steps=10_000), DyingBackend("s", 2, steps=10_000)
     router = Router([primary, secondary], max_queue=100)

@@ -6,6 +6,7 @@ buffers; running that eagerly must give the runner's ordinary logits for the rea
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from onebit import LLM, SamplingParams
@@ -41,6 +42,76 @@ def test_static_decode_inputs_reproduce_eager_logits(tiny_model_dir):
                     [s.block_table for s in seqs], [p + 1 for p in pos])
     assert b == 4  # three rows padded to the ladder's 4
     with torch.inference_mode():
-        static = graphs._forward(b)
+        static, _ = graphs._forward(b)
     assert (static[:3] - eager).abs().max().item() < 1e-5
     assert torch.isfinite(static).all()  # the padding row attends to the scratch block, no NaN
+
+
+def emulate_graphs(llm: LLM, chunk: int) -> list[int]:
+    """Route the engine's steps through CudaGraphDecoder's static buffers, run eagerly (no capture
+    on CPU): the same inputs and forward a replay would use. Returns a list that records the row
+    count of every step that took that path."""
+    engine, runner = llm.engine, llm.engine.runner
+    runner.max_graph_chunk = chunk
+    runner.graphs = CudaGraphDecoder(runner.model, runner.kv_cache, runner.rope, engine.block_manager.num_blocks,
+                                     runner.block_size, max_batch=engine.config.parallel * chunk,
+                                     max_blocks=-(-engine.max_model_len // runner.block_size),
+                                     num_splits=runner.num_splits, max_context=engine.max_model_len)
+    seen = []
+    run = runner.graphs.run
+
+    def spy(ids, *rest):
+        seen.append(len(ids))
+        return run(ids, *rest)
+    runner.graphs.run = spy
+    return seen
+
+
+def _run_staggered(engine, prompts, params) -> dict[str, list[int]]:
+    """Two requests start together; the third arrives while they decode (a mixed step)."""
+    out: dict[str, list[int]] = {}
+    engine.add_request("a", prompts[0], params)
+    engine.add_request("b", prompts[1], params)
+    for step in range(200):
+        if step == 3:
+            engine.add_request("c", prompts[2], params)
+        for delta in engine.step():
+            out.setdefault(delta.request_id, []).extend(delta.token_ids)
+        if step > 3 and not engine.has_unfinished():
+            break
+    return out
+
+
+def test_prompt_chunks_and_mixed_steps_through_graph_rows_match_eager(tiny_model_dir):
+    """Prefill chunks run as graph rows (one row per token), also next to running decodes."""
+    from onebit.engine.runner import GRAPH_CHUNK_TOKENS
+    prompts = [list(range(30, 47)), list(range(50, 55)), list(range(5, 45))]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = _run_staggered(LLM(str(tiny_model_dir), device="cpu", parallel=4, block_size=4).engine, prompts, params)
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=4, block_size=4)
+    seen = emulate_graphs(llm, chunk=GRAPH_CHUNK_TOKENS)
+    got = _run_staggered(llm.engine, prompts, params)
+    assert got == want
+    assert seen[0] == 17 + 5  # the first step: both prompts, one row per token
+    assert 2 + 40 in seen  # the mixed step: two decodes and the third prompt
+    assert llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("speculative", ["mtp", "ngram"])
+def test_verification_through_graph_rows_is_lossless(speculative):
+    """Verify steps (1 + k rows per sequence) and MTP state collection through the graph path give
+    the same greedy tokens as plain eager decoding."""
+    from onebit.models.default_model import default_model_dir
+    prompts = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\n\ndef f(path):"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = LLM(str(default_model_dir()), device="cpu", parallel=3).generate(prompts, params)
+    llm = LLM(str(default_model_dir()), device="cpu", parallel=3, speculative=speculative, draft_max=3)
+    policy = llm.engine.policy
+    policy.choose = lambda batch: policy.k_max  # pin the draft length (the policy times steps)
+    seen = emulate_graphs(llm, chunk=4)
+    got = llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert llm.engine.spec_proposed > 0
+    assert any(rows > 3 for rows in seen)  # some step verified drafts as extra rows
+    bm = llm.engine.block_manager
+    assert bm.num_free == bm.num_blocks

@@ -35,3 +35,13 @@ def test_cpu_and_separate_gpus_keep_their_pools():
     out, notes = split_kv(configs)
     assert [c.kv_cache_memory for c in out] == [2**30] * 3
     assert notes[1] == "cuda:1: the whole GPU" and notes[0] == "cpu: its own KV pool"
+
+
+def test_backends_on_one_device_switch_and_separate_hardware_spills():
+    from onebit.backends.factory import BuildOptions, overflow_policy
+    from onebit.backends.spec import parse_backend_spec as parse
+    assert overflow_policy([parse("native:cuda"), parse("native:cuda:0")]) == "switch"
+    assert overflow_policy([parse("native"), parse("native")], BuildOptions(default_device="cpu")) == "switch"
+    assert overflow_policy([parse("native:cuda:0"), parse("native:cuda:1")]) == "spill"
+    assert overflow_policy([parse("native:cuda"), parse("url:http://box2:8000")]) == "spill"
+    assert overflow_policy([parse("native:cuda")]) == "spill"

@@ -1,4 +1,4 @@
-"""Speculative decoding: lossless verification, MTP and n-gram drafters, per-request control."""
+"""Speculative decoding: lossless verification, MTP, n-gram and draft-model drafters, per-request control."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from onebit import LLM, SamplingParams
+from onebit.engine.outputs import SpecStats
 from onebit.engine.sequence import Sequence
 from onebit.engine.speculative import DraftPolicy, ngram_propose, verify
 from onebit.models.default_model import default_model_dir
@@ -136,3 +137,211 @@ def test_tiny_generator_writes_an_mtp_head_the_engine_loads(tmp_path, tiny_model
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
         proposed[p_min] = spec.engine.spec_proposed
     assert proposed[0.0] > 0 and proposed[0.99] == 0
+
+
+# -- draft model (--draft-model) ---------------------------------------------------------------
+
+DRAFT_PROMPTS = [[10, 20, 30], [40, 50], list(range(100, 160)), [7], [300, 301, 302, 303], list(range(200, 230)),
+                 [11, 12, 11, 12, 11], [499, 3]]
+
+
+def _draft_llm(target, draft, **options) -> LLM:
+    options = {"parallel": 8, "max_batch_tokens": 32, **options}
+    return _always_draft(LLM(str(target), device="cpu", speculative="draft", draft_model=str(draft), **options))
+
+
+def _pools_empty(llm: LLM) -> None:
+    drafter = llm.engine.drafter
+    for bm in (llm.engine.block_manager, drafter.blocks):
+        assert bm.num_free == bm.num_blocks and all(c == 0 for c in bm.ref_count)
+    assert not drafter.proxies
+
+
+@pytest.fixture(scope="module")
+def draft_models(tiny_models):
+    """(target, {"self": the target itself, "other": a different random model with its tokenizer})."""
+    target = tiny_models("qwen3")
+    return target, {"self": target, "other": tiny_models("llama", layers=1, seed=1)}
+
+
+DRAFT_PARAMS = [SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, draft_max=m)
+                for m in (None, 0, 1, 2, 3, None, 1, 2)]
+
+
+@pytest.fixture(scope="module")
+def draft_plain(draft_models):
+    """Plain greedy outputs of the target for DRAFT_PROMPTS."""
+    return LLM(str(draft_models[0]), device="cpu", parallel=8, max_batch_tokens=32).generate(DRAFT_PROMPTS, DRAFT_PARAMS)
+
+
+@pytest.mark.parametrize("which", ["self", "other"])
+@pytest.mark.parametrize("preempt", [False, True])
+def test_draft_model_greedy_output_identical(draft_models, draft_plain, which, preempt):
+    """Alone and in a batch of 8 with per-request draft_max, and with a KV budget of 16 blocks (both
+    pools) that forces preemptions. A tiny qwen3 block is 8192 bytes, a 1-layer llama one 4096."""
+    target, drafts = draft_models
+    options = {"kv_cache_memory": 16 * (8192 + (8192 if which == "self" else 4096))} if preempt else {}
+    llm = _draft_llm(target, drafts[which], **options)
+    for i in (0, 2):
+        assert llm.generate([DRAFT_PROMPTS[i]], DRAFT_PARAMS[i])[0].token_ids == draft_plain[i].token_ids
+    got = llm.generate(DRAFT_PROMPTS, DRAFT_PARAMS)
+    assert [o.token_ids for o in got] == [o.token_ids for o in draft_plain]
+    engine = llm.engine
+    assert engine.spec_proposed > 0
+    if which == "self":  # the same model drafts exactly what it will verify
+        assert engine.spec_accepted == engine.spec_proposed
+    assert (engine.scheduler.num_preemptions > 0) == preempt
+    _pools_empty(llm)
+
+
+def test_draft_model_sampling_and_aborts_free_both_pools(draft_models):
+    target, drafts = draft_models
+    llm = _draft_llm(target, drafts["other"], parallel=3)
+    engine = llm.engine
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=30, ignore_eos=True)
+    for i, prompt in enumerate(DRAFT_PROMPTS[:5]):
+        engine.add_request(f"r{i}", prompt, params)
+    for _ in range(6):
+        engine.step()
+    assert engine.drafter.proxies and engine.spec_proposed > 0  # some are drafting when aborted
+    for rid in ("r0", "r2", "r4"):
+        engine.abort(rid)
+    finals = {}
+    while engine.has_unfinished():
+        for delta in engine.step():
+            if delta.finished:
+                finals[delta.request_id] = delta.finish_reason
+    assert finals == {"r0": "abort", "r1": "length", "r2": "abort", "r3": "length", "r4": "abort"}
+    _pools_empty(llm)
+
+
+def test_draft_model_with_another_tokenizer_fails_clearly(tmp_path, tiny_models, draft_models):
+    import json
+    import shutil
+
+    target, _ = draft_models
+    bigger = tiny_models("qwen3", vocab=600)
+    with pytest.raises(ValueError, match="tokenizer of 600 tokens, the model's has 512"):
+        LLM(str(target), device="cpu", speculative="draft", draft_model=str(bigger))
+    swapped = tmp_path / "swapped"  # same size, two tokens trade ids
+    shutil.copytree(target, swapped)
+    data = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    a = vocab["a"]
+    vocab["a"], vocab["b"] = vocab["b"], a
+    (swapped / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"token id {a} is 'b' for the draft model, 'a' for the model"):
+        LLM(str(target), device="cpu", speculative="draft", draft_model=str(swapped))
+    with pytest.raises(ValueError, match="needs draft_model"):
+        LLM(str(target), device="cpu", speculative="draft")
+
+
+def test_draft_model_cli_errors_are_clear(tmp_path, tiny_models, draft_models, capsys):
+    """Checked before the server starts: one drafter, a local directory, the same tokenizer."""
+    from onebit.cli import main
+    target, _ = draft_models
+    for args, message in ((["--draft-model", str(target), "--ngram"], "--ngram and --draft-model are two drafters"),
+                          (["--draft-model", str(target), "--mtp", "--ngram"], "are three drafters"),
+                          (["--draft-model", str(tmp_path / "nope")], "does not exist"),
+                          (["--draft-model", str(tiny_models("qwen3", vocab=600))], "same tokenizer")):
+        assert main(["serve", "-m", str(target), *args]) == 1
+        assert message in capsys.readouterr().err
+
+
+def test_serve_with_draft_model_matches_plain_greedy(draft_models):
+    from server_utils import SERVER_ARGS, openai_clients, running_server
+    target, drafts = draft_models
+    prompt = "def add(a, b):"
+    want = LLM(str(target), device="cpu", parallel=2).generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0].text
+    with running_server(target, "--draft-model", str(drafts["other"]), *SERVER_ARGS) as server:
+        client, _ = openai_clients(server)
+        for body in ({}, {"speculative": {"n_max": 2}}):
+            done = client.completions.create(model="tiny", prompt=prompt, max_tokens=32, temperature=0,
+                                             extra_body={"ignore_eos": True, **body})
+            assert done.choices[0].text == want and done.usage.completion_tokens == 32
+
+
+def test_spec_stats_count_each_draft_position():
+    spec = SpecStats()
+    spec.record_verification(3, 1)
+    spec.record_verification(1, 1)
+    spec.record_verification(2, 0)
+    assert (spec.draft_tokens, spec.accepted_tokens) == (6, 2)
+    assert spec.drafted_at == [3, 2, 1] and spec.accepted_at == [2, 0, 0]
+    snapshot = spec.copy()
+    spec.record_verification(1, 1)
+    assert snapshot.drafted_at == [3, 2, 1]  # a snapshot does not move with the engine
+
+
+def test_draft_counters_add_up_per_position_and_per_request():
+    llm = _always_draft(LLM(str(default_model_dir()), device="cpu", parallel=4, speculative="ngram"))
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", llm.tokenizer.encode(prompt), params)
+    final = {}
+    while engine.has_unfinished():
+        for delta in engine.step():
+            assert 0 <= delta.num_accepted_tokens <= delta.num_draft_tokens
+            if delta.finished:
+                final[delta.request_id] = delta
+    spec = engine.stats().spec
+    assert spec.draft_tokens > 0
+    assert sum(spec.drafted_at) == spec.draft_tokens and sum(spec.accepted_at) == spec.accepted_tokens
+    assert len(spec.drafted_at) <= engine.config.draft_max
+    # a draft at position i+1 comes after one at position i, and is kept only if that one was
+    assert spec.drafted_at == sorted(spec.drafted_at, reverse=True)
+    assert spec.accepted_at == sorted(spec.accepted_at, reverse=True)
+    assert all(a <= d for a, d in zip(spec.accepted_at, spec.drafted_at))
+    assert sum(d.num_draft_tokens for d in final.values()) == spec.draft_tokens
+    assert sum(d.num_accepted_tokens for d in final.values()) == spec.accepted_tokens
+    assert 0 < spec.draft_steps <= spec.decode_steps
+    assert engine.stats().extra == {"spec_draft_tokens": spec.draft_tokens,
+                                    "spec_accepted_tokens": spec.accepted_tokens}
+
+
+def test_oracle_proposes_the_record_with_probability_p():
+    from onebit.engine.oracle import OracleDrafter
+    truth = [5, 6, 7, 8, 9, 10, 11, 12]
+    seq = Sequence("o", [1, 2, 3], SamplingParams(temperature=0), 100, 0)
+    seq.append(5)
+    right = OracleDrafter({(1, 2, 3): truth}, 1.0, vocab_size=50)
+    assert right.propose_one(seq, 3) == [6, 7, 8]
+    wrong = OracleDrafter({(1, 2, 3): truth}, 0.0, vocab_size=50).propose_one(seq, 3)
+    assert len(wrong) == 3 and all(d != t for d, t in zip(wrong, [6, 7, 8]))
+    assert right.propose([(Sequence("x", [9], SamplingParams(), 100, 0), 3)])[0][1] == []  # prompt not recorded
+    half = OracleDrafter({(1, 2, 3): truth}, 0.5, vocab_size=50, seed=3)
+    hits = sum(d == 6 for d in (half.propose_one(seq, 1)[0] for _ in range(2000)))
+    assert 900 < hits < 1100
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_oracle_engine_is_lossless_and_accepts_what_it_should(tmp_path, p):
+    from onebit.engine.oracle import OracleDrafter
+    prompts = [[10, 20, 30, 40], [7, 8, 9]]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    model = str(default_model_dir())
+    want = LLM(model, device="cpu", parallel=2).generate(prompts, params)
+    record = tmp_path / "record.jsonl"
+    OracleDrafter.write_record(record, [(p_ids, o.token_ids) for p_ids, o in zip(prompts, want)])
+    llm = LLM(model, device="cpu", parallel=2, speculative="oracle", oracle_p=p, oracle_record=str(record),
+              draft_policy="always")
+    got = llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    e = llm.engine
+    assert e.spec_proposed > 0
+    assert e.spec_accepted == (e.spec_proposed if p == 1.0 else 0)
+
+
+def test_oracle_cannot_be_enabled_by_accident(capsys):
+    from onebit.cli import main
+    for args, message in ((["--draft", "oracle:0.5"], "needs --draft-record"),
+                          (["--draft", "oracle:1.5", "--draft-record", "x"], "oracle:P with P in [0, 1]"),
+                          (["--draft", "mtp", "--draft-record", "x"], "the only value is oracle:P"),
+                          (["--draft-record", "x"], "belongs to --draft oracle:P"),
+                          (["--draft", "oracle:0.5", "--draft-record", "x", "--ngram"], "two drafters")):
+        assert main(["serve", *args]) == 1
+        assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="measuring instrument"):
+        LLM(str(default_model_dir()), device="cpu", speculative="oracle", oracle_p=0.5)

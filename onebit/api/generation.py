@@ -87,6 +87,7 @@ async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> Asyn
     routed = state.router.stream(ticket, request)
     last = None
     finished = False
+    itl = None  # the backend's labelled histogram, looked up once: this runs for every token
     try:
         async with contextlib.aclosing(routed.deltas()) as stream:
             async for delta in stream:
@@ -95,8 +96,9 @@ async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> Asyn
                 if delta.token_ids or delta.text:
                     if last is None:
                         metrics.ttft.labels(name).observe(now - arrival)
+                        itl = metrics.itl.labels(name)
                     else:
-                        metrics.itl.labels(name).observe(now - last)
+                        itl.observe(now - last)
                     last = now
                 if delta.finished:
                     finished = True
@@ -122,12 +124,14 @@ async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> Asyn
 
 class TokenCounter:
     """Completion tokens per choice: the ids streamed, or the backend's own final count when larger.
+    Also the drafted and accepted tokens per choice, for the response's `timings`.
 
     A peer that streams text without token ids still reports how many it generated.
     """
 
     def __init__(self):
         self._counts: dict[int, int] = {}
+        self._drafts: dict[int, tuple[int, int]] = {}
 
     def add(self, index: int, delta: StepDelta) -> None:
         """Count one delta of choice `index`."""
@@ -135,11 +139,19 @@ class TokenCounter:
         if delta.finished:
             count = max(count, delta.num_output_tokens)
         self._counts[index] = count
+        self._drafts[index] = (delta.num_draft_tokens, delta.num_accepted_tokens)  # running totals
 
     @property
     def total(self) -> int:
         """Completion tokens over all choices."""
         return sum(self._counts.values())
+
+    def timings(self) -> dict | None:
+        """llama.cpp's `timings` draft fields over all choices, or None when nothing was drafted."""
+        drafted = sum(d for d, _ in self._drafts.values())
+        if not drafted:
+            return None
+        return {"draft_n": drafted, "draft_n_accepted": sum(a for _, a in self._drafts.values())}
 
 
 async def merge_choices(state: ServerState, choices: list[Choice],

@@ -9,6 +9,40 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2
                     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
+class _SpecFamilies:
+    """Speculative decoding counters, labelled by backend (and draft position, 1 = first draft)."""
+
+    def __init__(self):
+        self.drafted = CounterMetricFamily("onebit:spec_decode_num_draft_tokens", "Draft tokens verified",
+                                           labels=["backend"])
+        self.accepted = CounterMetricFamily("onebit:spec_decode_num_accepted_tokens",
+                                            "Draft tokens the model kept", labels=["backend"])
+        self.drafted_pos = CounterMetricFamily("onebit:spec_decode_num_draft_tokens_per_pos",
+                                               "Draft tokens verified at this position of their draft",
+                                               labels=["backend", "position"])
+        self.accepted_pos = CounterMetricFamily("onebit:spec_decode_num_accepted_tokens_per_pos",
+                                                "Draft tokens kept at this position of their draft",
+                                                labels=["backend", "position"])
+        self.steps = CounterMetricFamily("onebit:num_decode_steps", "Engine steps that decoded",
+                                         labels=["backend"])
+        self.draft_steps = CounterMetricFamily("onebit:spec_decode_num_draft_steps",
+                                               "Decode steps that verified drafts", labels=["backend"])
+
+    def add(self, backend: str, spec) -> None:
+        """Add one backend's SpecStats."""
+        self.drafted.add_metric([backend], spec.draft_tokens)
+        self.accepted.add_metric([backend], spec.accepted_tokens)
+        for i, (drafted, accepted) in enumerate(zip(spec.drafted_at, spec.accepted_at), start=1):
+            self.drafted_pos.add_metric([backend, str(i)], drafted)
+            self.accepted_pos.add_metric([backend, str(i)], accepted)
+        self.steps.add_metric([backend], spec.decode_steps)
+        self.draft_steps.add_metric([backend], spec.draft_steps)
+
+    def families(self) -> tuple:
+        """Every family, for the collector to yield."""
+        return (self.drafted, self.accepted, self.drafted_pos, self.accepted_pos, self.steps, self.draft_steps)
+
+
 class _BackendCollector:
     """Reads the router's per-backend engine stats at scrape time."""
 
@@ -29,6 +63,7 @@ class _BackendCollector:
         in_flight = GaugeMetricFamily("onebit:router_in_flight", "Slots reserved by the router",
                                       labels=["backend"])
         up = GaugeMetricFamily("onebit:backend_up", "1 when the backend serves", labels=["backend"])
+        spec = _SpecFamilies()
         for route in self.router.routes:
             name = route.name
             stats = route.backend.stats()
@@ -39,9 +74,11 @@ class _BackendCollector:
             preempt.add_metric([name], stats.num_preemptions)
             in_flight.add_metric([name], route.in_flight)
             up.add_metric([name], 1.0 if route.backend.state == "ready" else 0.0)
+            if stats.spec is not None:
+                spec.add(name, stats.spec)
         queued = GaugeMetricFamily("onebit:num_requests_queued", "Requests waiting in the router for a slot")
         queued.add_metric([], self.router.queue_size)
-        yield from (running, waiting, kv, blocks, preempt, in_flight, up, queued)
+        yield from (running, waiting, kv, blocks, preempt, in_flight, up, queued, *spec.families())
 
 
 class Metrics:

@@ -140,6 +140,14 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class Timings(BaseModel):
+    """llama.cpp's `timings`, with the fields this server fills: the response's speculative decoding
+    (present only when it drafted)."""
+
+    draft_n: int
+    draft_n_accepted: int
+
+
 class ChatChoice(BaseModel):
     """One choice of a chat completion."""
 
@@ -158,6 +166,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    timings: Timings | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -178,6 +187,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    timings: Timings | None = None
 
 
 class ModelCard(BaseModel):

@@ -44,6 +44,8 @@ async def _full(state, request: ChatCompletionRequest, rid: str, choices, ticket
         out.append({"index": c.index, "message": message, "logprobs": lp, "finish_reason": finish[c.index]})
     body = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
             "choices": out, "usage": usage(len(choices[0].prompt_token_ids), counts.total)}
+    if timings := counts.timings():
+        body["timings"] = timings
     return JSONResponse(body)
 
 
@@ -52,15 +54,18 @@ async def _stream(state, request: ChatCompletionRequest, rid: str, choices, tick
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     want_logprobs = choices[0].params.logprobs is not None
 
-    def chunk(items: list[dict]) -> str:
+    def chunk(items: list[dict], timings: dict | None = None) -> str:
         payload = {"id": rid, "object": "chat.completion.chunk", "created": created,
                    "model": state.model_name, "choices": items}
         if include_usage:
             payload["usage"] = None
+        if timings:
+            payload["timings"] = timings
         return sse(payload)
 
     splitters = {c.index: ReasoningSplitter(in_reasoning) for c in choices}
     completion_tokens = TokenCounter()
+    unfinished = len(choices)
     for c in choices:
         yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None}])
@@ -83,12 +88,17 @@ async def _stream(state, request: ChatCompletionRequest, rid: str, choices, tick
             if body or lp:
                 yield chunk([{"index": index, "delta": body, "logprobs": lp, "finish_reason": None}])
             if delta.finished:
+                unfinished -= 1
+                # llama.cpp's place for `timings`: the last chunk (the usage chunk when there is one)
+                last = not unfinished and not include_usage
                 yield chunk([{"index": index, "delta": {}, "logprobs": None,
-                              "finish_reason": delta.finish_reason}])
+                              "finish_reason": delta.finish_reason}], completion_tokens.timings() if last else None)
     if include_usage:
-        yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                   "model": state.model_name, "choices": [],
-                   "usage": usage(len(choices[0].prompt_token_ids), completion_tokens.total)})
+        payload = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
+                   "choices": [], "usage": usage(len(choices[0].prompt_token_ids), completion_tokens.total)}
+        if timings := completion_tokens.timings():
+            payload["timings"] = timings
+        yield sse(payload)
 
 
 @router.post("/v1/chat/completions", response_model=None,

@@ -32,6 +32,8 @@ async def _full(state, rid: str, choices: list[Choice], tickets, n: int):
                     "finish_reason": finish[c.index]})
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
             "choices": out, "usage": usage(_prompt_tokens(choices, n), counts.total)}
+    if timings := counts.timings():
+        body["timings"] = timings
     return JSONResponse(body)
 
 
@@ -40,12 +42,15 @@ async def _stream(state, request: CompletionRequest, rid: str, choices: list[Cho
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     offsets = {c.index: 0 for c in choices}
     completion_tokens = TokenCounter()
+    unfinished = len(choices)
 
-    def chunk(item: dict) -> str:
+    def chunk(item: dict, timings: dict | None = None) -> str:
         payload = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
                    "choices": [item]}
         if include_usage:
             payload["usage"] = None
+        if timings:
+            payload["timings"] = timings
         return sse(payload)
 
     async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
@@ -61,10 +66,17 @@ async def _stream(state, request: CompletionRequest, rid: str, choices: list[Cho
                     item["token_ids"] = delta.token_ids
                 yield chunk(item)
             if delta.finished:
-                yield chunk({"index": index, "text": "", "logprobs": None, "finish_reason": delta.finish_reason})
+                unfinished -= 1
+                # llama.cpp's place for `timings`: the last chunk (the usage chunk when there is one)
+                last = not unfinished and not include_usage
+                yield chunk({"index": index, "text": "", "logprobs": None, "finish_reason": delta.finish_reason},
+                            completion_tokens.timings() if last else None)
     if include_usage:
-        yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
-                   "choices": [], "usage": usage(_prompt_tokens(choices, n), completion_tokens.total)})
+        payload = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+                   "choices": [], "usage": usage(_prompt_tokens(choices, n), completion_tokens.total)}
+        if timings := completion_tokens.timings():
+            payload["timings"] = timings
+        yield sse(payload)
 
 
 @router.post("/v1/completions", response_model=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
@@ -34,6 +35,26 @@ class GenerateRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     prompt_text: str | None = None  # the same prompt as text, for peers that cannot take token ids
+
+
+async def coalesced(stream: asyncio.Queue) -> AsyncIterator[StepDelta]:
+    """Yield a request's deltas from its queue (StepDeltas, or an exception to raise) until the
+    finished one. A consumer that fell behind gets the queued steps merged into one delta, so
+    under load the front sends fewer, larger events instead of falling further behind."""
+    while True:
+        item = await stream.get()
+        while isinstance(item, StepDelta) and not item.finished and not stream.empty():
+            later = stream.get_nowait()
+            if isinstance(later, BaseException):
+                yield item
+                item = later
+                break
+            item = item.then(later)
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+        if item.finished:
+            return
 
 
 class Backend(abc.ABC):

@@ -57,3 +57,13 @@ def build_backends(specs: list[BackendSpec], slots: list[int], base: EngineConfi
             log.info("backend remote-%d: %d slots at %s (prompt as %s)", i, n, spec.target, backend.prompt_mode)
         backends.append(backend)
     return backends
+
+
+def overflow_policy(specs: list[BackendSpec], options: BuildOptions | None = None) -> str:
+    """The router's overflow rule for these backends: "switch" when they are all native on one
+    device (they compete for it, so steady load is best carried by one of them), else "spill"."""
+    options = options or BuildOptions()
+    if len(specs) < 2 or any(s.kind != "native" for s in specs):
+        return "spill"
+    keys = {device_key(s.target or options.default_device) for s in specs}
+    return "switch" if len(keys) == 1 else "spill"

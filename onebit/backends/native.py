@@ -10,7 +10,7 @@ import multiprocessing as mp
 import os
 from typing import AsyncIterator, Callable
 
-from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, RequestRejected, SlotInfo
+from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, RequestRejected, SlotInfo, coalesced
 from onebit.backends.heartbeat import Heartbeat
 from onebit.backends.native_worker import worker_main
 from onebit.backends.pipe_writer import PipeWriter
@@ -181,10 +181,12 @@ class NativeBackend(Backend):
             self._heartbeat.heard()
         kind = message[0]
         if kind == "step":
-            _, deltas, self._stats, slots = message
-            for slot in slots:
-                slot.backend = self.name
-            self._slots = slots
+            _, deltas, stats, slots = message
+            if stats is not None:
+                self._stats = stats
+                for slot in slots:
+                    slot.backend = self.name
+                self._slots = slots
             for delta in deltas:
                 stream = self._streams.get(delta.request_id)
                 if stream is not None:
@@ -238,16 +240,12 @@ class NativeBackend(Backend):
         self._writer.send(("add", rid, request.prompt_token_ids, request.params))
         finished = False
         try:
-            while True:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    finished = True  # the engine no longer holds it (rejected, or the worker died)
-                    raise item
-                if item.finished:
-                    finished = True
+            async for item in coalesced(stream):
+                finished = item.finished
                 yield item
-                if finished:
-                    return
+        except BaseException:
+            finished = True  # the engine no longer holds it (rejected, or the worker died)
+            raise
         finally:
             if self._streams.get(rid) is stream:
                 del self._streams[rid]

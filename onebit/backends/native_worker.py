@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from multiprocessing.connection import Connection
 
 from onebit.engine.config import EngineConfig
@@ -57,8 +58,12 @@ def _load_engine(config: EngineConfig):
     return LLMEngine(config)
 
 
+REPORT_INTERVAL_S = 0.05
+
+
 def serve_engine(engine, conn: Connection) -> None:
     """Run the step loop until "stop" or the pipe closes (the front went away)."""
+    last_report = 0.0
     while True:
         busy = engine.has_unfinished()
         # Block for commands only when there is nothing to step.
@@ -82,7 +87,14 @@ def serve_engine(engine, conn: Connection) -> None:
                 return
             busy = engine.has_unfinished()
         deltas = engine.step()
-        conn.send(("step", deltas, engine.stats(), engine.slots()))
+        # Stats and slots cost a pickle of every slot per step: send them when a request ends
+        # (so /metrics is exact after a response) or every REPORT_INTERVAL_S, else only the deltas.
+        now = time.monotonic()
+        if now - last_report >= REPORT_INTERVAL_S or any(d.finished for d in deltas):
+            conn.send(("step", deltas, engine.stats(), engine.slots()))
+            last_report = now
+        else:
+            conn.send(("step", deltas, None, None))
 
 
 def _kv_info(engine, config: EngineConfig) -> dict:

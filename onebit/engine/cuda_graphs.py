@@ -1,8 +1,12 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch size on a ladder.
+"""Steps replayed from CUDA graphs, one graph per row count on a ladder.
 
-A decode-only step of B sequences runs the graph captured for the smallest ladder size
->= B; the extra rows are padding that writes into a scratch cache block and attends to
-one token of it. Inputs live in static buffers that each step overwrites in place.
+A graph runs the model over R rows where every row is one token with its own position,
+cache slot, block table and context length: a decode token is one row, and a sequence
+verifying k drafts is k + 1 rows that share its block table with context lengths p + 1
+(each layer writes the step's K/V before attending, so a row sees the drafts before it).
+A step of R rows runs the graph captured for the smallest ladder size >= R; the extra rows
+are padding that writes into a scratch cache block and attends to one token of it. Inputs
+live in static buffers that each step overwrites in place.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ def ladder_for(max_batch: int) -> list[int]:
 
 
 class CudaGraphDecoder:
-    """Captures the model's decode forward (logits included) and replays it."""
+    """Captures the model's one-token-per-row forward (logits and pre-norm states included) and
+    replays it. Without a captured graph for a size (CPU tests), `run` executes the same forward
+    eagerly over the same static buffers."""
 
     def __init__(self, model, kv_cache: torch.Tensor, rope, scratch_block: int, block_size: int,
                  max_batch: int, max_blocks: int, num_splits: int, max_context: int):
@@ -36,16 +42,17 @@ class CudaGraphDecoder:
         self.tables = torch.full((max_batch, max_blocks), scratch_block, dtype=torch.int32, device=device)
         self.lens = torch.ones(max_batch, dtype=torch.int32, device=device)
         self.num_splits, self.max_context = num_splits, max_context
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.pool = None
         self.sizes = ladder_for(max_batch)
 
-    def _forward(self, b: int) -> torch.Tensor:
+    def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         meta = AttentionMetadata(slot_mapping=self.slots[:b], num_decodes=b, decode_block_tables=self.tables[:b],
                                  decode_context_lens=self.lens[:b], prefills=[],
                                  decode_num_splits=self.num_splits, decode_max_context=self.max_context)
-        hidden = self.model(self.ids[:b], self.positions[:b], self.kv_cache, meta, self.rope)
-        return self.model.compute_logits(hidden)
+        normed, prenorm = self.model(self.ids[:b], self.positions[:b], self.kv_cache, meta, self.rope,
+                                     return_prenorm=True)
+        return self.model.compute_logits(normed), prenorm
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -59,19 +66,19 @@ class CudaGraphDecoder:
         for b in reversed(self.sizes):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                logits = self._forward(b)
+                outputs = self._forward(b)
             if self.pool is None:
                 self.pool = graph.pool()
-            self.graphs[b] = (graph, logits)
+            self.graphs[b] = (graph, outputs)
         torch.cuda.synchronize()
 
-    def can_run(self, batch: int) -> bool:
-        """True when a captured graph covers a decode of `batch` sequences."""
-        return 0 < batch <= self.sizes[-1]
+    def can_run(self, rows: int) -> bool:
+        """True when the ladder covers a step of `rows` rows."""
+        return 0 < rows <= self.sizes[-1]
 
     def fill(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
              lens: list[int]) -> int:
-        """Write one decode step into the static inputs, padded to a ladder size; return that size."""
+        """Write one step's rows into the static inputs, padded to a ladder size; return that size."""
         n = len(ids)
         b = next(size for size in self.sizes if size >= n)
         width = max(len(t) for t in tables)
@@ -86,8 +93,14 @@ class CudaGraphDecoder:
         return b
 
     def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-            lens: list[int]) -> torch.Tensor:
-        """Fill the static inputs for this step and replay; returns logits [len(ids), vocab]."""
-        graph, logits = self.graphs[self.fill(ids, positions, slots, tables, lens)]
-        graph.replay()
-        return logits[:len(ids)]
+            lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill the static inputs for this step and replay; returns (logits, pre-norm states), one
+        row per input row. Both are views of static buffers that the next replay overwrites."""
+        b = self.fill(ids, positions, slots, tables, lens)
+        captured = self.graphs.get(b)
+        if captured is None:
+            logits, prenorm = self._forward(b)
+        else:
+            captured[0].replay()
+            logits, prenorm = captured[1]
+        return logits[:len(ids)], prenorm[:len(ids)]

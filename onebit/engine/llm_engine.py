@@ -9,17 +9,19 @@ from pathlib import Path
 
 import torch
 
-from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta, TokenLogprob
 from onebit.engine.block_manager import BlockManager
 from onebit.engine.config import EngineConfig
 from onebit.engine.device import available_memory, pick_device, pick_dtype
+from onebit.engine.draft_model import DraftModelProposer, load_draft_model
 from onebit.engine.errors import ContextOverflow
-from onebit.engine.runner import ModelRunner, kv_block_bytes
+from onebit.engine.oracle import OracleDrafter
+from onebit.engine.outputs import EngineStats, SlotInfo, SpecStats, StepDelta, TokenLogprob
+from onebit.engine.runner import GRAPH_CHUNK_TOKENS, ModelRunner, kv_block_bytes
 from onebit.engine.sampler import Sampler
 from onebit.engine.sampling_params import InvalidParameter, SamplingParams
 from onebit.engine.scheduler import Scheduler
 from onebit.engine.sequence import Sequence
-from onebit.engine.speculative import DraftPolicy, can_draft, ngram_propose, verify
+from onebit.engine.speculative import DraftPolicy, NgramDrafter, can_draft, verify
 from onebit.models.loader import load_model, resolve_model_path
 from onebit.models.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
@@ -43,6 +45,9 @@ class LLMEngine:
             # Softmax tails underflow into denormals, which cost x86 CPUs up to 100x per op.
             torch.set_flush_denormal(True)
         self.tokenizer = Tokenizer.from_dir(path)
+        draft = (load_draft_model(config.draft_model, self.tokenizer, self.device, self.dtype, config.load_format)
+                 if config.speculative == "draft" else None)
+        self._draft_block_bytes = kv_block_bytes(draft[1], config.block_size, self.dtype) if draft else 0
         model, cfg = load_model(path, self.device, self.dtype, config.load_format)
         self.model_config = cfg
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(cfg.eos_token_ids)
@@ -50,15 +55,31 @@ class LLMEngine:
         if config.speculative == "mtp":
             from onebit.models.mtp import load_mtp_head
             mtp = load_mtp_head(path, cfg, self.device, self.dtype,
-                                Path(config.mtp_path) if config.mtp_path else None)
+                                Path(config.mtp_path) if config.mtp_path else None, config.load_format)
         self._mtp_layers = 1 if mtp is not None else 0
         num_blocks, self.max_model_len = self._size_pool(cfg)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.parallel, config.max_batch_tokens)
         self.runner = ModelRunner(model, cfg, self.device, self.dtype, num_blocks, config.block_size,
-                                  self.max_model_len, config.parallel, config.cuda_graphs, mtp)
-        self.policy = DraftPolicy(config.draft_max) if config.speculative else None
-        self.spec_proposed = self.spec_accepted = 0
+                                  self.max_model_len, config.parallel, config.cuda_graphs, mtp,
+                                  max_graph_chunk=max(GRAPH_CHUNK_TOKENS, 1 + config.draft_max))
+        # Drafters other than the MTP head (which lives in the runner) share one interface:
+        # propose([(seq, k)]) -> [(seq, drafts)] and release(seq).
+        self.drafter = None
+        if draft:
+            self.drafter = DraftModelProposer(*draft, self.device, self.dtype, cfg.vocab_size, num_blocks,
+                                              config.block_size, self.max_model_len, config.max_batch_tokens,
+                                              config.parallel, config.cuda_graphs)
+        elif config.speculative == "ngram":
+            self.drafter = NgramDrafter()
+        elif config.speculative == "oracle":
+            log.warning("speculative decoding with the ORACLE drafter: a measuring instrument that reads "
+                        "recorded outputs (%s); never a way to serve", config.oracle_record)
+            self.drafter = OracleDrafter(OracleDrafter.read_record(config.oracle_record), config.oracle_p,
+                                         cfg.vocab_size, config.seed)
+        self.policy = DraftPolicy(config.draft_max, always=config.draft_policy == "always") \
+            if config.speculative else None
+        self.spec = SpecStats()
         self.sampler = Sampler(self.eos_token_ids, self.device, config.seed)
         self.seqs: dict[str, Sequence] = {}
         self._pending: list[StepDelta] = []
@@ -71,6 +92,7 @@ class LLMEngine:
         c = self.config
         bs = c.block_size
         per_block = kv_block_bytes(cfg, bs, self.dtype) * (cfg.num_layers + self._mtp_layers) // cfg.num_layers
+        per_block += self._draft_block_bytes  # the draft model's pool has as many blocks
         want_len = c.ctx_size or cfg.max_position_embeddings
         if c.kv_cache_memory is not None:
             num_blocks = c.kv_cache_memory // per_block
@@ -114,7 +136,7 @@ class LLMEngine:
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return
-        self.scheduler.finish(seq)
+        self._finish(seq)
         self._pending.append(self._delta(seq, [], "", "abort"))
 
     def has_unfinished(self) -> bool:
@@ -127,6 +149,7 @@ class LLMEngine:
     def step(self) -> list[StepDelta]:
         """Run one batched forward and return every delta it produced."""
         deltas, self._pending = self._pending, []
+        started = time.perf_counter()  # drafting counts: a draft model's forwards are part of a step's cost
         drafting, want_state = self._propose_drafts()
         plan = self.scheduler.schedule()
         scheduled = {seq: n for seq, n in plan}
@@ -135,7 +158,6 @@ class LLMEngine:
         if not plan:
             return deltas
         decodes = sum(1 for seq in scheduled if seq.num_computed_tokens > 0)
-        started = time.perf_counter()
         try:
             # The MTP head needs base states for every position it will read: prompts (eager anyway)
             # and speculative steps. Plain decode steps under load skip it and stay graph replays.
@@ -152,6 +174,7 @@ class LLMEngine:
         for seq, n in plan:
             computed[seq] = (seq.num_computed_tokens, n)
             seq.num_computed_tokens += n
+        verified = any(seq.num_draft for seq, _, _ in out.rows)
         for (seq, _), token, lp in zip(plain, tokens, logprobs):
             deltas.append(self._guarded(seq, lambda seq=seq, token=token, lp=lp: self._accept(seq, token, lp)))
         for seq, row, count in out.rows:
@@ -163,6 +186,8 @@ class LLMEngine:
         for seq, _ in plan:
             if not seq.is_finished:
                 self.block_manager.commit_full_blocks(seq)
+        if decodes:
+            self.spec.record_step(verified)
         if self.policy is not None and decodes:
             self.policy.record_step(decodes, self._step_k if drafting else 0, time.perf_counter() - started)
         return deltas
@@ -205,10 +230,10 @@ class LLMEngine:
             if k and self.block_manager.can_grow(seq, seq.num_tokens + k):
                 self.block_manager.grow(seq, seq.num_tokens + k)
                 chosen.append((seq, k))
-        if self.runner.mtp is None:
-            proposals = [(seq, ngram_propose(seq.token_ids, k)) for seq, k in chosen]
-        else:
+        if self.runner.mtp is not None:
             proposals = self._mtp_drafts([(seq, k) for seq, k in chosen if seq.hidden_pos == seq.num_tokens - 2])
+        else:
+            proposals = self.drafter.propose(chosen)
         drafting = []
         for seq, drafts in proposals:
             if drafts:
@@ -248,8 +273,9 @@ class LLMEngine:
         """Keep the drafts the target agrees with, then its own next token; roll the rest back."""
         drafts = seq.token_ids[seq.num_tokens - seq.num_draft:]
         kept, bonus = verify(logits, seq, drafts, self.sampler.generator)
-        self.spec_proposed += len(drafts)
-        self.spec_accepted += kept
+        self.spec.record_verification(len(drafts), kept)
+        seq.num_drafted += len(drafts)
+        seq.num_draft_accepted += kept
         self.policy.record_acceptance(len(drafts), kept)
         seq.drop_drafts()
         # K/V is valid up to the last kept draft; the rest of this step's positions are overwritten later.
@@ -308,12 +334,18 @@ class LLMEngine:
             if reason is not None:
                 break
         if reason is not None:
-            self.scheduler.finish(seq)
+            self._finish(seq)
             self.seqs.pop(seq.request_id, None)
         return self._delta(seq, taken, text, reason, logprobs)
 
-    def _fail(self, seq: Sequence, message: str) -> StepDelta:
+    def _finish(self, seq: Sequence) -> None:
+        """Free a finished, aborted or failed request's slot and blocks (the draft model's too)."""
         self.scheduler.finish(seq)
+        if self.drafter is not None:
+            self.drafter.release(seq)
+
+    def _fail(self, seq: Sequence, message: str) -> StepDelta:
+        self._finish(seq)
         self.seqs.pop(seq.request_id, None)
         delta = self._delta(seq, [], "", "error")
         delta.error = message
@@ -321,16 +353,27 @@ class LLMEngine:
 
     def _delta(self, seq, tokens, text, reason, logprobs=None) -> StepDelta:
         return StepDelta(seq.request_id, tokens, text, reason is not None, reason, None, logprobs,
-                         seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens)
+                         seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens,
+                         seq.num_drafted, seq.num_draft_accepted)
 
     # -- introspection --------------------------------------------------------------------
 
+    @property
+    def spec_proposed(self) -> int:
+        """Drafts verified since the engine started."""
+        return self.spec.draft_tokens
+
+    @property
+    def spec_accepted(self) -> int:
+        """Drafts the target kept since the engine started."""
+        return self.spec.accepted_tokens
+
     def stats(self) -> EngineStats:
-        """Running/waiting counts, KV usage and preemptions."""
+        """Running/waiting counts, KV usage, preemptions and speculative decoding counters."""
         s = self.scheduler
         extra = {"spec_draft_tokens": self.spec_proposed, "spec_accepted_tokens": self.spec_accepted}
         return EngineStats(len(s.running), len(s.waiting), self.block_manager.usage, s.num_preemptions,
-                           self.block_manager.num_blocks, extra)
+                           self.block_manager.num_blocks, extra, self.spec.copy())
 
     def slots(self) -> list[SlotInfo]:
         """One entry per slot, with the request it serves if any."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -33,6 +34,17 @@ class StepDelta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    num_draft_tokens: int = 0  # drafts verified for this request so far
+    num_accepted_tokens: int = 0  # of which the target kept
+
+    def then(self, later: "StepDelta") -> "StepDelta":
+        """One delta carrying this one's tokens followed by `later`'s (a later delta of the same
+        request): what a consumer that fell a few steps behind can send as one event."""
+        logprobs = None
+        if self.logprobs is not None or later.logprobs is not None:
+            logprobs = (self.logprobs or []) + (later.logprobs or [])
+        return dataclasses.replace(later, token_ids=self.token_ids + later.token_ids, text=self.text + later.text,
+                                   logprobs=logprobs)
 
 
 @dataclass
@@ -73,8 +85,46 @@ class SlotInfo:
 
 
 @dataclass
+class SpecStats:
+    """Speculative decoding counters since the engine started.
+
+    `drafted_at[i]` / `accepted_at[i]`: how often a verification had an (i+1)-th draft, and how
+    often the target kept it. `draft_steps` of the `decode_steps` verified drafts.
+    """
+
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    decode_steps: int = 0
+    draft_steps: int = 0
+
+    def record_verification(self, drafted: int, accepted: int) -> None:
+        """Count one verification: `drafted` drafts, of which the first `accepted` were kept."""
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        missing = drafted - len(self.drafted_at)
+        if missing > 0:
+            self.drafted_at += [0] * missing
+            self.accepted_at += [0] * missing
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+
+    def record_step(self, drafted: bool) -> None:
+        """Count one decode step, and whether it verified drafts."""
+        self.decode_steps += 1
+        self.draft_steps += drafted
+
+    def copy(self) -> SpecStats:
+        """A snapshot that later counting does not change."""
+        return dataclasses.replace(self, drafted_at=list(self.drafted_at), accepted_at=list(self.accepted_at))
+
+
+@dataclass
 class EngineStats:
-    """Counters a backend reports for /metrics and /props."""
+    """Counters a backend reports for /metrics and /props (`spec`: None when it has no engine of ours)."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -82,3 +132,4 @@ class EngineStats:
     num_preemptions: int = 0
     num_kv_blocks: int = 0
     extra: dict = field(default_factory=dict)
+    spec: SpecStats | None = None

@@ -6,12 +6,18 @@ from dataclasses import dataclass
 
 import torch
 
-from onebit.engine.cuda_graphs import CudaGraphDecoder
+from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder
 from onebit.engine.sequence import Sequence
 from onebit.kernels.attention import AttentionMetadata, triton_decode
 from onebit.models.config import ModelConfig
 from onebit.models.rope import rope_cos_sin
 from onebit.models.transformer import CausalLM
+
+
+# A chunk of up to this many tokens (a short prompt, a prompt's tail, a verification) runs as
+# graph rows: each row re-reads its context, which costs little at this size and saves the
+# eager step's launch overhead, so a decode batch that a new prompt joins stays a graph replay.
+GRAPH_CHUNK_TOKENS = 128
 
 
 def pick_num_splits(max_model_len: int) -> int:
@@ -38,11 +44,16 @@ class StepOutput:
 
 
 class ModelRunner:
-    """Owns the KV cache tensor and turns a step plan into logits."""
+    """Owns the KV cache tensor and turns a step plan into logits.
+
+    On CUDA, steps whose sequences each bring at most `max_graph_chunk` tokens (decodes,
+    verifications, short prompt chunks) and fit the largest captured row count replay graphs;
+    others run eagerly.
+    """
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_model_len: int, max_batch: int = 1,
-                 cuda_graphs: bool = True, mtp=None):
+                 cuda_graphs: bool = True, mtp=None, max_graph_chunk: int = GRAPH_CHUNK_TOKENS):
         self.model = model
         self.mtp = mtp
         self.cfg = cfg
@@ -57,23 +68,47 @@ class ModelRunner:
         self.num_splits = pick_num_splits(max_model_len)
         self.max_model_len = max_model_len
         self.graphs: CudaGraphDecoder | None = None
+        self.max_graph_chunk = max_graph_chunk
         if cuda_graphs and device.type == "cuda":
-            self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, max_batch,
+            rows = max(max_batch, min(max_batch * max_graph_chunk, LADDER[-1]))
+            self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
                                            -(-max_model_len // block_size), self.num_splits, max_model_len)
             self.graphs.capture()
 
-    def _run_graph(self, plan: list[tuple[Sequence, int]]) -> StepOutput:
+    def _graph_rows(self, plan: list[tuple[Sequence, int]]):
+        """One row per packed token: (ids, positions, slots, block tables, context lengths)."""
         bs = self.block_size
-        seqs = [seq for seq, _ in plan]
-        positions = [seq.num_computed_tokens for seq in seqs]
-        logits = self.graphs.run(
-            [seq.token_ids[p] for seq, p in zip(seqs, positions)], positions,
-            [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)],
-            [seq.block_table for seq in seqs], [p + 1 for p in positions])
-        rows = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
-        if len(rows) != len(seqs):
-            logits = logits[torch.tensor(rows, device=logits.device, dtype=torch.long)]
-        return StepOutput(logits, [(seqs[i], j, 1) for j, i in enumerate(rows)], None, list(range(len(seqs))))
+        ids, positions, slots, tables, lens = [], [], [], [], []
+        for seq, n in plan:
+            start = seq.num_computed_tokens
+            table = seq.block_table
+            for p in range(start, start + n):
+                ids.append(seq.token_ids[p])
+                positions.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+                tables.append(table)
+                lens.append(p + 1)
+        return ids, positions, slots, tables, lens
+
+    def _use_graph(self, plan: list[tuple[Sequence, int]]) -> bool:
+        # A chunk of n tokens costs n reads of its context as rows, so only short ones
+        # (decodes, verifications, the tail of a prompt) go through the graphs.
+        return (self.graphs is not None and all(n <= self.max_graph_chunk for _, n in plan)
+                and self.graphs.can_run(sum(n for _, n in plan)))
+
+    def _run_graph(self, plan: list[tuple[Sequence, int]], want_hidden: bool) -> StepOutput:
+        logits, prenorm = self.graphs.run(*self._graph_rows(plan))
+        rows, sample_rows, starts, start = [], [], [], 0
+        for seq, n in plan:
+            count = n if seq.num_draft else int(seq.num_computed_tokens + n == seq.num_tokens)
+            if count:
+                rows.append((seq, len(sample_rows), count))
+                sample_rows.extend(range(start + n - count, start + n))
+            starts.append(start)
+            start += n
+        if len(sample_rows) != logits.shape[0]:
+            logits = logits[self._tensor(sample_rows)]
+        return StepOutput(logits, rows, prenorm if want_hidden else None, starts)
 
     def _table(self, tables: list[list[int]]) -> torch.Tensor | None:
         """Block tables padded to one width, as a [rows, width] tensor on the device."""
@@ -119,9 +154,8 @@ class ModelRunner:
     def run(self, plan: list[tuple[Sequence, int]], want_hidden: bool = False) -> StepOutput:
         """Forward the step: logits for every sequence that samples (all positions of a
         verifying one), and with want_hidden the pre-norm states of every packed token."""
-        if (not want_hidden and self.graphs is not None and all(n == 1 for _, n in plan)
-                and self.graphs.can_run(len(plan))):
-            return self._run_graph(plan)
+        if self._use_graph(plan):
+            return self._run_graph(plan, want_hidden)
         ids, positions, meta, sample_rows = self.prepare(plan)
         normed, prenorm = self.model(ids, positions, self.kv_cache, meta, self.rope, return_prenorm=True)
         rows, starts, row, start = [], [], 0, 0

@@ -41,6 +41,8 @@ class Sequence:
         self.stop_matcher = None
         # speculative decoding: drafts sit at the end of token_ids until verified
         self.num_draft = 0
+        self.num_drafted = 0  # drafts verified over the request's life
+        self.num_draft_accepted = 0
         self.last_hidden = None  # base model's pre-norm state at hidden_pos (for the MTP head)
         self.hidden_pos = -1
 

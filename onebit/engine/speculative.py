@@ -38,6 +38,17 @@ def ngram_propose(tokens: list[int], k: int, n_max: int = 3, window: int = 512) 
     return []
 
 
+class NgramDrafter:
+    """Prompt-lookup drafting behind the engine's drafter interface."""
+
+    def propose(self, chosen: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[int]]]:
+        """Drafts for each (sequence, k): what followed the latest earlier match of its tail."""
+        return [(seq, ngram_propose(seq.token_ids, k)) for seq, k in chosen]
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing is kept per request."""
+
+
 def verify(logits: torch.Tensor, seq: Sequence, drafts: list[int],
            generator: torch.Generator | None) -> tuple[int, int]:
     """Check drafts against the target rows logits [len(drafts) + 1, vocab]; return
@@ -70,11 +81,12 @@ class DraftPolicy:
     Step times are kept per (draft length, batch-size bucket); the chosen k maximises expected
     tokens per second of the whole batch: (1 + a + a^2 + ... + a^k) / time(k). A pair never
     measured is tried once; every `explore_every` steps the runner-up is re-measured so the
-    estimates follow the machine and the load.
+    estimates follow the machine and the load. With `always`, every step drafts k_max.
     """
 
-    def __init__(self, k_max: int, explore_every: int = 1024):
+    def __init__(self, k_max: int, explore_every: int = 1024, always: bool = False):
         self.k_max = k_max
+        self.always = always  # draft k_max whenever possible, measured or not
         self.explore_every = explore_every
         self.times: dict[tuple[int, int], float] = {}
         self.acceptance = 0.6  # prior until the first verification
@@ -93,6 +105,8 @@ class DraftPolicy:
     def choose(self, batch: int) -> int:
         """The draft length for this step's batch (0: plain step)."""
         self.steps += 1
+        if self.always:
+            return self.k_max
         b = self.bucket(batch)
         for k in range(self.k_max, -1, -1):
             if (k, b) not in self.times:

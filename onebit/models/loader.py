@@ -152,11 +152,11 @@ def build_on_device(factory, device: torch.device, dtype: torch.dtype):
     return module.to_empty(device=device)
 
 
-def _fill_random(model: CausalLM, seed: int) -> None:
+def fill_random(module: torch.nn.Module, seed: int) -> None:
     """Random weights drawn on the device (load_format "dummy", for benchmarks): never zeros."""
-    g = torch.Generator(device=next(model.parameters()).device)
+    g = torch.Generator(device=next(module.parameters()).device)
     g.manual_seed(seed)
-    for name, param in model.named_parameters():
+    for name, param in module.named_parameters():
         if param.dim() == 1:
             param.data.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.02, generator=g)
         else:
@@ -176,7 +176,7 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
     files = weight_files(path) if load_format == "auto" else []
     model = build_on_device(lambda: CausalLM(cfg), device, dtype)
     if load_format == "dummy":
-        _fill_random(model, seed=0)
+        fill_random(model, seed=0)
         return model.eval(), cfg
     fill_from_checkpoint(model, files, cfg, lambda name: base_name(name, cfg), device, dtype, "weights")
     return model.eval(), cfg

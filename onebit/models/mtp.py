@@ -17,7 +17,7 @@ from onebit.kernels.attention import AttentionMetadata
 from onebit.models.config import ModelConfig
 from onebit.models.errors import ModelLoadError
 from onebit.models.layers import RMSNorm
-from onebit.models.loader import build_on_device, fill_from_checkpoint, weight_files
+from onebit.models.loader import build_on_device, fill_from_checkpoint, fill_random, weight_files
 from onebit.models.transformer import CausalLM, DecoderLayer
 
 
@@ -53,8 +53,13 @@ def has_mtp_weights(path: Path) -> bool:
 
 
 def load_mtp_head(path: Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                  source: Path | None = None) -> MTPHead:
-    """The MTP head from the model's own checkpoint, or from `source` (a safetensors file or directory)."""
+                  source: Path | None = None, load_format: str = "auto") -> MTPHead:
+    """The MTP head from the model's own checkpoint, or from `source` (a safetensors file or directory);
+    with load_format "dummy" (benchmarks of a model's shape), random weights."""
+    if load_format == "dummy" and source is None:
+        head = build_on_device(lambda: MTPHead(cfg), device, dtype)
+        fill_random(head, seed=1)
+        return head.eval()
     if source is None:
         files = weight_files(path)
     elif source.is_dir():

@@ -107,14 +107,24 @@ class Router:
     `max_queue` requests (beyond it: QueueFull). With one backend this is a plain
     admission gate; with a primary and a secondary it is issue 4's adaptive mode.
 
+    `overflow` says where requests go once the primary's limit is reached:
+    "spill" (default) keeps filling the primary to its limit and sends only the excess on, right
+    for backends on separate hardware; "switch" sends every new request to the overflow
+    backends while the total load is at or above the primary's limit (the primary takes one
+    only when they are full), so backends that share one GPU do not both run steps at once
+    under steady load: the primary drains and the big-batch backend carries it all.
+
     A backend that goes down is restarted by the `supervisor` (pass None for none);
     a request it failed before streaming anything is re-routed (`stream()`).
     """
 
     def __init__(self, backends: list[Backend], limits: list[int] | None = None, max_queue: int = 1024,
-                 supervisor: Supervisor | None | bool = True, max_attempts: int = 3):
+                 supervisor: Supervisor | None | bool = True, max_attempts: int = 3, overflow: str = "spill"):
         if not backends:
             raise ValueError("the router needs at least one backend")
+        if overflow not in ("spill", "switch"):
+            raise ValueError("overflow must be 'spill' or 'switch'")
+        self.overflow = overflow
         limits = limits or [b.capacity for b in backends]
         if len(limits) != len(backends) or any(n < 1 for n in limits):
             raise ValueError("one limit >= 1 per backend")
@@ -182,7 +192,10 @@ class Router:
 
     def _try_claim(self) -> Route | None:
         """Pick and claim a slot in one synchronous step; None when all are full."""
-        for route in self.routes:
+        order = self.routes
+        if self.overflow == "switch" and self.in_flight >= self.routes[0].limit:
+            order = self.routes[1:] + self.routes[:1]
+        for route in order:
             if route.in_flight < route.limit and route.backend.state == "ready":
                 route.in_flight += 1
                 route.served += 1
