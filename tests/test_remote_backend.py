@@ -122,9 +122,11 @@ def test_request_body_and_stream_mapping():
     delta = parse_chunk(state, {"choices": [{"text": "ab", "token_ids": [4, 5], "finish_reason": None}]})
     assert (delta.token_ids, delta.text, delta.finished) == ([4, 5], "ab", False)
     assert parse_chunk(state, {"choices": [{"text": "", "finish_reason": "length"}]}) is None
-    assert parse_chunk(state, {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}) is None
+    assert parse_chunk(state, {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+                               "timings": {"draft_n": 6, "draft_n_accepted": 4}}) is None
     final = final_delta(state, 3)
     assert final.finished and final.finish_reason == "length" and final.num_output_tokens == 2
+    assert (final.num_draft_tokens, final.num_accepted_tokens) == (6, 4)  # a speculating peer's counts
     with pytest.raises(BackendError):
         parse_chunk(state, {"error": {"message": "boom", "type": "server_error"}})
 

@@ -86,6 +86,8 @@ class StreamState:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int | None = None
+    draft_tokens: int = 0  # a speculating peer's `timings` (llama.cpp's and ours)
+    accepted_tokens: int = 0
 
 
 def _logprobs(choice: dict, token_ids: list[int]) -> list[TokenLogprob] | None:
@@ -103,6 +105,10 @@ def parse_chunk(state: StreamState, payload: dict) -> StepDelta | None:
     """One SSE chunk -> the text delta it carries (or None); remembers finish and usage."""
     if "error" in payload:
         raise error_from_body(500, json.dumps(payload), started=state.chunks > 0)
+    timings = payload.get("timings")
+    if isinstance(timings, dict) and "draft_n" in timings:
+        state.draft_tokens = int(timings.get("draft_n") or 0)
+        state.accepted_tokens = int(timings.get("draft_n_accepted") or 0)
     usage = payload.get("usage")
     if isinstance(usage, dict):
         state.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -127,4 +133,5 @@ def final_delta(state: StreamState, n_prompt: int) -> StepDelta:
     """The finished delta, sent once the peer said [DONE] after a finish_reason."""
     count = state.completion_tokens if state.completion_tokens is not None else state.tokens
     return StepDelta(state.request_id, [], "", finished=True, finish_reason=state.finish_reason,
-                     num_prompt_tokens=state.prompt_tokens or n_prompt, num_output_tokens=count)
+                     num_prompt_tokens=state.prompt_tokens or n_prompt, num_output_tokens=count,
+                     num_draft_tokens=state.draft_tokens, num_accepted_tokens=state.accepted_tokens)

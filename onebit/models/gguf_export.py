@@ -26,7 +26,7 @@ from safetensors import safe_open
 from onebit.models.config import ModelConfig
 from onebit.models.errors import ModelLoadError
 from onebit.models.loader import weight_files
-from onebit.models.rope import _llama3_inv_freq
+from onebit.models.rope import llama3_inv_freq
 from onebit.models.tokenizer import Tokenizer
 
 __all__ = ["GGUFExportError", "GGUF_ARCH", "export_gguf", "gguf_tensor_name", "main"]
@@ -285,7 +285,7 @@ def _plan_tensors(path: Path, cfg: ModelConfig, qtype: gguf.GGMLQuantizationType
     if s is not None and s["rope_type"] == "llama3":
         # llama.cpp's LLAMA graph divides each rotary frequency by the matching rope_freqs factor.
         base = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
-        factors = (base / _llama3_inv_freq(base, s)).float()
+        factors = (base / llama3_inv_freq(base, s)).float()
         plans["rope_freqs.weight"] = _Plan("rope_freqs.weight", tuple(factors.shape),
                                            gguf.GGMLQuantizationType.F32, lambda f=factors: f)
     _check_complete(plans, cfg)

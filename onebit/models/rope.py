@@ -9,7 +9,9 @@ import torch
 from onebit.models.config import ModelConfig
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+def llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3's rope scaling of the inverse frequencies (rope_scaling dict `s`): long wavelengths
+    divided by the factor, short ones kept, a smooth blend between."""
     factor = s["factor"]
     low, high = s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
     old_len = s["original_max_position_embeddings"]
@@ -51,7 +53,7 @@ def rope_cos_sin(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[
     if s is not None:
         kind = s["rope_type"]
         if kind == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, s)
+            inv_freq = llama3_inv_freq(inv_freq, s)
         elif kind == "linear":
             inv_freq = inv_freq / s["factor"]
         elif kind == "yarn":
