@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from make_shape_model import SHAPES  # noqa: E402  (bench/ is the script directory)
+from make_shape_model import SHAPES, hf_state_dict  # noqa: E402  (bench/ is the script directory)
 
 QWEN3_8B = SHAPES["qwen3-8b"]
 
@@ -44,24 +44,6 @@ def check_tiny_on_cuda(work: Path) -> list[str]:
             f"tiny fp32 CUDA batch of 4 == alone: {batch[0].token_ids == out.token_ids}"]
 
 
-def _hf_state_dict(model) -> dict[str, torch.Tensor]:
-    """Our fused weights split back into transformers' parameter names."""
-    cfg = model.cfg
-    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
-    out = {}
-    for name, p in model.named_parameters():
-        hf = "lm_head.weight" if name == "lm_head.weight" else "model." + name
-        if "qkv_proj" in name:
-            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), p.data.split([q, kv, kv])):
-                out[hf.replace("qkv_proj", part)] = chunk
-        elif "gate_up_proj" in name:
-            for part, chunk in zip(("gate_proj", "up_proj"), p.data.split([inter, inter])):
-                out[hf.replace("gate_up_proj", part)] = chunk
-        else:
-            out[hf] = p.data
-    return out
-
-
 def check_8b_logits(engine) -> str:
     """bf16 logits of our engine against transformers' Qwen3 on the same random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -71,7 +53,7 @@ def check_8b_logits(engine) -> str:
     cfg = AutoConfig.from_pretrained(engine.model_path)
     with torch.device("cuda"):
         ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    missing, unexpected = ref.load_state_dict(_hf_state_dict(engine.runner.model), strict=False)
+    missing, unexpected = ref.load_state_dict(hf_state_dict(engine.runner.model), strict=False)
     ids = torch.randint(10, 150000, (128,), generator=torch.Generator().manual_seed(1)).tolist()
     seq = Sequence("probe", ids, SamplingParams(), engine.max_model_len, 0)
     engine.block_manager.grow(seq, len(ids))
@@ -97,7 +79,7 @@ def hf_continuous_batching(engine, batches, prompt_tokens: int, max_tokens: int)
     cfg = AutoConfig.from_pretrained(engine.model_path)
     with torch.device("cuda"):
         ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    ref.load_state_dict(_hf_state_dict(engine.runner.model), strict=False)
+    ref.load_state_dict(hf_state_dict(engine.runner.model), strict=False)
     rows = []
     for b in batches:
         gen = GenerationConfig(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 import time
 
@@ -17,14 +18,17 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from onebit.bench.cli import _glue_serve_args, build_parser
+from onebit.bench import procs
 from onebit.bench.cli import main as bench_main
 from onebit.bench.client import RequestResult, build_payload, stream_request
+from onebit.bench.loadgen import LevelPlan
 from onebit.bench.online import BenchError, OnlineConfig, run_online
 from onebit.bench.prompts import Prompt, make_prompts, parse_prompt_spec
 from onebit.bench.report import report, save_run
 from onebit.bench.runfile import load_run
+from onebit.bench.split import client_procs, split_plan
 from onebit.bench.stats import percentile, summarize
-from onebit.bench.tables import fmt_rate
+from onebit.bench.tables import detail_table, fmt_rate
 
 # ---------------------------------------------------------------- fake SSE server
 
@@ -78,8 +82,11 @@ def make_fake_app(state: FakeState) -> Starlette:
                     return
                 yield _text_chunk(finish=None if scenario == "nofinish" else "length")
                 if scenario != "nousage":
-                    yield _sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": sent,
-                                                         "total_tokens": 5 + sent}})
+                    last = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": sent,
+                                                     "total_tokens": 5 + sent}}
+                    if scenario == "spec":  # llama-server's place for them: the last chunk
+                        last["timings"] = {"predicted_n": sent, "draft_n": 6, "draft_n_accepted": 4}
+                    yield _sse(last)
                 yield "data: [DONE]\n\n"
             finally:
                 state.in_flight -= 1
@@ -200,15 +207,31 @@ def test_summarize_counts_only_completed_tokens():
     assert s["itl_ms"]["p50"] == pytest.approx(100.0) and s["itl_ms"]["p99"] == pytest.approx(100.0)
     assert s["tpot_ms"] == pytest.approx(100.0)
     assert s["e2e_s"]["p50"] == pytest.approx(1.0)
-    assert s["spec_acceptance"] is None
+    assert s["spec"] is None
 
 
 def test_summarize_speculative_acceptance_and_empty_level():
-    a, b = _ok(0), _ok(1)
+    a, b, quiet = _ok(0), _ok(1), _ok(2)  # `quiet` reported no drafts (none made, or not a speculative server)
     a.draft_tokens, a.accepted_tokens, b.draft_tokens, b.accepted_tokens = 10, 6, 10, 2
-    assert summarize([a, b], 1.0, 2)["spec_acceptance"] == pytest.approx(0.4)
+    failed = RequestResult(index=3, draft_tokens=50, accepted_tokens=50, failure="timeout")
+    spec = summarize([a, b, quiet, failed], 1.0, 2)["spec"]
+    assert spec["drafted"] == 20 and spec["accepted"] == 8 and spec["rate"] == pytest.approx(0.4)
     empty = summarize([], 0.0, 4)
-    assert empty["total_tok_s"] == 0.0 and empty["ttft_ms"]["p50"] is None
+    assert empty["total_tok_s"] == 0.0 and empty["ttft_ms"]["p50"] is None and empty["spec"] is None
+
+
+def test_stream_timings_reach_the_acceptance_column(fake):
+    result = asyncio.run(_one(fake[0], "spec"))
+    assert result.ok, result.message
+    assert (result.draft_tokens, result.accepted_tokens) == (6, 4)
+    plain = _ok(1)
+    run = {"levels": [{"summary": summarize([result, result], 1.0, 2)}, {"summary": summarize([plain], 1.0, 1)}]}
+    lines = detail_table(run).splitlines()
+    assert lines[0].endswith("| spec accepted/drafted |") and lines[1].count("|") == lines[0].count("|")
+    assert lines[2].startswith("| 1 |") and lines[2].endswith("| - |")
+    assert lines[3].startswith("| 2 |") and lines[3].endswith("| 67% (8/12) |")
+    no_spec = detail_table({"levels": [{"summary": summarize([plain], 1.0, 1)}]})
+    assert "spec" not in no_spec and no_spec.splitlines()[2].count("|") == no_spec.splitlines()[0].count("|")
 
 
 # ---------------------------------------------------------------- load generator and outputs
@@ -275,6 +298,103 @@ def test_files_agree_with_json_and_report_merges(fake, tmp_path):
     assert (tmp_path / "cli" / "report.md").exists()
     (tmp_path / "bad.json").write_text("{}")
     assert bench_main(["report", str(tmp_path / "bad.json"), "--out", str(tmp_path)]) == 1
+
+
+# ---------------------------------------------------------------- client processes
+
+
+def test_split_plan_shares_workers_requests_and_rate():
+    shares = split_plan(LevelPlan(10, requests=23, request_rate=5.0), 3)
+    assert [s.plan.concurrency for s in shares] == [4, 3, 3]
+    assert sorted(i for s in shares for i in s.indices()) == list(range(23))  # a partition, in blocks
+    assert [s.plan.requests for s in shares] == [9, 7, 7]  # in proportion to the workers
+    assert sum(s.plan.request_rate for s in shares) == pytest.approx(5.0)
+    assert len({s.plan.seed for s in shares}) == 3  # independent arrival streams
+    timed = split_plan(LevelPlan(5, duration_s=2.0), 2)
+    assert [(s.index(0), s.index(1)) for s in timed] == [(0, 2), (1, 3)]
+    assert all(s.plan.duration_s == 2.0 and s.plan.requests is None for s in timed)
+    assert len(split_plan(LevelPlan(8, requests=1), 4)) == 1  # no process without a request
+
+
+def test_client_procs_setting():
+    assert [client_procs("auto", c, cpu_count=64) for c in (1, 16, 17, 64)] == [1, 1, 2, 4]
+    assert client_procs("auto", 64, cpu_count=2) == 1 and client_procs("auto", 64, cpu_count=5) == 3
+    assert client_procs(8, 3) == 3 and client_procs(2, 1) == 1
+    assert build_parser().parse_args(["--url", "u", "--client-procs", "3"]).client_procs == 3
+    assert build_parser().parse_args(["--url", "u"]).client_procs == "auto"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--url", "u", "--client-procs", "0"])
+
+
+def test_sse_lines_split_across_reads():
+    events = [_text_chunk(f"t{i}") for i in range(3)] + [_text_chunk(finish="length")]
+    events += [_sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}), "data: [DONE]"]
+    raw = "".join(events).replace("\n\n", "\r\n\r\n").encode()  # CRLF, and no newline after [DONE]
+
+    async def pieces():
+        for i in range(0, len(raw), 7):
+            yield raw[i:i + 7]
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=pieces()))
+
+    async def go():
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await stream_request(client, "http://x/v1/completions", {"max_tokens": 3})
+    result = asyncio.run(go())
+    assert result.ok, result.message
+    assert len(result.chunk_times) == 3 and result.completion_tokens == 3
+
+
+def test_level_over_two_client_processes(fake):
+    root, state = fake
+    state.max_in_flight = 0
+    run = run_online(_config(root, concurrency=[1, 4], requests=9, client_procs=2), print_fn=lambda *_: None)
+    assert run["settings"]["client_procs"] == 2
+    assert [level["client"]["procs"] for level in run["levels"]] == [1, 2]  # never more processes than C
+    level = run["levels"][1]
+    assert level["client"]["cpu_s"] > 0
+    assert level["summary"]["completed"] == 9 and level["summary"]["failed"] == 0
+    assert [r["index"] for r in level["requests"]] == list(range(9))
+    assert sum(r["completion_tokens"] for r in level["requests"]) == level["summary"]["generated_tokens"] == 45
+    assert all(r["start"] >= 0 and len(r["chunk_times"]) == 5 for r in level["requests"])
+    assert level["summary"]["wall_s"] >= max(r["start"] + r["e2e"] for r in level["requests"]) - 1e-5
+    assert state.max_in_flight <= 4
+    timed = run_online(_config(root, concurrency=[3], requests=None, duration_s=0.3, request_rate=200.0,
+                               client_procs=2, warmup=0), print_fn=lambda *_: None)["levels"][0]
+    indices = [r["index"] for r in timed["requests"]]
+    assert timed["summary"]["failed"] == 0 and len(set(indices)) == len(indices) >= 1
+
+
+# A stand-in for worker.py that says it is ready, reports its first request, then dies or hangs.
+_FAKE_CHILD = """
+import json, sys, time
+share = json.loads(sys.stdin.readline())
+print(json.dumps({"ready": True}), flush=True)
+sys.stdin.readline()
+print(json.dumps({"result": {"index": share["first"], "e2e": 0.01, "completion_tokens": 5}}), flush=True)
+if sys.argv[1] == "hang":
+    time.sleep(60)
+sys.exit(7)
+"""
+
+
+@pytest.mark.parametrize("fate", ["die", "hang"])
+def test_dead_or_hung_client_process_gives_failures(fake, monkeypatch, fate):
+    monkeypatch.setattr(procs, "child_command", lambda: [sys.executable, "-c", _FAKE_CHILD, fate])
+    monkeypatch.setattr(procs, "SILENCE_TIMEOUT_S", 0.5)
+    run = run_online(_config(fake[0], concurrency=[4], requests=10, client_procs=2), print_fn=lambda *_: None)
+    level = run["levels"][0]
+    assert [r["index"] for r in level["requests"]] == list(range(10))
+    assert (level["summary"]["completed"], level["summary"]["failed"]) == (2, 8)
+    assert level["summary"]["failures_by_kind"] == {"client": 8}
+    message = next(r["message"] for r in level["requests"] if r["failure"])
+    assert ("exit code 7" if fate == "die" else "silent") in message
+
+
+def test_client_process_that_cannot_start_is_an_error(fake, monkeypatch):
+    monkeypatch.setattr(procs, "child_command", lambda: [sys.executable, "-c", "raise SystemExit('no httpx here')"])
+    with pytest.raises(BenchError, match="no httpx here"):
+        run_online(_config(fake[0], concurrency=[2], client_procs=2), print_fn=lambda *_: None)
 
 
 # ---------------------------------------------------------------- prompts and arguments

@@ -1,4 +1,8 @@
-"""End to end: `1bit bench --serve` starts the real server on the tiny model, measures it, stops it."""
+"""End to end: `1bit bench --serve` starts the real server on the tiny model, measures it, stops it.
+
+Both tests also run levels over two client processes (--client-procs 2; a level never has more
+processes than streams, so C=1 stays in one process).
+"""
 
 from __future__ import annotations
 
@@ -11,15 +15,17 @@ from onebit.bench.tables import fmt_rate
 def test_bench_serve_tiny_model(tiny_model_dir, tmp_path, capsys):
     code = bench_main(["--serve", f"-m {tiny_model_dir} --parallel 4 --ctx-size 256 --log-level warning",
                        "--concurrency", "1,3", "--requests", "6", "--max-tokens", "8", "--prompts", "random:16",
-                       "--label", "tiny", "--out", str(tmp_path), "--no-progress"])
+                       "--label", "tiny", "--out", str(tmp_path), "--no-progress", "--client-procs", "2"])
     assert code == 0, (tmp_path / "serve.log").read_text()
     run = json.loads((tmp_path / "tiny.json").read_text())
     assert run["settings"]["endpoint"] == "completions"
     assert [level["concurrency"] for level in run["levels"]] == [1, 3]
+    assert run["settings"]["client_procs"] == 2 and [level["client"]["procs"] for level in run["levels"]] == [1, 2]
     for level in run["levels"]:
         summary = level["summary"]
         assert (summary["completed"], summary["failed"]) == (6, 0), summary["failures_by_kind"]
-        assert summary["generated_tokens"] == 6 * 8
+        assert summary["generated_tokens"] == 6 * 8 == sum(r["completion_tokens"] for r in level["requests"])
+        assert [r["index"] for r in level["requests"]] == list(range(6))
         for request in level["requests"]:
             assert request["completion_tokens"] == 8 and request["prompt_tokens"] == 16
             assert request["finish_reason"] == "length"
@@ -39,24 +45,33 @@ def test_server_killed_mid_run_gives_failures_not_a_hang(tiny_model_dir, tmp_pat
     from server_utils import start_server, stop_server
 
     server = start_server(tiny_model_dir, "--parallel", "4", "--ctx-size", "512")
-    result = {}
+    codes = {}
 
-    def bench():
-        result["code"] = bench_main(["--url", server.root, "--concurrency", "4", "--requests", "40",
-                                     "--max-tokens", "200", "--prompts", "random:16", "--label", "killed",
-                                     "--out", str(tmp_path), "--no-progress", "--timeout", "30", "--warmup", "0"])
+    def bench(procs: str):
+        # Two benches at once against the one server: in this process, and over two client processes.
+        codes[procs] = bench_main(["--url", server.root, "--concurrency", "4", "--requests", "40",
+                                   "--max-tokens", "200", "--prompts", "random:16", "--label", "killed",
+                                   "--out", str(tmp_path / procs), "--no-progress", "--timeout", "30",
+                                   "--warmup", "0", "--client-procs", procs])
 
-    worker = threading.Thread(target=bench, daemon=True)
+    workers = [threading.Thread(target=bench, args=(procs,), daemon=True) for procs in ("1", "2")]
     try:
-        worker.start()
-        time.sleep(2.0)  # well inside the 40 x 200-token run
+        for worker in workers:
+            worker.start()
+        time.sleep(3.0)  # well inside the 40 x 200-token runs
         os.kill(server.proc.pid, signal.SIGKILL)
-        worker.join(timeout=120)
-        assert not worker.is_alive(), "the bench must not hang when its server dies"
+        for worker in workers:
+            worker.join(timeout=120)
+            assert not worker.is_alive(), "the bench must not hang when its server dies"
     finally:
         stop_server(server)
-    run = json.loads((tmp_path / "killed.json").read_text())
-    summary = run["levels"][0]["summary"]
-    assert summary["failed"] > 0
-    assert summary["completed"] + summary["failed"] == 40
-    assert all(r["completion_tokens"] == 200 for r in run["levels"][0]["requests"] if not r.get("failure"))
+    assert codes == {"1": 0, "2": 0}
+    for procs in ("1", "2"):
+        run = json.loads((tmp_path / procs / "killed.json").read_text())
+        level = run["levels"][0]
+        assert level["client"]["procs"] == int(procs)
+        summary = level["summary"]
+        assert summary["failed"] > 0
+        assert summary["completed"] + summary["failed"] == 40
+        assert [r["index"] for r in level["requests"]] == list(range(40))
+        assert all(r["completion_tokens"] == 200 for r in level["requests"] if not r.get("failure"))

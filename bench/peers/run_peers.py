@@ -1,20 +1,24 @@
 """Bench 1bit and the peer servers a user would pick instead, on one model, into one table and plot.
 
-    python bench/peers/run_peers.py -m MODEL_DIR [--gguf FILE] [--gguf-dtype f32] [--llama-server PATH] \\
-        [--check-tokens 16] [--peers 1bit,llama.cpp,transformers] [--concurrency 1,2,4,8] [--max-tokens 128] \\
-        [--prompts random:128] [--requests N] [--out DIR]
+    python bench/peers/run_peers.py -m MODEL_DIR [--gguf FILE [--check-gguf]] [--gguf-dtype f32] \\
+        [--llama-server PATH] [--llama-args ARGS] [--serve-args ARGS] [--check-tokens 16] \\
+        [--check-reference FILE] [--peers 1bit,llama.cpp,transformers] [--include RUN.json] \\
+        [--concurrency 1,2,4,8] [--max-tokens 128] [--prompts random:128] [--requests N] [--out DIR]
 
 Each server is started on a free loopback port, waited for on /health, benchmarked with the
 same settings, and stopped. A peer that cannot be started is named with the reason, and the
 report holds the others. See bench/peers/README.md for what each peer needs.
 
 For llama.cpp the GGUF is written from MODEL_DIR by `onebit.models.gguf_export` unless --gguf is
-given, and llama-server must first continue a token-id prompt greedily as 1bit does.
+given, and llama-server must first continue a token-id prompt greedily as 1bit does (exactly for
+an f32 GGUF; for f16/bf16 see llamacpp_peer.greedy_check).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -24,12 +28,12 @@ from typing import Callable
 
 from onebit.bench.online import BenchError, OnlineConfig, run_online
 from onebit.bench.report import report, save_run
+from onebit.bench.runfile import safe_name
 from onebit.bench.serve import ServeError, free_port, serve_command, served_command
-from onebit.models.config import ModelConfig
 from onebit.models.errors import ModelLoadError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp_peer import check_prompt, find_llama_server, greedy_check, ours_greedy, write_gguf  # noqa: E402
+from llamacpp_peer import find_llama_server, greedy_check, reference, write_gguf  # noqa: E402
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Peer:
     missing: str | None = None
     # Called with the server's root URL before the bench: (ok, message). Not ok: not benchmarked.
     check: Callable[[str], tuple[bool, str]] | None = None
+    # What the report says about this server besides its command (e.g. the check's outcome).
+    notes: list[str] = field(default_factory=list)
 
 
 def one_bit(args: argparse.Namespace) -> Peer:
@@ -71,17 +77,22 @@ def llama_cpp(args: argparse.Namespace) -> Peer:
     cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
            "-c", str(slots * args.ctx_per_slot), *args.llama_args.split()]
     check = None
-    # Exact agreement is only expected in fp32; a GGUF given by hand may hold other weights.
-    if args.check_tokens and not args.gguf and args.gguf_dtype == "f32":
-        prompt = check_prompt(ModelConfig.from_dir(Path(args.model)).vocab_size)
+    notes = []
+    # A GGUF given by hand may hold other weights: checked only when --check-gguf says it holds these.
+    if args.check_tokens and (not args.gguf or args.check_gguf):
         try:
-            ours = ours_greedy(args.model, prompt, args.check_tokens, args.device)
-        except (RuntimeError, subprocess.SubprocessError) as exc:
+            prompt, ours = reference(args.model, args.check_tokens, args.device,
+                                     Path(args.check_reference) if args.check_reference else None)
+        except (RuntimeError, subprocess.SubprocessError, ModelLoadError, OSError, ValueError) as exc:
             return Peer("llama.cpp", missing=f"no reference continuation to check llama-server against: {exc}")
+        # Identical tokens are only expected when llama.cpp computes in f32 too.
+        exact = args.gguf_dtype == "f32"
 
         def check(root: str) -> tuple[bool, str]:
-            return greedy_check(root, prompt, ours)
-    return Peer("llama.cpp", cmd, port, check=check)
+            return greedy_check(root, prompt, ours, exact=exact)
+    else:
+        notes.append("not checked against 1bit (--check-tokens 0, or --gguf without --check-gguf)")
+    return Peer("llama.cpp", cmd, port, check=check, notes=notes)
 
 
 def transformers_serve(args: argparse.Namespace) -> Peer:
@@ -107,11 +118,29 @@ def bench_peer(peer: Peer, args: argparse.Namespace) -> Path:
             print(f"== {peer.label}: {message}", file=sys.stderr)
             if not ok:
                 raise BenchError(message)
+            peer.notes.append(message)
         cfg = OnlineConfig(url=url, concurrency=args.concurrency, max_tokens=args.max_tokens, prompts=args.prompts,
                            requests=args.requests, label=peer.label, endpoint=peer.endpoint,
                            extra_body=peer.extra_body)
         run = run_online(cfg)
-    return save_run(run, out)[0]
+    run["peer"] = {"command": shlex.join(peer.cmd), "notes": peer.notes + args.note}
+    try:
+        return save_run(run, out)[0]
+    except ImportError as exc:  # no matplotlib: the JSON and the Markdown are written, only the PNG is not
+        print(f"== no plot: {exc}", file=sys.stderr)
+        return out / f"{safe_name(run['label'])}.json"
+
+
+def servers_section(paths: list[Path], problems: list[str]) -> str:
+    """Markdown: how each reported server was started and checked, and which peers were not measured."""
+    lines = ["", "## Servers", ""]
+    for path in paths:
+        run = json.loads(Path(path).read_text())
+        peer = run.get("peer") or {}
+        lines.append(f"- **{run['label']}**: `{peer.get('command', '?')}`")
+        lines += [f"  - {note}" for note in peer.get("notes", [])]
+    lines += [f"- PEER NOT MEASURED: {line}" for line in problems]
+    return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -120,14 +149,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-m", "--model", required=True, help="model directory (safetensors + tokenizer)")
     p.add_argument("--gguf", help="GGUF file of the same weights, for llama.cpp")
     p.add_argument("--gguf-dtype", choices=["f32", "f16", "bf16"], default="f32",
-                   help="dtype of the GGUF written from --model when --gguf is not given")
+                   help="dtype of the GGUF written from --model when --gguf is not given (with --check-gguf: "
+                        "the dtype of --gguf; f32 needs an identical greedy continuation, f16/bf16 the "
+                        "teacher-forced top-k check)")
+    p.add_argument("--check-gguf", action="store_true",
+                   help="--gguf holds --model's weights: check llama-server against 1bit as for a written GGUF")
     p.add_argument("--llama-server", help="path of the llama-server binary (default: the one "
                                           "bench/peers/build_llama_server.sh built, else PATH)")
     p.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. '-t 2'")
     p.add_argument("--check-tokens", type=int, default=16,
                    help="greedy tokens llama-server must match 1bit on before it is benchmarked (0: no check)")
-    p.add_argument("--peers", default="1bit,llama.cpp,transformers")
-    p.add_argument("--serve-args", default="", help="extra `1bit serve` arguments")
+    p.add_argument("--check-reference", metavar="FILE",
+                   help="JSON file of 1bit's reference continuation: reused when made for the same checkpoint "
+                        "(e.g. by `llamacpp_peer.py reference`), else written")
+    p.add_argument("--peers", default="1bit,llama.cpp,transformers",
+                   help="servers to measure now, comma-separated ('' with --include: only the report)")
+    p.add_argument("--include", action="append", default=[], metavar="RUN.json",
+                   help="a run measured earlier (LABEL.json of this script) to put in the same report; repeatable")
+    p.add_argument("--note", action="append", default=[],
+                   help="a line the report keeps with each server measured in this call; repeatable")
+    p.add_argument("--serve-args", "--ours-args", dest="serve_args", default="",
+                   help="extra `1bit serve` arguments, e.g. '--device cuda --ctx-size 1024'")
     p.add_argument("--device", default="cpu", help="device for transformers serve and the greedy check")
     p.add_argument("--ctx-per-slot", type=int, default=1024, help="llama-server context per slot")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8])
@@ -142,8 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Bench every peer asked for; print the merged table and the peers that could not run."""
     args = parse_args(argv)
-    runs, problems = [], []
-    for name in args.peers.split(","):
+    runs, problems = [Path(p) for p in args.include], []
+    included = len(runs)
+    for name in filter(None, args.peers.split(",")):
         if name not in PEERS:
             problems.append(f"{name}: unknown peer (known: {', '.join(PEERS)})")
             continue
@@ -159,12 +202,16 @@ def main(argv: list[str] | None = None) -> int:
             reason = f"{lines[0]} ... {lines[-1].strip()}" if len(lines) > 1 else str(exc)
             problems.append(f"{peer.label}: could not be benchmarked: {reason} (log: {args.out}/{peer.label}.log)")
     if runs:
-        md, png = report(runs, Path(args.out))
+        try:
+            md, png = report(runs, Path(args.out))
+        except ImportError as exc:  # no matplotlib (written before the plot: the Markdown)
+            md, png = Path(args.out) / "report.md", f"no plot ({exc})"
+        md.write_text(md.read_text() + servers_section(runs, problems))
         print(md.read_text())
         print(f"wrote {md} and {png}")
     for line in problems:
         print(f"PEER NOT MEASURED: {line}")
-    return 0 if runs else 1
+    return 0 if len(runs) > included else 1
 
 
 if __name__ == "__main__":

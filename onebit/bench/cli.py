@@ -53,6 +53,15 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _client_procs(text: str) -> int | str:
+    from onebit.bench.split import parse_client_procs
+
+    try:
+        return parse_client_procs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _id_range(text: str) -> tuple[int, int]:
     lo, sep, hi = text.partition(":")
     if not sep or not lo.isdigit() or not hi.isdigit() or int(lo) >= int(hi):
@@ -99,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     online.add_argument("--random-ids", type=_id_range, default=None,
                         help="token id range LO:HI of random prompts (default 32:250, valid in any byte-level BPE)")
     online.add_argument("--seed", type=int, default=0)
+    online.add_argument("--client-procs", type=_client_procs, default="auto",
+                        help="client processes per level, each running its share of the requests (default auto: "
+                             "one per 16 streams, at most the CPUs less 2; one Python process cannot parse "
+                             "more than a few thousand streamed tokens/s)")
     online.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -144,7 +157,7 @@ def _online_config(args: argparse.Namespace, url: str):
                         label=args.label or ("1bit" if args.serve else None), warmup=args.warmup,
                         timeout_s=args.timeout, extra_body=args.extra_body,
                         random_ids=args.random_ids or DEFAULT_RANDOM_IDS, seed=args.seed,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, client_procs=args.client_procs)
 
 
 def _online_main(args: argparse.Namespace) -> int:

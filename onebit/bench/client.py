@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import httpx
 
 from onebit.bench.prompts import Prompt
 
+# "client": the client process that ran the request died or hung (see procs.py).
 FAILURE_KINDS = ("http", "connection", "timeout", "error_event", "bad_event", "truncated",
-                 "no_finish_reason", "no_usage", "short")
+                 "no_finish_reason", "no_usage", "short", "client")
 
 
 @dataclass
@@ -43,12 +44,18 @@ class RequestResult:
 
     def to_json(self) -> dict:
         """A plain dict for the JSON report (times rounded to microseconds)."""
-        out = asdict(self)
+        # Not dataclasses.asdict: it deep-copies chunk_times one float at a time.
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
         for key in ("start", "ttft", "e2e"):
             if out[key] is not None:
                 out[key] = round(out[key], 6)
         out["chunk_times"] = [round(t, 6) for t in self.chunk_times]
         return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> RequestResult:
+        """The result a `to_json` dict describes."""
+        return cls(**data)
 
 
 def build_payload(prompt: Prompt, endpoint: str, model: str, max_tokens: int, extra: dict | None = None) -> dict:
@@ -89,19 +96,18 @@ class _StreamState:
         self.usage_seen = False
         self.error: str | None = None
 
-    def feed(self, data: str) -> None:
-        """Take the payload of one `data:` line."""
-        if data == "[DONE]":
+    def feed(self, data: bytes, now: float) -> None:
+        """Take the payload of one `data:` line that arrived `now` seconds after the request was sent."""
+        if data == b"[DONE]":
             self.done = True
             return
-        event = json.loads(data)
+        event = json.loads(data.decode())  # str, not bytes: json.loads would sniff the encoding
         if not isinstance(event, dict):
             raise ValueError("event is not a JSON object")
         if event.get("error") is not None:
             err = event["error"]
             self.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
             return
-        now = time.perf_counter() - self.t0
         text = False
         for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}
@@ -145,6 +151,25 @@ def _classify(state: _StreamState, max_tokens: int) -> tuple[str, str] | None:
     return None
 
 
+async def _read_events(response: httpx.Response, state: _StreamState) -> None:
+    """Feed each `data:` line of the SSE body to `state` until [DONE], an error event, or the end."""
+    # Raw chunks split by hand: aiter_lines stacks three more async generators and a text
+    # decoder on every network read, a large part of the client's CPU per token.
+    chunks = response.aiter_bytes() if response.headers.get("content-encoding") else response.aiter_raw()
+    pending = b""
+    async for chunk in chunks:
+        now = time.perf_counter() - state.t0  # arrival of the network read, for all events in it
+        lines = (pending + chunk).split(b"\n") if pending else chunk.split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if line.startswith(b"data:"):
+                state.feed(line[5:].strip(), now)
+                if state.done or state.error is not None:
+                    return
+    if pending.startswith(b"data:"):
+        state.feed(pending[5:].strip(), time.perf_counter() - state.t0)
+
+
 async def stream_request(client: httpx.AsyncClient, url: str, body: dict, index: int = 0,
                          headers: dict | None = None) -> RequestResult:
     """POST `body` to `url`, read the SSE stream to its end, and return the timed, classified result.
@@ -161,11 +186,7 @@ async def stream_request(client: httpx.AsyncClient, url: str, body: dict, index:
                 text = (await response.aread()).decode(errors="replace")
                 result.failure, result.message = "http", f"HTTP {response.status_code}: {text[:500]}"
             else:
-                async for line in response.aiter_lines():
-                    if line.startswith("data:"):
-                        state.feed(line[5:].strip())
-                    if state.done or state.error is not None:
-                        break
+                await _read_events(response, state)
     except httpx.TimeoutException as exc:
         result.failure, result.message = "timeout", f"{type(exc).__name__}: {exc}"
     except httpx.HTTPError as exc:

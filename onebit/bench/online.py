@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -11,18 +12,20 @@ import httpx
 from tqdm import tqdm
 
 from onebit.bench.client import build_payload, endpoint_path, stream_request
+from onebit.bench.errors import BenchError
+from onebit.bench.job import LevelJob
 from onebit.bench.loadgen import LevelPlan, run_level
+from onebit.bench.procs import run_level_procs
 from onebit.bench.prompts import DEFAULT_RANDOM_IDS, default_endpoint, make_prompts
 from onebit.bench.runfile import SCHEMA
+from onebit.bench.split import client_procs, split_plan
 from onebit.bench.stats import summarize
-from onebit.bench.tables import fmt_rate
+from onebit.bench.tables import fmt_rate, fmt_spec
 
 # Prompts drawn per level in --duration mode; request i uses prompt i modulo this.
 PROMPT_POOL = 512
-
-
-class BenchError(RuntimeError):
-    """The benchmark cannot run (server unreachable, no model, warm-up failed)."""
+# Client processes busier than this share of the level's time may be the bottleneck.
+BUSY_WARNING = 0.8
 
 
 @dataclass
@@ -46,6 +49,7 @@ class OnlineConfig:
     random_ids: tuple[int, int] = DEFAULT_RANDOM_IDS
     seed: int = 0
     progress: bool = True
+    client_procs: int | str = "auto"  # client processes per level, or 'auto' (see split.py)
 
 
 def requests_per_level(cfg: OnlineConfig, concurrency: int) -> int | None:
@@ -71,11 +75,19 @@ async def discover_model(client: httpx.AsyncClient, base: str) -> str:
         raise BenchError(f"cannot list models at {base}/models ({exc}); pass --model") from None
 
 
+def client_usage(procs: int, cpu_s: float | None, wall_s: float, summary: dict) -> dict:
+    """The level's "client" record: processes, their CPU seconds, and the share of their time they were busy."""
+    busy = cpu_s / (procs * wall_s) if cpu_s is not None and wall_s > 0 else None
+    tokens = summary["generated_tokens"]
+    per_token = cpu_s / tokens * 1e6 if cpu_s is not None and tokens else None
+    return {"procs": procs, "cpu_s": cpu_s, "busy": busy, "cpu_us_per_token": per_token}
+
+
 def _settings(cfg: OnlineConfig, base: str, model: str, endpoint: str) -> dict:
     return {"url": base, "model": model, "endpoint": endpoint, "prompts": cfg.prompts,
             "max_tokens": cfg.max_tokens, "concurrency": cfg.concurrency, "requests": cfg.requests,
             "duration_s": cfg.duration_s, "request_rate": cfg.request_rate, "warmup": cfg.warmup,
-            "extra_body": cfg.extra_body}
+            "extra_body": cfg.extra_body, "client_procs": cfg.client_procs}
 
 
 async def _warm_up(cfg: OnlineConfig, client: httpx.AsyncClient, url: str, model: str, endpoint: str) -> None:
@@ -88,12 +100,41 @@ async def _warm_up(cfg: OnlineConfig, client: httpx.AsyncClient, url: str, model
             raise BenchError(f"warm-up request to {url} failed ({result.failure}): {result.message}")
 
 
+async def _run_level(cfg: OnlineConfig, client: httpx.AsyncClient, job: LevelJob, plan: LevelPlan,
+                     options: dict) -> dict:
+    """One level, in this process or spread over client processes; its dict in the run."""
+    shares = split_plan(plan, client_procs(cfg.client_procs, plan.concurrency))
+    procs = len(shares)
+    if procs == 1:
+        cpu0 = time.process_time()
+        results, wall = await run_level(job.sender(client), plan, cfg.progress)
+        cpu = time.process_time() - cpu0
+    else:
+        results, wall, cpu = await run_level_procs(job, plan, shares, options, cfg.progress)
+    summary = summarize(results, wall, plan.concurrency)
+    return {"concurrency": plan.concurrency, "client": client_usage(procs, cpu, wall, summary),
+            "summary": summary, "requests": [r.to_json() for r in results]}
+
+
+def _print_level(level: dict, print_fn) -> None:
+    summary, c, client = level["summary"], level["concurrency"], level["client"]
+    spec = f", spec accepted {fmt_spec(summary['spec'])}" if summary["spec"] else ""
+    print_fn(f"C={c}: {fmt_rate(summary['total_tok_s'])} tok/s total, "
+             f"{summary['completed']}/{summary['requests']} completed, {summary['failed']} failed{spec}")
+    if client["busy"] is not None and client["busy"] > BUSY_WARNING:
+        procs = "1 client process was" if client["procs"] == 1 else f"{client['procs']} client processes were"
+        print_fn(f"C={c}: warning: {procs} {client['busy']:.0%} busy; the benchmark itself may limit this "
+                 "level's tok/s (more --client-procs, on free cores, would tell)")
+
+
 async def run_online_async(cfg: OnlineConfig, print_fn=tqdm.write) -> dict:
     """Run every level of `cfg` and return the run dict (see runfile.py)."""
     base = api_base(cfg.url)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(cfg.concurrency))
     timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
+    # What each client process needs to build its own HTTP client (see procs.py).
+    options = {"headers": headers, "timeout_s": cfg.timeout_s, "warm_url": f"{base}/models"}
     async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
         model = cfg.model or await discover_model(client, base)
         endpoint = cfg.endpoint or default_endpoint(cfg.prompts)
@@ -102,19 +143,11 @@ async def run_online_async(cfg: OnlineConfig, print_fn=tqdm.write) -> dict:
         levels = []
         for c in cfg.concurrency:
             count = requests_per_level(cfg, c)
-            pool = make_prompts(cfg.prompts, count or PROMPT_POOL, endpoint, seed=cfg.seed + c,
-                                id_range=cfg.random_ids)
-
-            def send(i: int, pool=pool):
-                body = build_payload(pool[i % len(pool)], endpoint, model, cfg.max_tokens, cfg.extra_body)
-                return stream_request(client, url, body, index=i)
-
+            job = LevelJob(url, model, endpoint, cfg.prompts, count or PROMPT_POOL, cfg.seed + c, cfg.max_tokens,
+                           cfg.extra_body, cfg.random_ids)
             plan = LevelPlan(c, count, cfg.duration_s, cfg.request_rate, seed=cfg.seed + c)
-            results, wall = await run_level(send, plan, cfg.progress)
-            summary = summarize(results, wall, c)
-            levels.append({"concurrency": c, "summary": summary, "requests": [r.to_json() for r in results]})
-            print_fn(f"C={c}: {fmt_rate(summary['total_tok_s'])} tok/s total, "
-                     f"{summary['completed']}/{summary['requests']} completed, {summary['failed']} failed")
+            levels.append(await _run_level(cfg, client, job, plan, options))
+            _print_level(levels[-1], print_fn)
     label = cfg.label or urlsplit(base).netloc
     return {"schema": SCHEMA, "label": label,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -8,6 +8,9 @@ Definitions (the JSON and the tables use them):
 - ITL: gaps between consecutive chunks carrying text, pooled over completed requests. A
   server that sends several tokens in one chunk shows one larger gap for them.
 - TPOT: mean over completed requests of (e2e - TTFT) / (completion tokens - 1).
+- spec: drafted and accepted tokens summed over the completed requests whose last chunk
+  reported them (llama.cpp's `timings.draft_n` / `draft_n_accepted`), and accepted / drafted;
+  None when no request reported them.
 """
 
 from __future__ import annotations
@@ -48,6 +51,16 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else value * 1000.0
 
 
+def speculative(results: list[RequestResult]) -> dict | None:
+    """{"drafted", "accepted", "rate"} over the requests that reported drafts, or None when none did."""
+    reported = [r for r in results if r.draft_tokens is not None]
+    if not reported:
+        return None
+    drafted = sum(r.draft_tokens for r in reported)
+    accepted = sum(r.accepted_tokens or 0 for r in reported)
+    return {"drafted": drafted, "accepted": accepted, "rate": accepted / drafted if drafted else None}
+
+
 def summarize(results: list[RequestResult], wall_s: float, concurrency: int) -> dict:
     """The summary dict of one level (latencies in ms, except e2e in s)."""
     done = [r for r in results if r.ok]
@@ -62,8 +75,6 @@ def summarize(results: list[RequestResult], wall_s: float, concurrency: int) -> 
     ttft = [r.ttft for r in done if r.ttft is not None]
     itl = [g for r in done for g in inter_token_gaps(r)]
     e2e = [r.e2e for r in done if r.e2e is not None]
-    drafted = sum(r.draft_tokens or 0 for r in done)
-    accepted = sum(r.accepted_tokens or 0 for r in done)
     return {
         "concurrency": concurrency,
         "requests": len(results),
@@ -82,5 +93,5 @@ def summarize(results: list[RequestResult], wall_s: float, concurrency: int) -> 
         "itl_ms": {"p50": _ms(percentile(itl, 50)), "p99": _ms(percentile(itl, 99))},
         "tpot_ms": _ms(mean(tpot)),
         "e2e_s": {"mean": mean(e2e), "p50": percentile(e2e, 50), "p99": percentile(e2e, 99)},
-        "spec_acceptance": accepted / drafted if drafted else None,
+        "spec": speculative(done),
     }

@@ -41,24 +41,37 @@ def seed_table(runs: list[dict]) -> str:
 
 
 DETAIL_HEADER = ("| C | completed | failed | short | total tok/s | tok/s per req | req/s | TTFT p50 ms | "
-                 "TTFT p90 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | e2e p50 s | e2e p99 s | spec accept |")
+                 "TTFT p90 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | e2e p50 s | e2e p99 s |")
+SPEC_HEADER = " spec accepted/drafted |"
 
 
-def detail_row(s: dict) -> str:
-    """One level's row of the detailed table."""
-    accept = "-" if s.get("spec_acceptance") is None else f"{s['spec_acceptance']:.0%}"
+def fmt_spec(spec: dict | None) -> str:
+    """Speculative acceptance as 'rate (accepted/drafted)'; '-' when the level has none."""
+    if not spec:
+        return "-"
+    rate = "-" if spec["rate"] is None else f"{spec['rate']:.0%}"
+    return f"{rate} ({spec['accepted']:,}/{spec['drafted']:,})"
+
+
+def detail_row(s: dict, spec: bool = False) -> str:
+    """One level's row of the detailed table; `spec` adds the speculative acceptance cell."""
     cells = [str(s["concurrency"]), str(s["completed"]), str(s["failed"]), str(s["short"]),
              fmt_rate(s["total_tok_s"]), fmt_rate(s["per_request_tok_s"]), fmt_rate(s["req_s"]),
              fmt_ms(s["ttft_ms"]["p50"]), fmt_ms(s["ttft_ms"]["p90"]), fmt_ms(s["ttft_ms"]["p99"]),
              fmt_ms(s["itl_ms"]["p50"]), fmt_ms(s["itl_ms"]["p99"]),
-             fmt_s(s["e2e_s"]["p50"]), fmt_s(s["e2e_s"]["p99"]), accept]
+             fmt_s(s["e2e_s"]["p50"]), fmt_s(s["e2e_s"]["p99"])]
+    if spec:
+        cells.append(fmt_spec(s.get("spec")))
     return "| " + " | ".join(cells) + " |"
 
 
 def detail_table(run: dict) -> str:
-    """Every figure of every level of one run."""
-    lines = [DETAIL_HEADER, "|" + "---:|" * DETAIL_HEADER.count(" |")]
-    lines += [detail_row(s) for s in summaries(run)]
+    """Every figure of every level of one run; the speculative column only when some level has one."""
+    levels = summaries(run)
+    spec = any(s.get("spec") for s in levels)
+    header = DETAIL_HEADER + (SPEC_HEADER if spec else "")
+    lines = [header, "|" + "---:|" * header.count(" |")]
+    lines += [detail_row(s, spec) for s in levels]
     return "\n".join(lines)
 
 
