@@ -132,3 +132,7 @@ def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None
         serve_engine(engine, conn)
     except (BrokenPipeError, EOFError):
         pass
+    finally:
+        summary = getattr(engine, "step_summary", None)
+        if summary is not None:
+            log.info("%s", summary())

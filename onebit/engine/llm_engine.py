@@ -80,6 +80,7 @@ class LLMEngine:
         self.policy = DraftPolicy(config.draft_max, always=config.draft_policy == "always") \
             if config.speculative else None
         self.spec = SpecStats()
+        self.busy_s = 0.0  # wall time inside step() that ran a forward
         self.sampler = Sampler(self.eos_token_ids, self.device, config.seed)
         self.seqs: dict[str, Sequence] = {}
         self._pending: list[StepDelta] = []
@@ -188,8 +189,10 @@ class LLMEngine:
                 self.block_manager.commit_full_blocks(seq)
         if decodes:
             self.spec.record_step(verified)
+        elapsed = time.perf_counter() - started
+        self.busy_s += elapsed
         if self.policy is not None and decodes:
-            self.policy.record_step(decodes, self._step_k if drafting else 0, time.perf_counter() - started)
+            self.policy.record_step(decodes, self._step_k if drafting else 0, elapsed)
         return deltas
 
     def _sample_plain(self, logits, plain: list[tuple[Sequence, int]]):
@@ -374,6 +377,14 @@ class LLMEngine:
         extra = {"spec_draft_tokens": self.spec_proposed, "spec_accepted_tokens": self.spec_accepted}
         return EngineStats(len(s.running), len(s.waiting), self.block_manager.usage, s.num_preemptions,
                            self.block_manager.num_blocks, extra, self.spec.copy())
+
+    def step_summary(self) -> str:
+        """One line on how the steps ran: graph replays (mean rows) against eager forwards, and the
+        seconds spent stepping (host and device), for logs at shutdown."""
+        r = self.runner
+        rows = r.graph_rows / r.graph_steps if r.graph_steps else 0.0
+        return (f"{r.graph_steps + r.eager_steps} forwards: {r.graph_steps} graph replays (mean {rows:.1f} rows), "
+                f"{r.eager_steps} eager; {self.busy_s:.1f} s in steps")
 
     def slots(self) -> list[SlotInfo]:
         """One entry per slot, with the request it serves if any."""

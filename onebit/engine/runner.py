@@ -69,6 +69,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.graphs: CudaGraphDecoder | None = None
         self.max_graph_chunk = max_graph_chunk
+        self.graph_steps = self.graph_rows = self.eager_steps = 0  # for the engine's step summary
         if cuda_graphs and device.type == "cuda":
             rows = max(max_batch, min(max_batch * max_graph_chunk, LADDER[-1]))
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
@@ -155,7 +156,10 @@ class ModelRunner:
         """Forward the step: logits for every sequence that samples (all positions of a
         verifying one), and with want_hidden the pre-norm states of every packed token."""
         if self._use_graph(plan):
+            self.graph_steps += 1
+            self.graph_rows += sum(n for _, n in plan)
             return self._run_graph(plan, want_hidden)
+        self.eager_steps += 1
         ids, positions, meta, sample_rows = self.prepare(plan)
         normed, prenorm = self.model(ids, positions, self.kv_cache, meta, self.rope, return_prenorm=True)
         rows, starts, row, start = [], [], 0, 0
