@@ -45,6 +45,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--stagger", action="store_true",
+                    help="output lengths uniform in [max/2, 3*max/2], so requests finish at different steps "
+                         "and new prompts keep joining running decodes (the server's steady state)")
     ap.add_argument("--graph-chunk", type=int, default=None,
                     help="longest chunk per sequence that runs as graph rows (default: the engine's)")
     args = ap.parse_args()
@@ -55,6 +58,7 @@ def main() -> None:
         model = str(make_shape_model(Path(tempfile.mkdtemp()) / args.shape, args.shape))
         options = {"load_format": "dummy", "ctx_size": args.prompt_tokens + args.max_tokens + 16,
                    "max_batch_tokens": 8192}
+        options["ctx_size"] += args.max_tokens // 2
     if model is None:
         from onebit.models.default_model import default_model_dir
         model = str(default_model_dir())
@@ -72,7 +76,11 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
 
     def add(i: int) -> None:
-        engine.add_request(f"r{i}", [rng.randrange(32, 250) for _ in range(args.prompt_tokens)], params)
+        p = params
+        if args.stagger:
+            p = SamplingParams(temperature=0, ignore_eos=True,
+                               max_tokens=rng.randint(args.max_tokens // 2, args.max_tokens * 3 // 2))
+        engine.add_request(f"r{i}", [rng.randrange(32, 250) for _ in range(args.prompt_tokens)], p)
 
     sent = 0
     for _ in range(min(args.concurrency, args.requests)):

@@ -115,3 +115,14 @@ def test_verification_through_graph_rows_is_lossless(speculative):
     assert any(rows > 3 for rows in seen)  # some step verified drafts as extra rows
     bm = llm.engine.block_manager
     assert bm.num_free == bm.num_blocks
+
+
+def test_eager_warm_up_touches_only_the_scratch_block(tiny_model_dir):
+    """The start-up warm-up (run on CUDA to compile the eager kernels) writes no real cache block."""
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=2, block_size=4)
+    runner, blocks = llm.engine.runner, llm.engine.block_manager.num_blocks
+    runner.kv_cache[:, :, :blocks].normal_()
+    before = runner.kv_cache[:, :, :blocks].clone()
+    runner.warm_up_eager(blocks)
+    assert torch.equal(runner.kv_cache[:, :, :blocks], before)
+    assert runner.kv_cache[:, :, blocks].abs().sum() > 0  # the scratch block took the writes

@@ -75,6 +75,32 @@ class ModelRunner:
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
                                            -(-max_model_len // block_size), self.num_splits, max_model_len)
             self.graphs.capture()
+        if device.type == "cuda":
+            self.warm_up_eager(num_blocks)
+
+    @torch.inference_mode()
+    def warm_up_eager(self, scratch_block: int) -> None:
+        """Run one eager step (a decode, a short and a long prompt) in the scratch block, so that
+        the eager path's Triton kernels compile now: on first use they stall a serving step
+        for 1-2 s (seen on the H200 in the first long prompt's step)."""
+        bs = self.block_size
+        lens = [n for n in (1, 3 * bs + 5, 2 * GRAPH_CHUNK_TOKENS + 7) if n < self.max_model_len]
+        ids, positions, prefills, tables = [], [], [], []
+        for n in lens:
+            if n > 1:
+                prefills.append((len(ids), n, n))
+                tables.append([scratch_block] * -(-n // bs))
+            ids.extend(range(n))
+            positions.extend(range(n))
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor([scratch_block * bs + p % bs for p in positions]), num_decodes=1,
+            decode_block_tables=self._table([[scratch_block]]), decode_context_lens=self._tensor([1]),
+            prefills=prefills, prefill_block_tables=self._table(tables), decode_num_splits=self.num_splits,
+            decode_max_context=self.max_model_len)
+        vocab = self.cfg.vocab_size
+        normed = self.model(self._tensor([i % vocab for i in ids]), self._tensor(positions), self.kv_cache, meta,
+                            self.rope)
+        self.model.compute_logits(normed[-1:])
 
     def _graph_rows(self, plan: list[tuple[Sequence, int]]):
         """One row per packed token: (ids, positions, slots, block tables, context lengths)."""
