@@ -345,3 +345,18 @@ def test_oracle_cannot_be_enabled_by_accident(capsys):
         assert message in capsys.readouterr().err
     with pytest.raises(ValueError, match="measuring instrument"):
         LLM(str(default_model_dir()), device="cpu", speculative="oracle", oracle_p=0.5)
+
+
+@pytest.mark.parametrize("speculative", ["mtp", "ngram"])
+def test_batch_of_8_with_per_request_n_max_is_lossless(speculative):
+    """Eight requests decoding together, each with its own draft_max (None, 0..3), as in the draft-model test."""
+    prompts = PROMPTS * 2
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, draft_max=p.draft_max)
+              for p in DRAFT_PARAMS]
+    want = LLM(str(default_model_dir()), device="cpu", parallel=8).generate(prompts, params)
+    llm = _always_draft(LLM(str(default_model_dir()), device="cpu", parallel=8, speculative=speculative))
+    got = llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert llm.engine.spec_proposed > 0
+    bm = llm.engine.block_manager
+    assert bm.num_free == bm.num_blocks and not llm.engine.has_unfinished()
