@@ -360,3 +360,16 @@ def test_batch_of_8_with_per_request_n_max_is_lossless(speculative):
     assert llm.engine.spec_proposed > 0
     bm = llm.engine.block_manager
     assert bm.num_free == bm.num_blocks and not llm.engine.has_unfinished()
+
+
+def test_mtp_on_a_checkpoint_without_a_head_fails_clearly(tiny_model_dir):
+    import subprocess
+    import sys
+
+    from onebit.models.errors import ModelLoadError
+    with pytest.raises(ModelLoadError, match="has no multi-token-prediction head"):
+        LLM(str(tiny_model_dir), device="cpu", speculative="mtp")
+    done = subprocess.run([sys.executable, "-m", "onebit.cli", "serve", "-m", str(tiny_model_dir), "--mtp",
+                           "--device", "cpu", "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "has no multi-token-prediction head" in done.stderr

@@ -61,6 +61,9 @@ def load_mtp_head(path: Path, cfg: ModelConfig, device: torch.device, dtype: tor
         fill_random(head, seed=1)
         return head.eval()
     if source is None:
+        if not has_mtp_weights(path):
+            raise ModelLoadError(f"{path.name} has no multi-token-prediction head (no mtp.* tensors in its "
+                                 "checkpoint): give one with --mtp PATH, or draft with --ngram or --draft-model")
         files = weight_files(path)
     elif source.is_dir():
         files = weight_files(source)
