@@ -9,7 +9,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from onebit.api.formatting import SSE_HEADERS, chat_logprobs, sse, usage
+from onebit.api.formatting import SSE_HEADERS, ChunkWriter, chat_logprobs, usage
 from onebit.api.generation import (Choice, ClientGone, TokenCounter, collect_choices, guarded_sse, merge_choices,
                                    take_tickets, unless_disconnected)
 from onebit.api.prepare import chat_prompt, chat_sampling_params
@@ -50,25 +50,14 @@ async def _full(state, request: ChatCompletionRequest, rid: str, choices, ticket
 
 
 async def _stream(state, request: ChatCompletionRequest, rid: str, choices, tickets, split, in_reasoning):
-    created = int(time.time())
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     want_logprobs = choices[0].params.logprobs is not None
-
-    def chunk(items: list[dict], timings: dict | None = None) -> str:
-        payload = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                   "model": state.model_name, "choices": items}
-        if include_usage:
-            payload["usage"] = None
-        if timings:
-            payload["timings"] = timings
-        return sse(payload)
-
-    splitters = {c.index: ReasoningSplitter(in_reasoning) for c in choices}
     completion_tokens = TokenCounter()
-    unfinished = len(choices)
+    out = ChunkWriter(rid, "chat.completion.chunk", state.model_name, include_usage, len(choices), completion_tokens)
+    splitters = {c.index: ReasoningSplitter(in_reasoning) for c in choices}
     for c in choices:
-        yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                      "logprobs": None, "finish_reason": None}])
+        yield out.chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                          "logprobs": None, "finish_reason": None}])
     async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
         async for index, delta in stream:
             completion_tokens.add(index, delta)
@@ -86,19 +75,11 @@ async def _stream(state, request: ChatCompletionRequest, rid: str, choices, tick
                 body["content"] = content
             lp = chat_logprobs(state, delta.logprobs) if want_logprobs and delta.logprobs else None
             if body or lp:
-                yield chunk([{"index": index, "delta": body, "logprobs": lp, "finish_reason": None}])
+                yield out.chunk([{"index": index, "delta": body, "logprobs": lp, "finish_reason": None}])
             if delta.finished:
-                unfinished -= 1
-                # llama.cpp's place for `timings`: the last chunk (the usage chunk when there is one)
-                last = not unfinished and not include_usage
-                yield chunk([{"index": index, "delta": {}, "logprobs": None,
-                              "finish_reason": delta.finish_reason}], completion_tokens.timings() if last else None)
-    if include_usage:
-        payload = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.model_name,
-                   "choices": [], "usage": usage(len(choices[0].prompt_token_ids), completion_tokens.total)}
-        if timings := completion_tokens.timings():
-            payload["timings"] = timings
-        yield sse(payload)
+                yield out.finish({"index": index, "delta": {}, "logprobs": None, "finish_reason": delta.finish_reason})
+    if (last := out.usage(len(choices[0].prompt_token_ids))) is not None:
+        yield last
 
 
 @router.post("/v1/chat/completions", response_model=None,

@@ -9,7 +9,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from onebit.api.formatting import SSE_HEADERS, completion_logprobs, sse, usage
+from onebit.api.formatting import SSE_HEADERS, ChunkWriter, completion_logprobs, usage
 from onebit.api.generation import (Choice, ClientGone, TokenCounter, collect_choices, guarded_sse, merge_choices,
                                    take_tickets, unless_disconnected)
 from onebit.api.prepare import completion_prompt_texts, completion_prompts, completion_sampling_params
@@ -38,21 +38,10 @@ async def _full(state, rid: str, choices: list[Choice], tickets, n: int):
 
 
 async def _stream(state, request: CompletionRequest, rid: str, choices: list[Choice], tickets, n: int):
-    created = int(time.time())
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     offsets = {c.index: 0 for c in choices}
     completion_tokens = TokenCounter()
-    unfinished = len(choices)
-
-    def chunk(item: dict, timings: dict | None = None) -> str:
-        payload = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
-                   "choices": [item]}
-        if include_usage:
-            payload["usage"] = None
-        if timings:
-            payload["timings"] = timings
-        return sse(payload)
-
+    out = ChunkWriter(rid, "text_completion", state.model_name, include_usage, len(choices), completion_tokens)
     async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
         async for index, delta in stream:
             completion_tokens.add(index, delta)
@@ -64,19 +53,11 @@ async def _stream(state, request: CompletionRequest, rid: str, choices: list[Cho
                 item = {"index": index, "text": delta.text, "logprobs": lp, "finish_reason": None}
                 if request.return_token_ids:
                     item["token_ids"] = delta.token_ids
-                yield chunk(item)
+                yield out.chunk([item])
             if delta.finished:
-                unfinished -= 1
-                # llama.cpp's place for `timings`: the last chunk (the usage chunk when there is one)
-                last = not unfinished and not include_usage
-                yield chunk({"index": index, "text": "", "logprobs": None, "finish_reason": delta.finish_reason},
-                            completion_tokens.timings() if last else None)
-    if include_usage:
-        payload = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
-                   "choices": [], "usage": usage(_prompt_tokens(choices, n), completion_tokens.total)}
-        if timings := completion_tokens.timings():
-            payload["timings"] = timings
-        yield sse(payload)
+                yield out.finish({"index": index, "text": "", "logprobs": None, "finish_reason": delta.finish_reason})
+    if (last := out.usage(_prompt_tokens(choices, n))) is not None:
+        yield last
 
 
 @router.post("/v1/completions", response_model=None,
