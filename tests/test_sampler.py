@@ -107,3 +107,18 @@ def test_logprobs_report_raw_distribution_and_top_n():
     assert abs(lps[0].logprob - expected[0].item()) < 1e-5
     assert [t for t, _ in lps[0].top] == [0, 1, 2]
     assert all(abs(v - expected[t].item()) < 1e-5 for t, v in lps[0].top)
+
+
+def test_bias_and_bans_land_on_their_own_rows_only():
+    from onebit.engine.sampler import apply_bias_and_bans
+    from onebit.engine.sequence import Sequence
+    seqs = [Sequence("a", [1], SamplingParams(logit_bias={2: 5.0, 3: -1.0}), 50, 0),
+            Sequence("b", [1], SamplingParams(min_tokens=3, stop_token_ids=[4]), 50, 1),
+            Sequence("c", [1], SamplingParams(min_tokens=1), 50, 2)]
+    seqs[2].append(7)  # c already has its one token: no ban
+    logits = torch.zeros(3, 10)
+    apply_bias_and_bans(logits, seqs, eos_ids={9})
+    want = torch.zeros(3, 10)
+    want[0, 2], want[0, 3] = 5.0, -1.0
+    want[1, 9] = want[1, 4] = float("-inf")
+    assert torch.equal(logits, want)
