@@ -80,21 +80,29 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up_eager(self, scratch_block: int) -> None:
-        """Run one eager step (a decode, a short and a long prompt) in the scratch block, so that
-        the eager path's Triton kernels compile now: on first use they stall a serving step
-        for 1-2 s (seen on the H200 in the first long prompt's step)."""
+        """Run a few eager steps in the scratch block so that the eager path's Triton kernels
+        compile now: on first use they stalled a serving step for 0.5-1.4 s on the H200. Triton
+        compiles a variant per integer argument that is 1 or divisible by 16, so the lengths mix
+        both kinds (a 128-token prompt is one)."""
+        for lens in ((16, 128), (1, 37, 3 * GRAPH_CHUNK_TOKENS + 7), (1, 16, 127)):
+            self._eager_scratch_step([n for n in lens if n < self.max_model_len], scratch_block)
+
+    def _eager_scratch_step(self, lens: list[int], scratch_block: int) -> None:
         bs = self.block_size
-        lens = [n for n in (1, 3 * bs + 5, 2 * GRAPH_CHUNK_TOKENS + 7) if n < self.max_model_len]
         ids, positions, prefills, tables = [], [], [], []
+        num_decodes = 0
         for n in lens:
-            if n > 1:
+            if n == 1:
+                num_decodes += 1  # decodes come first in the packed step
+            else:
                 prefills.append((len(ids), n, n))
                 tables.append([scratch_block] * -(-n // bs))
             ids.extend(range(n))
             positions.extend(range(n))
         meta = AttentionMetadata(
-            slot_mapping=self._tensor([scratch_block * bs + p % bs for p in positions]), num_decodes=1,
-            decode_block_tables=self._table([[scratch_block]]), decode_context_lens=self._tensor([1]),
+            slot_mapping=self._tensor([scratch_block * bs + p % bs for p in positions]), num_decodes=num_decodes,
+            decode_block_tables=self._table([[scratch_block]] * num_decodes),
+            decode_context_lens=self._tensor([1] * num_decodes) if num_decodes else None,
             prefills=prefills, prefill_block_tables=self._table(tables), decode_num_splits=self.num_splits,
             decode_max_context=self.max_model_len)
         vocab = self.cfg.vocab_size
