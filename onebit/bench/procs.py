@@ -30,15 +30,14 @@ SILENCE_TIMEOUT_S = 60.0  # a started process that says nothing (it sends a hear
 START_DELAY_S = 0.05  # the start instant lies this far ahead, so that every process hears of it in time
 LINE_LIMIT = 1 << 26  # one result line holds every chunk time of a request
 
-# The child imports onebit.bench modules without running onebit/__init__.py, which imports the
-# engine and torch: seconds and hundreds of MB per process that a client never uses.
-_BOOT = ("import sys, types; pkg = types.ModuleType('onebit'); pkg.__path__ = [sys.argv[1]]; "
-         "sys.modules['onebit'] = pkg; from onebit.bench.worker import main; sys.exit(main())")
+# The child imports the same onebit as the parent, whatever its sys.path says (a checkout run
+# with PYTHONPATH, an installed copy); onebit/__init__.py imports no torch, so a client stays light.
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from onebit.bench.worker import main; sys.exit(main())"
 
 
 def child_command() -> list[str]:
     """The command line of one client process."""
-    return [sys.executable, "-c", _BOOT, str(Path(__file__).resolve().parents[1])]
+    return [sys.executable, "-c", _BOOT, str(Path(__file__).resolve().parents[2])]
 
 
 class _Child:
