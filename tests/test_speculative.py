@@ -373,3 +373,15 @@ def test_mtp_on_a_checkpoint_without_a_head_fails_clearly(tiny_model_dir):
                            "--device", "cpu", "--port", "0"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "has no multi-token-prediction head" in done.stderr
+
+
+def test_kv_budget_reported_for_restarts_covers_the_mtp_layer(tiny_models):
+    """A restarted backend is pinned to the bytes its first load reported; with an MTP layer (or a
+    draft pool) in every block, those bytes must buy the same number of blocks again."""
+    from onebit.backends.native_worker import _kv_info
+    from onebit.models.tiny import make_tiny_model
+    path = make_tiny_model(tiny_models("qwen3").parent / "kv-mtp", arch="qwen3", mtp=True)
+    first = LLM(str(path), device="cpu", speculative="mtp", kv_cache_memory=3 << 20).engine
+    info = _kv_info(first)
+    again = LLM(str(path), device="cpu", speculative="mtp", kv_cache_memory=info["kv_cache_bytes"]).engine
+    assert again.block_manager.num_blocks == first.block_manager.num_blocks == info["kv_cache_blocks"]

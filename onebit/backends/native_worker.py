@@ -97,15 +97,13 @@ def serve_engine(engine, conn: Connection) -> None:
             conn.send(("step", deltas, None, None))
 
 
-def _kv_info(engine, config: EngineConfig) -> dict:
+def _kv_info(engine) -> dict:
     """The KV pool this engine got, so the front can log it and keep it across restarts."""
     try:
-        from onebit.engine.runner import kv_block_bytes
-
         blocks = engine.block_manager.num_blocks
-        return {"kv_cache_blocks": blocks,
-                "kv_cache_bytes": blocks * kv_block_bytes(engine.model_config, config.block_size, engine.dtype)}
-    except (AttributeError, ImportError, TypeError):  # an engine without a paged pool: nothing to report
+        # The whole budget (MTP layer and draft pool included), so a restart sizes the same pool.
+        return {"kv_cache_blocks": blocks, "kv_cache_bytes": blocks * engine.kv_bytes_per_block}
+    except (AttributeError, TypeError):  # an engine without a paged pool: nothing to report
         return {}
 
 
@@ -125,7 +123,7 @@ def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None
         "device": str(engine.device),
         "pid": os.getpid(),
         "vocab_size": getattr(engine.tokenizer, "vocab_size", None),
-        **_kv_info(engine, config),
+        **_kv_info(engine),
     }
     conn.send(("ready", info))
     try:

@@ -94,6 +94,7 @@ class LLMEngine:
         bs = c.block_size
         per_block = kv_block_bytes(cfg, bs, self.dtype) * (cfg.num_layers + self._mtp_layers) // cfg.num_layers
         per_block += self._draft_block_bytes  # the draft model's pool has as many blocks
+        self.kv_bytes_per_block = per_block  # everything one block costs: all layers, MTP layer, draft pool
         want_len = c.ctx_size or cfg.max_position_embeddings
         if c.kv_cache_memory is not None:
             num_blocks = c.kv_cache_memory // per_block
