@@ -69,3 +69,19 @@ def test_queued_steps_arrive_as_one_delta(fail_after):
         assert got[1].finished and len(got) == 2
     else:  # the tokens that arrived are delivered, then the failure: never a clean end
         assert not got[1].finished and isinstance(got[2], BackendError)
+
+
+def test_leaving_a_stream_early_aborts_the_request_in_the_engine():
+    backend = _backend()
+
+    async def go():
+        stream = backend.generate(GenerateRequest("r", [1, 2], SamplingParams()))
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        backend._streams["r"].put_nowait(_step(0))
+        await first
+        await stream.aclose()  # the client went away after one token
+
+    asyncio.run(go())
+    assert backend._writer.messages[-1] == ("abort", "r")
+    assert "r" not in backend._streams

@@ -243,8 +243,8 @@ class NativeBackend(Backend):
             async for item in coalesced(stream):
                 finished = item.finished
                 yield item
-        except BaseException:
-            finished = True  # the engine no longer holds it (rejected, or the worker died)
+        except BackendError:  # from the queue: the engine no longer holds it (rejected, or the worker died)
+            finished = True
             raise
         finally:
             if self._streams.get(rid) is stream:
