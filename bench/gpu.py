@@ -58,7 +58,7 @@ def check_8b_logits(engine) -> str:
     seq = Sequence("probe", ids, SamplingParams(), engine.max_model_len, 0)
     engine.block_manager.grow(seq, len(ids))
     with torch.inference_mode():
-        x, pos, meta, _ = engine.runner.prepare([(seq, len(ids))])
+        x, pos, meta = engine.runner.prepare([(seq, len(ids))])
         ours = engine.runner.model.compute_logits(engine.runner.model(x, pos, engine.runner.kv_cache, meta,
                                                                       engine.runner.rope)).float()
         theirs = ref(torch.tensor([ids], device="cuda")).logits[0].float()

@@ -14,7 +14,7 @@ def all_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     seq = Sequence("probe", ids, SamplingParams(), engine.max_model_len, 0)
     engine.block_manager.grow(seq, len(ids))
     try:
-        input_ids, positions, meta, _ = engine.runner.prepare([(seq, len(ids))])
+        input_ids, positions, meta = engine.runner.prepare([(seq, len(ids))])
         with torch.inference_mode():
             hidden = engine.runner.model(input_ids, positions, engine.runner.kv_cache, meta, engine.runner.rope)
             return engine.runner.model.compute_logits(hidden)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder
+from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.kernels.attention import AttentionMetadata, triton_decode
 from onebit.models.config import ModelConfig
@@ -88,26 +89,15 @@ class ModelRunner:
             self._eager_scratch_step([n for n in lens if n < self.max_model_len], scratch_block)
 
     def _eager_scratch_step(self, lens: list[int], scratch_block: int) -> None:
-        bs = self.block_size
-        ids, positions, prefills, tables = [], [], [], []
-        num_decodes = 0
-        for n in lens:
-            if n == 1:
-                num_decodes += 1  # decodes come first in the packed step
-            else:
-                prefills.append((len(ids), n, n))
-                tables.append([scratch_block] * -(-n // bs))
-            ids.extend(range(n))
-            positions.extend(range(n))
-        meta = AttentionMetadata(
-            slot_mapping=self._tensor([scratch_block * bs + p % bs for p in positions]), num_decodes=num_decodes,
-            decode_block_tables=self._table([[scratch_block]] * num_decodes),
-            decode_context_lens=self._tensor([1] * num_decodes) if num_decodes else None,
-            prefills=prefills, prefill_block_tables=self._table(tables), decode_num_splits=self.num_splits,
-            decode_max_context=self.max_model_len)
-        vocab = self.cfg.vocab_size
-        normed = self.model(self._tensor([i % vocab for i in ids]), self._tensor(positions), self.kv_cache, meta,
-                            self.rope)
+        # Stand-in sequences whose every block is the scratch block; one-token ones are decodes,
+        # which the packed step wants first.
+        plan = []
+        for n in sorted(lens, key=lambda n: n > 1):
+            seq = Sequence("warm-up", [i % self.cfg.vocab_size for i in range(n)], SamplingParams(), n, 0)
+            seq.block_table = [scratch_block] * -(-n // self.block_size)
+            plan.append((seq, n))
+        ids, positions, meta = self.prepare(plan)
+        normed = self.model(ids, positions, self.kv_cache, meta, self.rope)
         self.model.compute_logits(normed[-1:])
 
     def _graph_rows(self, plan: list[tuple[Sequence, int]]):
@@ -131,8 +121,11 @@ class ModelRunner:
         return (self.graphs is not None and all(n <= self.max_graph_chunk for _, n in plan)
                 and self.graphs.can_run(sum(n for _, n in plan)))
 
-    def _run_graph(self, plan: list[tuple[Sequence, int]], want_hidden: bool) -> StepOutput:
-        logits, prenorm = self.graphs.run(*self._graph_rows(plan))
+    @staticmethod
+    def _logit_rows(plan: list[tuple[Sequence, int]]):
+        """Which packed tokens produce logits: every position of a verifying sequence, the last
+        token of one whose tokens are then all computed. Returns StepOutput's rows, the packed
+        indices of those tokens, and each plan entry's first packed token."""
         rows, sample_rows, starts, start = [], [], [], 0
         for seq, n in plan:
             count = n if seq.num_draft else int(seq.num_computed_tokens + n == seq.num_tokens)
@@ -141,6 +134,11 @@ class ModelRunner:
                 sample_rows.extend(range(start + n - count, start + n))
             starts.append(start)
             start += n
+        return rows, sample_rows, starts
+
+    def _run_graph(self, plan: list[tuple[Sequence, int]], want_hidden: bool) -> StepOutput:
+        rows, sample_rows, starts = self._logit_rows(plan)
+        logits, prenorm = self.graphs.run(*self._graph_rows(plan))
         if len(sample_rows) != logits.shape[0]:
             logits = logits[self._tensor(sample_rows)]
         return StepOutput(logits, rows, prenorm if want_hidden else None, starts)
@@ -156,8 +154,8 @@ class ModelRunner:
         return torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
 
     def prepare(self, plan: list[tuple[Sequence, int]]):
-        """Packed input ids, positions and attention metadata, plus the rows that produce logits."""
-        ids, positions, slots, sample_rows = [], [], [], []
+        """Packed input ids, positions and attention metadata for an eager forward."""
+        ids, positions, slots = [], [], []
         decode_tables, decode_lens, prefills, prefill_tables = [], [], [], []
         bs = self.block_size
         for seq, n in plan:
@@ -173,17 +171,13 @@ class ModelRunner:
             else:
                 prefills.append((query_start, n, start + n))
                 prefill_tables.append(table)
-            if seq.num_draft:  # verification: the target's logits at every position
-                sample_rows.extend(range(query_start, query_start + n))
-            elif start + n == seq.num_tokens:
-                sample_rows.append(len(ids) - 1)
         decode_ctx = self._tensor(decode_lens) if decode_tables else None
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots), num_decodes=len(decode_tables),
             decode_block_tables=self._table(decode_tables), decode_context_lens=decode_ctx, prefills=prefills,
             prefill_block_tables=self._table(prefill_tables), decode_num_splits=self.num_splits,
             decode_max_context=self.max_model_len)
-        return self._tensor(ids), self._tensor(positions), meta, sample_rows
+        return self._tensor(ids), self._tensor(positions), meta
 
     @torch.inference_mode()
     def run(self, plan: list[tuple[Sequence, int]], want_hidden: bool = False) -> StepOutput:
@@ -194,16 +188,9 @@ class ModelRunner:
             self.graph_rows += sum(n for _, n in plan)
             return self._run_graph(plan, want_hidden)
         self.eager_steps += 1
-        ids, positions, meta, sample_rows = self.prepare(plan)
+        rows, sample_rows, starts = self._logit_rows(plan)
+        ids, positions, meta = self.prepare(plan)
         normed, prenorm = self.model(ids, positions, self.kv_cache, meta, self.rope, return_prenorm=True)
-        rows, starts, row, start = [], [], 0, 0
-        for seq, n in plan:
-            count = n if seq.num_draft else int(seq.num_computed_tokens + n == seq.num_tokens)
-            if count:
-                rows.append((seq, row, count))
-            starts.append(start)
-            row += count
-            start += n
         logits = (self.model.compute_logits(normed[self._tensor(sample_rows)]) if sample_rows
                   else normed.new_empty((0, self.cfg.vocab_size)))
         return StepOutput(logits, rows, prenorm if want_hidden else None, starts)
