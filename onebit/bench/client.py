@@ -81,6 +81,12 @@ def build_payload(prompt: Prompt, endpoint: str, model: str, max_tokens: int, ex
     return body
 
 
+def http_client(headers: dict | None, timeout_s: float, connections: int) -> httpx.AsyncClient:
+    """The HTTP client a bench process streams with: no connection cap, `connections` kept alive."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=connections)
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits, headers=headers)
+
+
 def endpoint_path(endpoint: str) -> str:
     """URL path of 'chat' or 'completions', relative to the /v1 base."""
     return "/chat/completions" if endpoint == "chat" else "/completions"

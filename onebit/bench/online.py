@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 from tqdm import tqdm
 
-from onebit.bench.client import build_payload, endpoint_path, stream_request
+from onebit.bench.client import build_payload, endpoint_path, http_client, stream_request
 from onebit.bench.errors import BenchError
 from onebit.bench.job import LevelJob
 from onebit.bench.loadgen import LevelPlan, run_level
@@ -131,11 +131,9 @@ async def run_online_async(cfg: OnlineConfig, print_fn=tqdm.write) -> dict:
     """Run every level of `cfg` and return the run dict (see runfile.py)."""
     base = api_base(cfg.url)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(cfg.concurrency))
-    timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
     # What each client process needs to build its own HTTP client (see procs.py).
     options = {"headers": headers, "timeout_s": cfg.timeout_s, "warm_url": f"{base}/models"}
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
+    async with http_client(headers, cfg.timeout_s, max(cfg.concurrency)) as client:
         model = cfg.model or await discover_model(client, base)
         endpoint = cfg.endpoint or default_endpoint(cfg.prompts)
         url = base + endpoint_path(endpoint)

@@ -19,6 +19,7 @@ import time
 
 import httpx
 
+from onebit.bench.client import http_client
 from onebit.bench.job import LevelJob
 from onebit.bench.loadgen import LevelPlan, drive
 
@@ -62,9 +63,7 @@ async def run_share(message: dict) -> None:
     plan = LevelPlan(**message["plan"])
     first, stride = message["first"], message["stride"]
     options = message["client"]
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=plan.concurrency)
-    timeout = httpx.Timeout(options["timeout_s"], connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=options.get("headers")) as client:
+    async with http_client(options.get("headers"), options["timeout_s"], plan.concurrency) as client:
         await _warm(client, options["warm_url"], plan.concurrency)
         send_global = job.sender(client)
         _emit({"ready": True})
