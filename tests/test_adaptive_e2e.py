@@ -40,7 +40,11 @@ def _wait_all_ready(server, timeout: float = 60) -> list[dict]:
 
 
 async def _streams(server, n: int, max_tokens: int) -> tuple[list[int], dict[str, int]]:
-    """Run n concurrent streams; return their completion token counts and the peak busy slots per backend."""
+    """Run n concurrent streams; return their completion token counts and the peak reserved slots per backend.
+
+    The peak comes from the router's own count in /props (a slot stays reserved for the whole
+    stream), not from /slots, which shows the worker's last report (sent every 50 ms).
+    """
     _, client = openai_clients(server)
     peak: dict[str, int] = {}
     done = asyncio.Event()
@@ -48,11 +52,8 @@ async def _streams(server, n: int, max_tokens: int) -> tuple[list[int], dict[str
     async def watch():
         async with httpx.AsyncClient(timeout=10) as http:
             while not done.is_set():
-                busy: dict[str, int] = {}
-                for slot in (await http.get(f"{server.root}/slots")).json():
-                    busy[slot["backend"]] = busy.get(slot["backend"], 0) + slot["is_processing"]
-                for name, count in busy.items():
-                    peak[name] = max(peak.get(name, 0), count)
+                for backend in (await http.get(f"{server.root}/props")).json()["backends"]:
+                    peak[backend["name"]] = max(peak.get(backend["name"], 0), backend["in_flight"])
                 await asyncio.sleep(0.05)
 
     async def one(i: int) -> int:
@@ -90,9 +91,17 @@ def test_props_show_two_native_backends(server):
                                                         + [("native-1", i) for i in range(8)])
 
 
+def _served(server) -> dict[str, int]:
+    return {b["name"]: b["served"] for b in _props(server)["backends"]}
+
+
 def test_twelve_streams_fill_both_backends_and_all_complete(server):
-    counts, peak = asyncio.run(_streams(server, 12, 40))
-    assert counts == [40] * 12
+    before = _served(server)
+    counts, peak = asyncio.run(_streams(server, 12, 100))
+    after = _served(server)
+    assert counts == [100] * 12
+    # A burst of 12: the primary takes its 4, then ("switch") every later one goes to the secondary.
+    assert {name: after[name] - before[name] for name in after} == {"native-0": 4, "native-1": 8}
     assert peak == {"native-0": 4, "native-1": 8}
     metrics = httpx.get(f"{server.root}/metrics").text
     for name in ("native-0", "native-1"):
