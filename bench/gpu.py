@@ -40,8 +40,18 @@ def check_tiny_on_cuda(work: Path) -> list[str]:
                            do_sample=False, eos_token_id=None, pad_token_id=0)
     same = out.token_ids == gen[0, len(ids):].tolist()
     batch = llm.generate([ids] * 3 + [ids[:5]], SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+    # Overlapped steps against plain ones: greedy, seeded sampling with logprobs, a stop token, a short one.
+    mixed = [SamplingParams(temperature=0, max_tokens=64, ignore_eos=True),
+             SamplingParams(temperature=0.8, seed=5, max_tokens=40, ignore_eos=True, logprobs=2),
+             SamplingParams(temperature=0, max_tokens=48, stop_token_ids=[out.token_ids[20]]),
+             SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)]
+    prompts = [ids, ids[:7], ids, ids[3:]]
+    overlapped = LLM(str(path), device="cuda", dtype="float32", parallel=4, overlap=True)
+    plain_out = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, mixed)]
+    same_overlap = plain_out == [(o.token_ids, o.finish_reason) for o in overlapped.generate(prompts, mixed)]
     return [f"tiny fp32 CUDA greedy 64 == transformers: {same}",
-            f"tiny fp32 CUDA batch of 4 == alone: {batch[0].token_ids == out.token_ids}"]
+            f"tiny fp32 CUDA batch of 4 == alone: {batch[0].token_ids == out.token_ids}",
+            f"tiny fp32 CUDA overlapped steps == plain steps (mixed stops, seeded sampling): {same_overlap}"]
 
 
 def check_8b_logits(engine) -> str:
@@ -130,7 +140,9 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--variants", default="eager,graphs", help="engine variants to time")
+    ap.add_argument("--variants", default="graphs,graphs-overlap",
+                    help="engine variants to time: eager, graphs (CUDA graphs: the default engine), "
+                         "graphs-overlap (and each step queued before the last one's tokens reach the host)")
     ap.add_argument("--hf-batches", default="8,32,64", help="transformers continuous batching sizes ('' to skip)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -157,7 +169,8 @@ def main() -> int:
         engine = LLMEngine(EngineConfig(
             model=str(big), device="cuda", dtype="bfloat16", parallel=max(batches),
             ctx_size=args.prompt_tokens + args.max_tokens + 16, max_batch_tokens=8192,
-            enable_prefix_caching=False, load_format="dummy", cuda_graphs=variant == "graphs"))
+            enable_prefix_caching=False, load_format="dummy", cuda_graphs=variant.startswith("graphs"),
+            overlap=variant.endswith("-overlap")))
         torch.cuda.synchronize()
         lines.append(f"8B-shape engine ({variant}) built in {time.perf_counter() - t0:.1f}s")
         if variant == "graphs":

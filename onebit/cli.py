@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--block-size", type=_positive, default=16, help="tokens per KV cache block")
     serve.add_argument("--no-prefix-caching", action="store_true", help="do not reuse cached prompt prefixes")
     serve.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (debugging)")
+    serve.add_argument("--no-triton-gemv", action="store_true",
+                       help="always use cuBLAS for one-row products (by default each weight shape uses the "
+                            "Triton GEMV where it measured faster at start-up)")
+    serve.add_argument("--overlap", action="store_true",
+                       help="prepare and queue each step while the GPU still runs the one before (hides the "
+                            "host's share of a step; experimental until measured on a GPU, see docs/perf.md)")
     spec = serve.add_argument_group("speculative decoding (drafts verified losslessly; the engine drafts "
                                     "only while measured step times say it pays)")
     spec.add_argument("--mtp", nargs="?", const="", default=None, metavar="PATH",
@@ -196,8 +202,9 @@ def serve(args: argparse.Namespace) -> int:
                               ctx_size=args.ctx_size, kv_cache_memory=args.kv_cache_memory,
                               max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
                               enable_prefix_caching=not args.no_prefix_caching,
-                              cuda_graphs=not args.no_cuda_graphs, load_format=args.load_format,
-                              **speculative)
+                              cuda_graphs=not args.no_cuda_graphs, overlap=args.overlap,
+                              triton_gemv=not args.no_triton_gemv,
+                              load_format=args.load_format, **speculative)
     except ValueError as error:
         return _fail(str(error))
     try:

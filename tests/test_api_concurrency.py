@@ -1,4 +1,6 @@
-"""Many streams at once equal the offline engine; a cancelled stream frees its slot and KV blocks."""
+"""Many streams at once equal the offline engine; a cancelled stream frees its slot and KV blocks.
+
+Every test runs against a plain server and one with overlapped steps (`--overlap`)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from onebit import LLM, SamplingParams
 N_STREAMS = 32
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    """One server for the module (8 slots: 32 streams also exercise the router's queue)."""
-    with running_server(tiny_model_dir, *SERVER_ARGS) as s:
+@pytest.fixture(scope="module", params=[(), ("--overlap",)], ids=["plain", "overlap"])
+def server(tiny_model_dir, request):
+    """One server per mode (8 slots: 32 streams also exercise the router's queue); with --overlap
+    each step is queued before the last one's tokens reach the host, and nothing else may change."""
+    with running_server(tiny_model_dir, *SERVER_ARGS, *request.param) as s:
         yield s
 
 

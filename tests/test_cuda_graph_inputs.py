@@ -60,9 +60,9 @@ def emulate_graphs(llm: LLM, chunk: int) -> list[int]:
     seen = []
     run = runner.graphs.run
 
-    def spy(ids, *rest):
+    def spy(ids, *rest, **options):
         seen.append(len(ids))
-        return run(ids, *rest)
+        return run(ids, *rest, **options)
     runner.graphs.run = spy
     return seen
 

@@ -43,6 +43,10 @@ def alone(tiny_model_dir):
     {"parallel": 16, "max_batch_tokens": 40, "kv_cache_memory": 40 * 2 * 2 * 8 * 2 * 16 * 4,
      "block_size": 8},                                              # 40 blocks: forces preemption
     {"parallel": 5, "block_size": 4},
+    # overlapped steps (step n+1 queued before step n's tokens reach the host), as on CUDA:
+    {"parallel": 16, "max_batch_tokens": 24, "overlap": True},
+    {"parallel": 16, "max_batch_tokens": 40, "kv_cache_memory": 40 * 2 * 2 * 8 * 2 * 16 * 4,
+     "block_size": 8, "overlap": True},
 ])
 def test_batch_gives_same_tokens_as_alone(tiny_model_dir, alone, options):
     llm = LLM(str(tiny_model_dir), device="cpu", **options)

@@ -21,6 +21,11 @@ class EngineConfig:
     (oracle_record) right with probability oracle_p per token.
     draft_policy: "auto" drafts only while measured step times say it pays; "always" drafts
     draft_max tokens whenever it can (llama.cpp's behaviour; deterministic, for tests).
+    overlap: prepare and queue step n+1 while the GPU still runs step n; ignored with speculative
+    decoding, where drafting needs each step's tokens on the host first. Off by default until it
+    has been checked and timed on a GPU (docs/perf.md).
+    triton_gemv: at start-up on CUDA in half precision, time the Triton GEMV against cuBLAS for
+    each weight shape at one row, and use it for one-row steps where it is correct and faster.
     """
 
     model: str
@@ -44,6 +49,8 @@ class EngineConfig:
     oracle_p: float | None = None  # speculative="oracle" only: a measuring instrument (engine/oracle.py)
     oracle_record: str | None = None
     draft_policy: str = "auto"
+    overlap: bool = False
+    triton_gemv: bool = True
 
     def __post_init__(self) -> None:
         if self.parallel < 1:

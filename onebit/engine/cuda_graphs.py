@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from onebit.engine.transfer import upload_into
 from onebit.kernels.attention import AttentionMetadata
 
 LADDER = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512]
@@ -85,18 +86,21 @@ class CudaGraphDecoder:
         rows = [t + [self.scratch_block] * (width - len(t)) for t in tables]
         rows += [[self.scratch_block] * width] * (b - n)
         pad = b - n
-        self.ids[:b].copy_(torch.tensor(ids + [0] * pad))
-        self.positions[:b].copy_(torch.tensor(positions + [0] * pad))
-        self.slots[:b].copy_(torch.tensor(slots + [self.scratch_slot] * pad))
-        self.lens[:b].copy_(torch.tensor(lens + [1] * pad, dtype=torch.int32))
-        self.tables[:b, :width].copy_(torch.tensor(rows, dtype=torch.int32))
+        upload_into(self.ids[:b], ids + [0] * pad)
+        upload_into(self.positions[:b], positions + [0] * pad)
+        upload_into(self.slots[:b], slots + [self.scratch_slot] * pad)
+        upload_into(self.lens[:b], lens + [1] * pad)
+        upload_into(self.tables[:b, :width], rows)
         return b
 
     def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-            lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            lens: list[int], feed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill the static inputs for this step and replay; returns (logits, pre-norm states), one
-        row per input row. Both are views of static buffers that the next replay overwrites."""
+        row per input row. Both are views of static buffers that the next replay overwrites.
+        `feed` (row indices, token ids on the device) overwrites those rows' input ids."""
         b = self.fill(ids, positions, slots, tables, lens)
+        if feed is not None:
+            self.ids.index_copy_(0, *feed)
         captured = self.graphs.get(b)
         if captured is None:
             logits, prenorm = self._forward(b)

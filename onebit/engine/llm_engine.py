@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,16 +17,31 @@ from onebit.engine.draft_model import DraftModelProposer, load_draft_model
 from onebit.engine.errors import ContextOverflow
 from onebit.engine.oracle import OracleDrafter
 from onebit.engine.outputs import EngineStats, SlotInfo, SpecStats, StepDelta, TokenLogprob
-from onebit.engine.runner import GRAPH_CHUNK_TOKENS, ModelRunner, kv_block_bytes
-from onebit.engine.sampler import Sampler
+from onebit.engine.runner import GRAPH_CHUNK_TOKENS, ModelRunner, StepOutput, kv_block_bytes
+from onebit.engine.sampler import SampledBatch, Sampler
 from onebit.engine.sampling_params import InvalidParameter, SamplingParams
 from onebit.engine.scheduler import Scheduler
 from onebit.engine.sequence import Sequence
 from onebit.engine.speculative import DraftPolicy, NgramDrafter, can_draft, verify
+from onebit.engine.transfer import upload
 from onebit.models.loader import load_model, resolve_model_path
 from onebit.models.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
 log = logging.getLogger("onebit.engine")
+
+
+@dataclass
+class _Launched:
+    """A step queued on the device: its plan, forward output, sampled rows and bookkeeping."""
+
+    plan: list[tuple[Sequence, int]]
+    out: StepOutput
+    plain: list[tuple[Sequence, int]]  # sequences that sample one token, with their logits row
+    sampled: SampledBatch | None
+    computed: dict  # seq -> (computed tokens before the step, tokens computed in it)
+    decodes: int
+    drafting: list[Sequence]
+    started: float
 
 
 class LLMEngine:
@@ -62,7 +78,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.parallel, config.max_batch_tokens)
         self.runner = ModelRunner(model, cfg, self.device, self.dtype, num_blocks, config.block_size,
                                   self.max_model_len, config.parallel, config.cuda_graphs, mtp,
-                                  max_graph_chunk=max(GRAPH_CHUNK_TOKENS, 1 + config.draft_max))
+                                  max_graph_chunk=max(GRAPH_CHUNK_TOKENS, 1 + config.draft_max),
+                                  triton_gemv=config.triton_gemv)
         # Drafters other than the MTP head (which lives in the runner) share one interface:
         # propose([(seq, k)]) -> [(seq, drafts)] and release(seq).
         self.drafter = None
@@ -84,10 +101,16 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_token_ids, self.device, config.seed)
         self.seqs: dict[str, Sequence] = {}
         self._pending: list[StepDelta] = []
+        # Overlap: a launched step whose tokens are still on their way to the host (see step()).
+        # Drafting reads each step's tokens on the host before the next step, so never with speculation.
+        self.overlap = config.overlap and config.speculative is None
+        if config.overlap and not self.overlap:
+            log.warning("overlapped steps are off: speculative decoding needs each step's tokens first")
+        self._inflight: _Launched | None = None
         self._arrivals = itertools.count()
-        log.info("KV cache: %d blocks of %d tokens (%.1f MiB), context %d tokens, %d slots",
+        log.info("KV cache: %d blocks of %d tokens (%.1f MiB), context %d tokens, %d slots%s",
                  num_blocks, config.block_size, num_blocks * kv_block_bytes(cfg, config.block_size, self.dtype) / 2**20,
-                 self.max_model_len, config.parallel)
+                 self.max_model_len, config.parallel, "; overlapped steps" if self.overlap else "")
 
     def _size_pool(self, cfg) -> tuple[int, int]:
         c = self.config
@@ -142,58 +165,115 @@ class LLMEngine:
         self._pending.append(self._delta(seq, [], "", "abort"))
 
     def has_unfinished(self) -> bool:
-        """True while any request is queued, running or has an undelivered final delta."""
-        return bool(self.seqs or self._pending)
+        """True while any request is queued, running or has an undelivered delta."""
+        return bool(self.seqs or self._pending or self._inflight)
 
     # -- stepping -------------------------------------------------------------------------
 
     @torch.inference_mode()
     def step(self) -> list[StepDelta]:
-        """Run one batched forward and return every delta it produced."""
+        """Run one batched forward and return every delta it produced.
+
+        With overlap on, the step launched here is finished by the next call: this call queues
+        step n+1 on the GPU (its decodes read the tokens step n sampled straight from the
+        device), then waits for step n's tokens and turns them into deltas while the GPU
+        computes step n+1. Deltas therefore come one call later than they would without overlap.
+        """
         deltas, self._pending = self._pending, []
+        started = time.perf_counter()
+        previous, self._inflight = self._inflight, None
+        worked = previous is not None
+        if previous is not None and not self._can_feed(previous):
+            deltas += self._finish_step(previous)
+            previous = None
+        launched = self._launch(previous, deltas)
+        if previous is not None:
+            deltas += self._finish_step(previous)
+        if launched is not None:
+            if self.overlap and not launched.drafting and launched.out.hidden is None:
+                self._inflight = launched
+            else:
+                deltas += self._finish_step(launched)
+        if launched is not None or worked:
+            self.busy_s += time.perf_counter() - started
+        return deltas
+
+    def _can_feed(self, previous: "_Launched") -> bool:
+        """Whether the next step may start before `previous`'s tokens reach the host: not when a
+        penalty needs them (they count the output so far)."""
+        return previous.sampled is not None and not any(seq.params.has_penalties for seq, _ in previous.plain)
+
+    def _add_placeholders(self, previous: "_Launched") -> None:
+        """Let each sequence that sampled in `previous` and goes on compute that token's position in
+        the next step: a placeholder stands for the token, which the forward reads on the device.
+        A token that ends the request for length is never fed (its position is never needed)."""
+        for row, (seq, _) in enumerate(previous.plain):
+            if seq.is_finished or seq.num_uncomputed or seq.num_tokens + 1 >= seq.max_total_tokens:
+                continue
+            seq.add_placeholder(row)
+
+    def _launch(self, previous: "_Launched | None", deltas: list[StepDelta]) -> "_Launched | None":
+        """Schedule and queue one forward and its sampling; None when nothing runs (or it failed,
+        whose deltas go to `deltas`)."""
         started = time.perf_counter()  # drafting counts: a draft model's forwards are part of a step's cost
         drafting, want_state = self._propose_drafts()
+        if previous is not None:
+            self._add_placeholders(previous)
         plan = self.scheduler.schedule()
         scheduled = {seq: n for seq, n in plan}
         for seq in drafting:  # drafts the plan did not fit are dropped; no step carries stale ones
             seq.drop_drafts(max(scheduled.get(seq, 0) - 1, 0))
         if not plan:
-            return deltas
+            return None
         decodes = sum(1 for seq in scheduled if seq.num_computed_tokens > 0)
         try:
             # The MTP head needs base states for every position it will read: prompts (eager anyway)
             # and speculative steps. Plain decode steps under load skip it and stay graph replays.
             want_hidden = self.runner.mtp is not None and (want_state or any(n > 1 for _, n in plan))
-            out = self.runner.run(plan, want_hidden=want_hidden)
+            fed = previous.sampled.tokens if previous is not None else None
+            out = self.runner.run(plan, want_hidden=want_hidden, fed_tokens=fed)
             plain = [(seq, row) for seq, row, count in out.rows if not seq.num_draft]
-            tokens, logprobs = self._sample_plain(out.logits, plain) if plain else ([], [])
+            sampled = self._sample_plain(out.logits, plain) if plain else None
         except Exception as exc:  # a failed forward fails the step's requests, not the engine
             log.exception("step failed")
             for seq, _ in plan:
                 deltas.append(self._fail(seq, f"internal error during the forward pass: {exc}"))
-            return deltas
+            return None
         computed = {}
         for seq, n in plan:
             computed[seq] = (seq.num_computed_tokens, n)
             seq.num_computed_tokens += n
-        verified = any(seq.num_draft for seq, _, _ in out.rows)
-        for (seq, _), token, lp in zip(plain, tokens, logprobs):
+        return _Launched(plan, out, plain, sampled, computed, decodes, drafting, started)
+
+    def _finish_step(self, step: "_Launched") -> list[StepDelta]:
+        """Wait for a launched step's tokens and turn them into deltas: accept, verify, finish."""
+        deltas = []
+        try:
+            tokens, logprobs = step.sampled.resolve() if step.sampled is not None else ([], [])
+        except Exception as exc:
+            log.exception("step failed")
+            return [self._fail(seq, f"internal error during sampling: {exc}") for seq, _ in step.plan
+                    if not seq.is_finished]
+        for (seq, _), token, lp in zip(step.plain, tokens, logprobs):
+            if seq.is_finished:  # aborted meanwhile, or (overlap) a row run after the request's last token
+                continue
             deltas.append(self._guarded(seq, lambda seq=seq, token=token, lp=lp: self._accept(seq, token, lp)))
+        out = step.out
+        verified = any(seq.num_draft for seq, _, _ in out.rows)
         for seq, row, count in out.rows:
             if seq.num_draft:
                 deltas.append(self._guarded(seq, lambda seq=seq, row=row, count=count:
                                             self._accept_verified(seq, out.logits[row:row + count])))
         if out.hidden is not None:
-            self._mtp_catch_up(plan, out, computed)
-        for seq, _ in plan:
+            self._mtp_catch_up(step.plan, out, step.computed)
+        for seq, _ in step.plan:
             if not seq.is_finished:
                 self.block_manager.commit_full_blocks(seq)
-        if decodes:
+        if step.decodes:
             self.spec.record_step(verified)
-        elapsed = time.perf_counter() - started
-        self.busy_s += elapsed
-        if self.policy is not None and decodes:
-            self.policy.record_step(decodes, self._step_k if drafting else 0, elapsed)
+        if self.policy is not None and step.decodes:
+            self.policy.record_step(step.decodes, self._step_k if step.drafting else 0,
+                                    time.perf_counter() - step.started)
         return deltas
 
     def _sample_plain(self, logits, plain: list[tuple[Sequence, int]]):
@@ -201,8 +281,8 @@ class LLMEngine:
         which on a 152k vocabulary is a copy of the whole logits tensor per step."""
         rows = [row for _, row in plain]
         if rows != list(range(logits.shape[0])):
-            logits = logits[rows]
-        return self.sampler(logits, [seq for seq, _ in plain])
+            logits = logits[upload(rows, torch.long, logits.device)]
+        return self.sampler.sample(logits, [seq for seq, _ in plain])
 
     def _guarded(self, seq: Sequence, accept) -> StepDelta:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -9,11 +10,15 @@ import torch
 from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
+from onebit.engine.transfer import upload
+from onebit.kernels import gemv
 from onebit.kernels.attention import AttentionMetadata, triton_decode
 from onebit.models.config import ModelConfig
 from onebit.models.rope import rope_cos_sin
 from onebit.models.transformer import CausalLM
 
+
+log = logging.getLogger("onebit.engine")
 
 # A chunk of up to this many tokens (a short prompt, a prompt's tail, a verification) runs as
 # graph rows: each row re-reads its context, which costs little at this size and saves the
@@ -49,12 +54,14 @@ class ModelRunner:
 
     On CUDA, steps whose sequences each bring at most `max_graph_chunk` tokens (decodes,
     verifications, short prompt chunks) and fit the largest captured row count replay graphs;
-    others run eagerly.
+    others run eagerly. With `triton_gemv` (half precision on CUDA), one-row products use the
+    Triton GEMV for the weight shapes where it measured faster than cuBLAS at start-up.
     """
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, max_model_len: int, max_batch: int = 1,
-                 cuda_graphs: bool = True, mtp=None, max_graph_chunk: int = GRAPH_CHUNK_TOKENS):
+                 cuda_graphs: bool = True, mtp=None, max_graph_chunk: int = GRAPH_CHUNK_TOKENS,
+                 triton_gemv: bool = True):
         self.model = model
         self.mtp = mtp
         self.cfg = cfg
@@ -71,6 +78,10 @@ class ModelRunner:
         self.graphs: CudaGraphDecoder | None = None
         self.max_graph_chunk = max_graph_chunk
         self.graph_steps = self.graph_rows = self.eager_steps = 0  # for the engine's step summary
+        if triton_gemv and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+            # Before capture, so the one-row graph records whichever product won for each shape.
+            for line in gemv.calibrate(model.linear_weights()):
+                log.info(line)
         if cuda_graphs and device.type == "cuda":
             rows = max(max_batch, min(max_batch * max_graph_chunk, LADDER[-1]))
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
@@ -136,9 +147,24 @@ class ModelRunner:
             start += n
         return rows, sample_rows, starts
 
-    def _run_graph(self, plan: list[tuple[Sequence, int]], want_hidden: bool) -> StepOutput:
+    def _feed(self, plan: list[tuple[Sequence, int]], fed_tokens: torch.Tensor | None):
+        """(packed indices, their token ids on the device) for the sequences whose last token is
+        a placeholder for one the previous step sampled; None when there are none."""
+        if fed_tokens is None:
+            return None
+        dst, src, start = [], [], 0
+        for seq, n in plan:
+            if seq.fed_row is not None:  # the placeholder is the last token, computed in this chunk
+                dst.append(start + n - 1)
+                src.append(seq.fed_row)
+            start += n
+        if not dst:
+            return None
+        return self._tensor(dst), fed_tokens.index_select(0, self._tensor(src))
+
+    def _run_graph(self, plan: list[tuple[Sequence, int]], want_hidden: bool, feed) -> StepOutput:
         rows, sample_rows, starts = self._logit_rows(plan)
-        logits, prenorm = self.graphs.run(*self._graph_rows(plan))
+        logits, prenorm = self.graphs.run(*self._graph_rows(plan), feed=feed)
         if len(sample_rows) != logits.shape[0]:
             logits = logits[self._tensor(sample_rows)]
         return StepOutput(logits, rows, prenorm if want_hidden else None, starts)
@@ -151,7 +177,7 @@ class ModelRunner:
         return self._tensor([x for t in tables for x in t + [0] * (width - len(t))]).view(len(tables), width)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
+        return upload(values, torch.long, self.device)
 
     def prepare(self, plan: list[tuple[Sequence, int]]):
         """Packed input ids, positions and attention metadata for an eager forward."""
@@ -180,16 +206,22 @@ class ModelRunner:
         return self._tensor(ids), self._tensor(positions), meta
 
     @torch.inference_mode()
-    def run(self, plan: list[tuple[Sequence, int]], want_hidden: bool = False) -> StepOutput:
+    def run(self, plan: list[tuple[Sequence, int]], want_hidden: bool = False,
+            fed_tokens: torch.Tensor | None = None) -> StepOutput:
         """Forward the step: logits for every sequence that samples (all positions of a
-        verifying one), and with want_hidden the pre-norm states of every packed token."""
+        verifying one), and with want_hidden the pre-norm states of every packed token.
+        A sequence with a placeholder last token (`fed_row`) reads it from `fed_tokens`, the
+        previous step's sampled ids on the device, so the host never waits for them."""
+        feed = self._feed(plan, fed_tokens)
         if self._use_graph(plan):
             self.graph_steps += 1
             self.graph_rows += sum(n for _, n in plan)
-            return self._run_graph(plan, want_hidden)
+            return self._run_graph(plan, want_hidden, feed)
         self.eager_steps += 1
         rows, sample_rows, starts = self._logit_rows(plan)
         ids, positions, meta = self.prepare(plan)
+        if feed is not None:
+            ids.index_copy_(0, *feed)
         normed, prenorm = self.model(ids, positions, self.kv_cache, meta, self.rope, return_prenorm=True)
         logits = (self.model.compute_logits(normed[self._tensor(sample_rows)]) if sample_rows
                   else normed.new_empty((0, self.cfg.vocab_size)))

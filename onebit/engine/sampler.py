@@ -13,6 +13,7 @@ import torch
 
 from onebit.engine.outputs import TokenLogprob
 from onebit.engine.sequence import Sequence
+from onebit.engine.transfer import Download, upload
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -22,12 +23,12 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         if not p.has_penalties:
             continue
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
+            seen = upload(sorted(set(seq.token_ids)), torch.long, logits.device)
             vals = logits[row, seen]
             logits[row, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if (p.presence_penalty or p.frequency_penalty) and seq.output_counts:
-            ids = torch.tensor(list(seq.output_counts), dtype=torch.long, device=logits.device)
-            counts = torch.tensor(list(seq.output_counts.values()), dtype=logits.dtype, device=logits.device)
+            ids = upload(list(seq.output_counts), torch.long, logits.device)
+            counts = upload(list(seq.output_counts.values()), logits.dtype, logits.device)
             logits[row, ids] -= p.frequency_penalty * counts + p.presence_penalty
 
 
@@ -52,33 +53,33 @@ def apply_bias_and_bans(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set
                     ban_ids.append(t)
 
     def index(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=logits.device)
+        return upload(values, torch.long, logits.device)
     if bias_rows:
-        logits.index_put_((index(bias_rows), index(bias_ids)),
-                          torch.tensor(biases, dtype=logits.dtype, device=logits.device), accumulate=True)
+        logits.index_put_((index(bias_rows), index(bias_ids)), upload(biases, logits.dtype, logits.device),
+                          accumulate=True)
     if ban_rows:
         logits[index(ban_rows), index(ban_ids)] = float("-inf")
 
 
 def shape_distribution(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Probabilities after temperature, top-k, top-p and min-p, for the sampled (non-greedy) rows."""
-    temps = torch.tensor([s.params.temperature for s in seqs], dtype=logits.dtype, device=logits.device)
+    temps = upload([s.params.temperature for s in seqs], logits.dtype, logits.device)
     probs = (logits / temps[:, None]).softmax(dim=-1)
     top_k = [s.params.top_k for s in seqs]
     top_p = [s.params.top_p for s in seqs]
     if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         vocab = probs.shape[-1]
-        ks = torch.tensor([k if k > 0 else vocab for k in top_k], device=probs.device)
+        ks = upload([k if k > 0 else vocab for k in top_k], torch.long, probs.device)
         rank = torch.arange(vocab, device=probs.device)[None, :]
         drop = rank >= ks[:, None]
-        ps = torch.tensor(top_p, dtype=probs.dtype, device=probs.device)
+        ps = upload(top_p, probs.dtype, probs.device)
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
         drop |= before >= ps[:, None]
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
     if any(s.params.min_p > 0 for s in seqs):  # decided on the host: no device sync
-        min_p = torch.tensor([s.params.min_p for s in seqs], dtype=probs.dtype, device=probs.device)
+        min_p = upload([s.params.min_p for s in seqs], probs.dtype, probs.device)
         threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
@@ -90,7 +91,7 @@ def _race_noise(probs: torch.Tensor, seqs: list[Sequence], default: torch.Genera
     if unseeded:
         block = torch.empty((len(unseeded), probs.shape[1]), dtype=probs.dtype, device=probs.device)
         block.exponential_(generator=default)
-        noise[unseeded] = block
+        noise[upload(unseeded, torch.long, probs.device)] = block
     for i, seq in enumerate(seqs):
         if seq.generator is not None:
             noise[i].exponential_(generator=seq.generator)
@@ -114,6 +115,11 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
         """One token per row of logits [N, vocab], and logprobs for the rows that asked."""
+        return self.sample(logits, seqs).resolve()
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> "SampledBatch":
+        """Queue the sampling of one token per row of logits [N, vocab] (and the logprobs asked for)
+        and the copy of the results to the host, without waiting for the GPU."""
         logits = logits.float()
         raw = logits
         if any(s.params.logit_bias or s.params.has_penalties or s.num_output_tokens < s.params.min_tokens
@@ -124,20 +130,38 @@ class Sampler:
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if sampled:
+            rows = upload(sampled, torch.long, logits.device)
             sub = [seqs[i] for i in sampled]
-            probs = shape_distribution(logits[sampled], sub)
+            probs = shape_distribution(logits[rows], sub)
             noise = _race_noise(probs, sub, self.generator)
-            tokens[sampled] = (probs / noise).argmax(dim=-1)
-        token_list = tokens.tolist()
-        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
+            tokens[rows] = (probs / noise).argmax(dim=-1)
         wanted = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        if wanted:
-            lp = raw[wanted].log_softmax(dim=-1)
-            k = max(seqs[i].params.logprobs for i in wanted)
-            top_vals, top_ids = lp.topk(max(k, 1), dim=-1)
-            chosen = lp.gather(1, tokens[wanted][:, None]).squeeze(1).tolist()
-            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
-            for j, i in enumerate(wanted):
-                n = seqs[i].params.logprobs
+        if not wanted:
+            return SampledBatch(tokens, Download([tokens]), [])
+        rows = upload(wanted, torch.long, logits.device)
+        lp = raw[rows].log_softmax(dim=-1)
+        top_vals, top_ids = lp.topk(max(max(seqs[i].params.logprobs for i in wanted), 1), dim=-1)
+        chosen = lp.gather(1, tokens[rows][:, None]).squeeze(1)
+        return SampledBatch(tokens, Download([tokens, chosen, top_vals, top_ids]),
+                            [(i, seqs[i].params.logprobs) for i in wanted])
+
+
+class SampledBatch:
+    """A step's sampled token ids, on the device (`tokens`, which the next step can read as its
+    input ids) and on their way to the host; `resolve()` waits for that copy only."""
+
+    def __init__(self, tokens: torch.Tensor, download: Download, wanted: list[tuple[int, int]]):
+        self.tokens = tokens
+        self._download = download
+        self._wanted = wanted  # (row, number of top logprobs) for the rows that asked
+
+    def resolve(self) -> tuple[list[int], list[TokenLogprob | None]]:
+        """The token ids as a list, and each row's logprobs (None where not asked)."""
+        lists = self._download.lists()
+        token_list = lists[0]
+        logprobs: list[TokenLogprob | None] = [None] * len(token_list)
+        if self._wanted:
+            chosen, top_vals, top_ids = lists[1:]
+            for j, (i, n) in enumerate(self._wanted):
                 logprobs[i] = TokenLogprob(token_list[i], chosen[j], list(zip(top_ids[j][:n], top_vals[j][:n])))
         return token_list, logprobs

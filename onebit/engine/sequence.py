@@ -45,6 +45,9 @@ class Sequence:
         self.num_draft_accepted = 0
         self.last_hidden = None  # base model's pre-norm state at hidden_pos (for the MTP head)
         self.hidden_pos = -1
+        # Overlapped steps: the last token id is a placeholder for the token the previous step
+        # sampled, still on the device at this row of its sampled tokens (see LLMEngine.step).
+        self.fed_row: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -78,7 +81,17 @@ class Sequence:
             del self.token_ids[-drop:]
             self.num_draft = keep
 
+    def add_placeholder(self, row: int) -> None:
+        """Stand in for a sampled token the host has not seen yet (row `row` of the device tensor
+        that holds it), so the next step can compute its position before the token is known."""
+        self.token_ids.append(0)
+        self.fed_row = row
+
     def append(self, token_id: int) -> None:
-        """Add a generated token."""
-        self.token_ids.append(token_id)
+        """Add a generated token (in place of the placeholder, when one stands in for it)."""
+        if self.fed_row is not None:
+            self.token_ids[-1] = token_id
+            self.fed_row = None
+        else:
+            self.token_ids.append(token_id)
         self.output_counts[token_id] = self.output_counts.get(token_id, 0) + 1

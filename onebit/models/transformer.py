@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from onebit.kernels import ops
+from onebit.kernels import gemv, ops
 from onebit.kernels.attention import AttentionMetadata, paged_attention
 from onebit.models.config import ModelConfig
-from onebit.models.layers import RMSNorm, SwiGLU
+from onebit.models.layers import Linear, RMSNorm, SwiGLU
 
 
 class Attention(nn.Module):
@@ -23,8 +23,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.head_dim ** -0.5
@@ -72,7 +72,7 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor], return_prenorm: bool = False):
@@ -90,5 +90,14 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] for selected hidden states [N, hidden]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return hidden @ weight.t()
+        return gemv.linear(hidden, self.output_weight())
+
+    def output_weight(self) -> torch.Tensor:
+        """The LM head's weight [vocab, hidden] (the embedding's when tied)."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def linear_weights(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """Every matrix a step multiplies by, by name: (weight, bias)."""
+        out = {name: (m.weight, m.bias) for name, m in self.named_modules() if isinstance(m, nn.Linear)}
+        out["lm_head"] = (self.output_weight(), None)
+        return out

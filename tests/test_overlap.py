@@ -1,0 +1,117 @@
+"""Overlapped steps: step n+1 is queued before step n's sampled tokens reach the host.
+
+On CPU nothing runs asynchronously, but the bookkeeping is the same as on CUDA: decodes read
+their last token (a placeholder on the host) from the previous step's sampled ids on the
+device, and every token reaches the host one `step()` later. The output must be exactly
+that of plain steps, whatever ends a request (length, a stop token, a stop string, an abort).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from onebit import LLM, SamplingParams
+from test_cuda_graph_inputs import emulate_graphs
+
+
+def _count_feeds(llm: LLM) -> list[int]:
+    """Record, per forward, how many rows took their input id from the previous step's tokens."""
+    runner, fed = llm.engine.runner, []
+    feed = runner._feed
+
+    def spy(plan, fed_tokens):
+        result = feed(plan, fed_tokens)
+        fed.append(0 if result is None else result[0].numel())
+        return result
+    runner._feed = spy
+    return fed
+
+
+def _no_leak(llm: LLM) -> None:
+    engine = llm.engine
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    assert not engine.has_unfinished() and not engine.seqs
+
+
+def _prompts() -> list[list[int]]:
+    return [[(7 * i + 3 * j) % 400 + 10 for j in range(3 + 5 * i)] for i in range(6)]
+
+
+def _mixed_params(stop_token: int) -> list[SamplingParams]:
+    return [
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop_token]),
+        SamplingParams(temperature=0.8, seed=7, max_tokens=20, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=16, min_tokens=16, logit_bias={11: 2.0}),
+        SamplingParams(temperature=0.5, seed=3, max_tokens=25, ignore_eos=True),
+    ]
+
+
+def _stop_token(tiny_model_dir) -> int:
+    """A token that the second prompt's greedy continuation produces mid-way, to stop on."""
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=1)
+    tokens = llm.generate([_prompts()[1]], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].token_ids
+    return tokens[len(tokens) // 2]
+
+
+def _outputs(llm: LLM, params):
+    return [(o.token_ids, o.text, o.finish_reason,
+             [(lp.token_id, round(lp.logprob, 4)) for lp in o.logprobs] if o.logprobs else None)
+            for o in llm.generate(_prompts(), params)]
+
+
+@pytest.mark.parametrize("graph_rows", [False, True])
+def test_overlapped_steps_give_the_plain_steps_output(tiny_model_dir, graph_rows):
+    params = _mixed_params(_stop_token(tiny_model_dir))
+    plain = LLM(str(tiny_model_dir), device="cpu", parallel=4, block_size=4, overlap=False)
+    overlapped = LLM(str(tiny_model_dir), device="cpu", parallel=4, block_size=4, overlap=True)
+    if graph_rows:  # the CUDA-graph path's static buffers, run eagerly: fed ids land in the static input
+        emulate_graphs(overlapped, chunk=16)
+    fed = _count_feeds(overlapped)
+    expected = _outputs(plain, params)
+    assert expected[1][2] == "stop" and expected[3][0] and len(expected[3][0]) == 1
+    assert _outputs(overlapped, params) == expected
+    assert sum(fed) > 20, "decodes should have read their input ids from the previous step on the device"
+    _no_leak(overlapped)
+
+
+def test_penalties_wait_for_the_host(tiny_model_dir):
+    """A repetition penalty needs the tokens so far on the host: those steps do not overlap."""
+    params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, frequency_penalty=0.5)]
+    plain = LLM(str(tiny_model_dir), device="cpu", parallel=2, overlap=False)
+    overlapped = LLM(str(tiny_model_dir), device="cpu", parallel=2, overlap=True)
+    fed = _count_feeds(overlapped)
+    prompts = _prompts()[:2]
+    assert ([o.token_ids for o in overlapped.generate(prompts, params)]
+            == [o.token_ids for o in plain.generate(prompts, params)])
+    assert sum(fed) == 0
+
+
+def test_abort_while_a_step_is_in_flight(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=3, overlap=True)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i, prompt in enumerate(_prompts()[:3]):
+        engine.add_request(f"r{i}", prompt, params)
+    deltas = {f"r{i}": [] for i in range(3)}
+    for _ in range(5):
+        for d in engine.step():
+            deltas[d.request_id].append(d)
+    assert engine._inflight is not None  # a step is queued whose tokens the host has not seen
+    engine.abort("r1")
+    while engine.has_unfinished():
+        for d in engine.step():
+            deltas[d.request_id].append(d)
+    finals = [d for d in deltas["r1"] if d.finished]
+    assert len(finals) == 1 and finals[0].finish_reason == "abort" and deltas["r1"][-1] is finals[0]
+    for rid in ("r0", "r2"):
+        assert sum(len(d.token_ids) for d in deltas[rid]) == 40 and deltas[rid][-1].finish_reason == "length"
+    _no_leak(llm)
+
+
+def test_speculative_decoding_turns_overlap_off(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=2, overlap=True, speculative="ngram")
+    assert not llm.engine.overlap
