@@ -142,7 +142,8 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default="graphs,graphs-overlap",
                     help="engine variants to time: eager, graphs (CUDA graphs: the default engine), "
-                         "graphs-overlap (and each step queued before the last one's tokens reach the host)")
+                         "graphs-overlap (and each step queued before the last one's tokens reach the host), "
+                         "and '-cublas' appended to either: no Triton GEMV for one-row products")
     ap.add_argument("--hf-batches", default="8,32,64", help="transformers continuous batching sizes ('' to skip)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -170,9 +171,11 @@ def main() -> int:
             model=str(big), device="cuda", dtype="bfloat16", parallel=max(batches),
             ctx_size=args.prompt_tokens + args.max_tokens + 16, max_batch_tokens=8192,
             enable_prefix_caching=False, load_format="dummy", cuda_graphs=variant.startswith("graphs"),
-            overlap=variant.endswith("-overlap")))
+            overlap="-overlap" in variant, triton_gemv="-cublas" not in variant))
         torch.cuda.synchronize()
         lines.append(f"8B-shape engine ({variant}) built in {time.perf_counter() - t0:.1f}s")
+        if variant == "graphs":
+            lines += engine.runner.gemv_report
         if variant == "graphs":
             try:
                 lines.append(check_8b_logits(engine))

@@ -78,9 +78,11 @@ class ModelRunner:
         self.graphs: CudaGraphDecoder | None = None
         self.max_graph_chunk = max_graph_chunk
         self.graph_steps = self.graph_rows = self.eager_steps = 0  # for the engine's step summary
+        self.gemv_report: list[str] = []  # the one-row calibration's lines, for logs and benchmarks
         if triton_gemv and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
             # Before capture, so the one-row graph records whichever product won for each shape.
-            for line in gemv.calibrate(model.linear_weights()):
+            self.gemv_report = gemv.calibrate(model.linear_weights())
+            for line in self.gemv_report:
                 log.info(line)
         if cuda_graphs and device.type == "cuda":
             rows = max(max_batch, min(max_batch * max_graph_chunk, LADDER[-1]))
