@@ -61,8 +61,10 @@ class CudaGraphDecoder:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):  # compile Triton kernels and settle the allocator outside capture
-                self._forward(self.sizes[-1])
+            # Compile every Triton kernel variant outside capture (few-row products pick their
+            # kernel by row count), then settle the allocator at the largest size.
+            for b in self.sizes + [self.sizes[-1]]:
+                self._forward(b)
         torch.cuda.current_stream().wait_stream(stream)
         for b in reversed(self.sizes):
             graph = torch.cuda.CUDAGraph()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder
+from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder, ladder_for
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
@@ -54,8 +54,9 @@ class ModelRunner:
 
     On CUDA, steps whose sequences each bring at most `max_graph_chunk` tokens (decodes,
     verifications, short prompt chunks) and fit the largest captured row count replay graphs;
-    others run eagerly. With `triton_gemv` (half precision on CUDA), one-row products use the
-    Triton GEMV for the weight shapes where it measured faster than cuBLAS at start-up.
+    others run eagerly. With `triton_gemv` (half precision on CUDA), products with few rows (the
+    ladder's sizes up to 16) use a Triton kernel for the weight shapes where one measured
+    faster than cuBLAS at start-up.
     """
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
@@ -78,14 +79,15 @@ class ModelRunner:
         self.graphs: CudaGraphDecoder | None = None
         self.max_graph_chunk = max_graph_chunk
         self.graph_steps = self.graph_rows = self.eager_steps = 0  # for the engine's step summary
-        self.gemv_report: list[str] = []  # the one-row calibration's lines, for logs and benchmarks
+        rows = max(max_batch, min(max_batch * max_graph_chunk, LADDER[-1]))  # the graphs' largest step
+        self.gemv_report: list[str] = []  # the few-row calibration's lines, for logs and benchmarks
         if triton_gemv and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
-            # Before capture, so the one-row graph records whichever product won for each shape.
-            self.gemv_report = gemv.calibrate(model.linear_weights())
+            # Before capture, so each graph records whichever product won for its row count.
+            few_rows = [b for b in ladder_for(rows) if b <= gemv.MAX_CALIBRATED_ROWS]
+            self.gemv_report = gemv.calibrate(model.linear_weights(), few_rows)
             for line in self.gemv_report:
                 log.info(line)
         if cuda_graphs and device.type == "cuda":
-            rows = max(max_batch, min(max_batch * max_graph_chunk, LADDER[-1]))
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
                                            -(-max_model_len // block_size), self.num_splits, max_model_len)
             self.graphs.capture()
