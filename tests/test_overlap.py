@@ -115,3 +115,21 @@ def test_abort_while_a_step_is_in_flight(tiny_model_dir):
 def test_speculative_decoding_turns_overlap_off(tiny_model_dir):
     llm = LLM(str(tiny_model_dir), device="cpu", parallel=2, overlap=True, speculative="ngram")
     assert not llm.engine.overlap
+
+
+def test_prefix_cache_hits_are_the_same_with_overlap(tiny_model_dir):
+    """Blocks filled while a step is in flight are hashed once their tokens are known: later
+    requests with the same prefix hit the cache exactly as they do without overlap."""
+    shared = [(5 * j) % 300 + 20 for j in range(24)]
+    prompts = [shared + [100 + i] for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    results = {}
+    for overlap in (False, True):
+        llm = LLM(str(tiny_model_dir), device="cpu", parallel=2, block_size=4, overlap=overlap)
+        first = llm.generate([prompts[0]], params)[0]
+        # The first request's output blocks are cached too: a prompt that continues it hits them.
+        rest = llm.generate([prompts[1], prompts[0] + first.token_ids[:8] + [7]], params)
+        results[overlap] = [(o.token_ids, o.num_cached_tokens) for o in [first, *rest]]
+        _no_leak(llm)
+    assert results[True] == results[False]
+    assert results[True][1][1] == 24 and results[True][2][1] == 32
