@@ -133,3 +133,18 @@ def test_prefix_cache_hits_are_the_same_with_overlap(tiny_model_dir):
         _no_leak(llm)
     assert results[True] == results[False]
     assert results[True][1][1] == 24 and results[True][2][1] == 32
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_offline_bench_splits_prefill_and_decode_by_first_tokens(tiny_model_dir, overlap):
+    """`1bit bench --offline` counts every generated token once; decode starts when all requests
+    have their first token, which with overlap arrives one step() later."""
+    from onebit.bench.offline import run_offline
+    lines = []
+    results = run_offline(str(tiny_model_dir), [1, 3], 8, 6, "cpu", "float32", print_fn=lines.append,
+                          overlap=overlap)
+    assert [r.generated for r in results] == [8, 24]
+    assert all(r.decode_s > 0 and r.prefill_s > 0 for r in results)
+    # Decode counts every token after the first of each request, in both modes.
+    assert [round(r.decode_tokens_per_s * r.decode_s) for r in results] == [7, 21]
+    assert ("overlapped steps" in lines[0]) == overlap

@@ -62,16 +62,17 @@ def run_batch(engine: LLMEngine, batch: int, prompt_tokens: int, max_tokens: int
 
 
 def run_offline(model: str, batches: list[int], max_tokens: int, prompt_tokens: int, device: str,
-                dtype: str, print_fn=print) -> list[OfflineResult]:
+                dtype: str, print_fn=print, overlap: bool = False) -> list[OfflineResult]:
     """Load the model once with enough slots for the largest batch; time each batch size after a warm-up."""
     config = EngineConfig(model=model, device=device, dtype=dtype, parallel=max(batches),
                           ctx_size=prompt_tokens + max_tokens + 16,
-                          max_batch_tokens=max(2048, prompt_tokens * 4), enable_prefix_caching=False)
+                          max_batch_tokens=max(2048, prompt_tokens * 4), enable_prefix_caching=False,
+                          overlap=overlap)
     engine = LLMEngine(config)
     run_batch(engine, min(batches), prompt_tokens, 8, seed=999)  # warm-up
     results = []
     print_fn(f"model {model} on {engine.device} ({engine.dtype}), prompt {prompt_tokens} tokens, "
-             f"{max_tokens} new tokens")
+             f"{max_tokens} new tokens{', overlapped steps' if engine.overlap else ''}")
     print_fn("| batch | decode tok/s | total tok/s | prefill s | decode s |")
     print_fn("|---:|---:|---:|---:|---:|")
     for b in batches:
