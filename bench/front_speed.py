@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,32,64")
     ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--out", default="front-speed")
+    ap.add_argument("--out", default="out/front-speed")
     ap.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_port is not None:
