@@ -31,15 +31,12 @@ SHAPES = {
         "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
         "bos_token_id": 151643, "eos_token_id": 151645,
     },
-    # The same layout at toy size, to try the scripts that use qwen3-8b on a CPU.
-    "qwen3-tiny": {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128,
-        "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1024, "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0, "max_position_embeddings": 4096, "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16", "hidden_act": "silu", "attention_bias": False,
-        "bos_token_id": 1019, "eos_token_id": 1021,
-    },
+}
+# The same layout at toy size, to try the scripts that use qwen3-8b on a CPU.
+SHAPES["qwen3-tiny"] = {
+    **SHAPES["qwen3-8b"], "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1024,
+    "max_position_embeddings": 4096, "bos_token_id": 1019, "eos_token_id": 1021,
 }
 
 INDEX = "model.safetensors.index.json"
