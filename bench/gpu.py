@@ -143,7 +143,7 @@ def main() -> int:
     ap.add_argument("--variants", default="graphs,graphs-overlap",
                     help="engine variants to time: eager, graphs (CUDA graphs: the default engine), "
                          "graphs-overlap (and each step queued before the last one's tokens reach the host), "
-                         "and '-cublas' appended to either: no Triton GEMV for one-row products")
+                         "and '-cublas' appended to either: no Triton kernels for few-row products")
     ap.add_argument("--hf-batches", default="8,32,64", help="transformers continuous batching sizes ('' to skip)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]

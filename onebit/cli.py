@@ -70,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-prefix-caching", action="store_true", help="do not reuse cached prompt prefixes")
     serve.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (debugging)")
     serve.add_argument("--no-triton-gemv", action="store_true",
-                       help="always use cuBLAS for one-row products (by default each weight shape uses the "
-                            "Triton GEMV where it measured faster at start-up)")
+                       help="always use cuBLAS for products of 1 to 16 rows (by default each weight shape and "
+                            "row count uses a Triton kernel where one measured faster at start-up)")
     serve.add_argument("--overlap", action="store_true",
                        help="prepare and queue each step while the GPU still runs the one before (hides the "
                             "host's share of a step; experimental until measured on a GPU, see docs/perf.md)")

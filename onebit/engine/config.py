@@ -24,8 +24,8 @@ class EngineConfig:
     overlap: prepare and queue step n+1 while the GPU still runs step n; ignored with speculative
     decoding, where drafting needs each step's tokens on the host first. Off by default until it
     has been checked and timed on a GPU (docs/perf.md).
-    triton_gemv: at start-up on CUDA in half precision, time the Triton GEMV against cuBLAS for
-    each weight shape at one row, and use it for one-row steps where it is correct and faster.
+    triton_gemv: at start-up on CUDA in half precision, time the Triton few-row kernels against
+    cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
     """
 
     model: str

@@ -190,7 +190,7 @@ class LLMEngine:
         if previous is not None:
             deltas += self._finish_step(previous)
         if launched is not None:
-            if self.overlap and not launched.drafting and launched.out.hidden is None:
+            if self.overlap:  # never on with speculation, so a launched step has no drafts or MTP states
                 self._inflight = launched
             else:
                 deltas += self._finish_step(launched)
