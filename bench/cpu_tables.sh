@@ -7,7 +7,7 @@ OUT=${1:?output directory}
 PY=${PY:-.venv/bin/python}
 mkdir -p "$OUT"
 M="$OUT/tiny-qwen3"
-[ -d "$M" ] || "$PY" -m onebit.models.tiny "$M" --arch qwen3 --layers 4 --hidden 128 --vocab 1024 > /dev/null
+[ -d "$M" ] || "$PY" -m onebit.testing.tiny "$M" --arch qwen3 --layers 4 --hidden 128 --vocab 1024 > /dev/null
 export TQDM_DISABLE=1
 "$PY" -m onebit.cli bench --offline -m "$M" --batch 1,8,32,64 --max-tokens 128 --prompt-tokens 128 --device cpu \
   | tee "$OUT/offline.md"

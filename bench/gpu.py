@@ -28,7 +28,7 @@ def check_tiny_on_cuda(work: Path) -> list[str]:
     from transformers import AutoModelForCausalLM
 
     from onebit import LLM, SamplingParams
-    from onebit.models.tiny import make_tiny_model
+    from onebit.testing.tiny import make_tiny_model
     torch.backends.cuda.matmul.allow_tf32 = False
     path = make_tiny_model(work / "tiny", arch="qwen3", layers=4, hidden=128, vocab=1024)
     llm = LLM(str(path), device="cuda", dtype="float32", parallel=4)

@@ -28,7 +28,7 @@ from onebit.engine.oracle import OracleDrafter
 
 def check_tiny(work: Path) -> list[str]:
     """Greedy equality on CUDA: graphs vs eager vs drafting through graph rows."""
-    from onebit.models.tiny import make_tiny_model
+    from onebit.testing.tiny import make_tiny_model
     path = make_tiny_model(work / "tiny-mtp", arch="qwen3", layers=4, hidden=128, vocab=1024, mtp=True)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [40, 50, 60], [7, 7, 7, 7, 7, 7, 7, 7, 7]]
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)

@@ -44,7 +44,7 @@ INDEX = "model.safetensors.index.json"
 
 def make_shape_model(out: Path, shape: str = "qwen3-8b") -> Path:
     """Write config.json for `shape` plus the tiny model's tokenizer files into `out`."""
-    from onebit.models.tiny import make_tiny_model
+    from onebit.testing.tiny import make_tiny_model
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         tiny = make_tiny_model(Path(tmp) / "tiny", arch="qwen3", vocab=1024)

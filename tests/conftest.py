@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from onebit.models.tiny import make_tiny_model  # noqa: E402
+from onebit.testing.tiny import make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

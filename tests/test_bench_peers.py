@@ -12,7 +12,7 @@ import torch
 
 from onebit.bench.runfile import SCHEMA
 from onebit.bench.stats import summarize
-from onebit.models.gguf_export import export_gguf
+from onebit.testing.gguf_export import export_gguf
 from onebit.models.loader import load_model
 from onebit.models.tokenizer import Tokenizer
 

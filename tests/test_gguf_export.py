@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file
 
 from onebit.models.config import ModelConfig
-from onebit.models.gguf_export import (
+from onebit.testing.gguf_export import (
     GGUFExportError, expected_tensors, export_gguf, main, rotate_half_to_interleaved,
 )
-from onebit.models.tiny import make_tiny_model
+from onebit.testing.tiny import make_tiny_model
 from onebit.models.tokenizer import Tokenizer
 
 Q = gguf.GGMLQuantizationType

@@ -120,7 +120,7 @@ def test_request_can_turn_drafting_off_and_sampling_stays_valid():
 def test_tiny_generator_writes_an_mtp_head_the_engine_loads(tmp_path, tiny_model_dir):
     from safetensors import safe_open
 
-    from onebit.models.tiny import make_tiny_model
+    from onebit.testing.tiny import make_tiny_model
     path = make_tiny_model(tmp_path / "mtp", arch="qwen3", mtp=True)
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         names = set(f.keys())
@@ -379,7 +379,7 @@ def test_kv_budget_reported_for_restarts_covers_the_mtp_layer(tiny_models):
     """A restarted backend is pinned to the bytes its first load reported; with an MTP layer (or a
     draft pool) in every block, those bytes must buy the same number of blocks again."""
     from onebit.backends.native_worker import _kv_info
-    from onebit.models.tiny import make_tiny_model
+    from onebit.testing.tiny import make_tiny_model
     path = make_tiny_model(tiny_models("qwen3").parent / "kv-mtp", arch="qwen3", mtp=True)
     first = LLM(str(path), device="cpu", speculative="mtp", kv_cache_memory=3 << 20).engine
     info = _kv_info(first)

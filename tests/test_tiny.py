@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from onebit.models import tiny
-from onebit.models.tiny import make_tiny_model
+from onebit.testing import tiny
+from onebit.testing.tiny import make_tiny_model
 from onebit.models.tokenizer import Tokenizer
 
 ARCHS = ["qwen3", "llama", "qwen2", "mistral"]

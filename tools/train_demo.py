@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from onebit.models.tiny import tokenizer_config  # noqa: E402  (one ChatML setup for the project)
+from onebit.testing.tiny import tokenizer_config  # noqa: E402  (one ChatML setup for the project)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MTP_LOSS_WEIGHT = 0.3

@@ -10,7 +10,7 @@
 #      unless .peers/build-cuda/bin/llama-server is there already;
 #   B. meanwhile: write the model (config, tokenizer, random weights drawn on the GPU by our dummy
 #      loader and saved as safetensors shards), then, at the same time, its bf16 GGUF
-#      (onebit.models.gguf_export) and 1bit's fp32 greedy reference for the llama.cpp check;
+#      (onebit.testing.gguf_export) and 1bit's fp32 greedy reference for the llama.cpp check;
 #   C. once the build is done: bench 1bit (run_peers.py --peers 1bit) with nothing else running;
 #   D. bench llama.cpp (greedy check against the reference, then the same load) and write one
 #      report with both.
@@ -173,7 +173,7 @@ say "writing the model, its GGUF and 1bit's reference continuation -> logs/prepa
     fi
     gguf_pid=
     if [[ ! -f $GGUF ]]; then
-        "${FRONT[@]}" "$PY" -m onebit.models.gguf_export "$MODEL" "$GGUF" --dtype bf16 > "$LOGS/gguf.log" 2>&1 &
+        "${FRONT[@]}" "$PY" -m onebit.testing.gguf_export "$MODEL" "$GGUF" --dtype bf16 > "$LOGS/gguf.log" 2>&1 &
         gguf_pid=$!
     fi
     "${FRONT[@]}" "$PY" bench/peers/llamacpp_peer.py reference "$MODEL" "$CHECK_TOKENS" "$DEVICE" "$REF"

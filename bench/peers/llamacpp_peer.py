@@ -48,7 +48,7 @@ def find_llama_server(explicit: str | None = None) -> str | None:
 def write_gguf(model_dir: str | Path, out_dir: Path, dtype: str) -> Path:
     """The GGUF of `model_dir` in `out_dir`, written by the project's writer (rewritten every run:
     cheap for test models, and never stale)."""
-    from onebit.models.gguf_export import export_gguf
+    from onebit.testing.gguf_export import export_gguf
 
     return export_gguf(model_dir, out_dir / f"{Path(model_dir).resolve().name}-{dtype}.gguf", dtype)
 

@@ -9,7 +9,7 @@ Each server is started on a free loopback port, waited for on /health, benchmark
 same settings, and stopped. A peer that cannot be started is named with the reason, and the
 report holds the others. See bench/peers/README.md for what each peer needs.
 
-For llama.cpp the GGUF is written from MODEL_DIR by `onebit.models.gguf_export` unless --gguf is
+For llama.cpp the GGUF is written from MODEL_DIR by `onebit.testing.gguf_export` unless --gguf is
 given, and llama-server must first continue a token-id prompt greedily as 1bit does (exactly for
 an f32 GGUF; for f16/bf16 see llamacpp_peer.greedy_check).
 """

@@ -1,6 +1,6 @@
 """Tiny random-weight models in the real Hugging Face layout, generated deterministically.
 
-    python -m onebit.models.tiny OUT_DIR --arch qwen3 --layers 2 --hidden 64
+    python -m onebit.testing.tiny OUT_DIR --arch qwen3 --layers 2 --hidden 64
 
 Same arguments, same bytes: weights come from a seeded torch.Generator and the byte-level BPE
 tokenizer is trained on the built-in text in `tiny_corpus`. transformers loads the result, so
@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from onebit.models.tiny_corpus import CORPUS
+from onebit.testing.tiny_corpus import CORPUS
 
 ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
@@ -249,7 +249,7 @@ def make_tiny_model(
 
 def main(argv: list[str] | None = None) -> None:
     """Command line entry: write a tiny model to OUT_DIR."""
-    parser = argparse.ArgumentParser(prog="python -m onebit.models.tiny", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m onebit.testing.tiny", description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument("--arch", choices=sorted(ARCHITECTURES), default="qwen3")
     parser.add_argument("--layers", type=int, default=2)

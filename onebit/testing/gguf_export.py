@@ -1,6 +1,6 @@
 """Write a Hugging Face model directory (Qwen3, Qwen2, Llama, Mistral) as one GGUF file for llama.cpp.
 
-    python -m onebit.models.gguf_export MODEL_DIR OUT.gguf [--dtype f32|f16|bf16]
+    python -m onebit.testing.gguf_export MODEL_DIR OUT.gguf [--dtype f32|f16|bf16]
 
 Weights stream from the safetensors files one tensor at a time, so the whole model is never in
 memory. Matrices are stored in the chosen dtype, norms and biases always in f32. The tokenizer
@@ -374,7 +374,7 @@ def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f32",
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="python -m onebit.models.gguf_export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m onebit.testing.gguf_export", description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", help="Hugging Face model directory (config.json, safetensors, tokenizer.json)")
     parser.add_argument("out", help="GGUF file to write")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="type of the matrices (default f32)")
