@@ -1,4 +1,5 @@
-"""tools/train_demo.py: the smoke run writes a loadable model whose MTP head has the documented layout."""
+"""tools/train_demo.py (code in tools/demo_training/): the smoke run writes a loadable model whose MTP head
+has the documented layout."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,8 +32,9 @@ def _load_script():
 
 @pytest.fixture(scope="module")
 def td():
-    """The training script as a module."""
-    return _load_script()
+    """The training package, imported the way the entry script imports it."""
+    _load_script()  # puts the repository on sys.path, as `python3 tools/train_demo.py` does
+    return importlib.import_module("tools.demo_training")
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +193,8 @@ def test_a_failing_compile_falls_back_to_eager(td, monkeypatch):
     model = _tiny_model(td).train()
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 97, (4000,), generator=gen, dtype=torch.int32)
-    val = td._windows(torch.randint(0, 97, (1000,), generator=gen), td.SMOKE.seq_len + 1, 4).long()
-    settings = td.replace(td.SMOKE, max_steps=2, val_every_steps=2)
+    val = td.windows(torch.randint(0, 97, (1000,), generator=gen), td.SMOKE.seq_len + 1, 4).long()
+    settings = replace(td.SMOKE, max_steps=2, val_every_steps=2)
     history = td.train(model, tokens, val, settings, torch.device("cpu"), seed=0, budget_s=60.0, compile_it=True)
     assert history["steps"] == 2 and history["step_mode"] == "eager"
 
