@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["LLM", "SamplingParams"]
-__version__ = "0.1.0"
+from onebit._version import __version__
+
+__all__ = ["LLM", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):

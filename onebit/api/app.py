@@ -9,6 +9,7 @@ from typing import Callable
 
 from fastapi import FastAPI
 
+from onebit._version import __version__
 from onebit.api import routes_chat, routes_completions, routes_info
 from onebit.api.errors import install_error_handlers
 from onebit.api.metrics import Metrics
@@ -64,7 +65,7 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
             begin_shutdown(app)
             await app.state.stopping
 
-    app = FastAPI(title="1bit", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="1bit", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible LLM server")
     app.state.server = state
     app.state.stopping = None
