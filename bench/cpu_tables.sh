@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU tables of docs/perf.md, on a tiny Qwen3 (4 layers, hidden 128): engine alone by batch,
+# The CPU tables of docs/perf.md (full tables: docs/perf-history.md), on a tiny Qwen3 (4 layers, hidden 128): engine alone by batch,
 # the server by concurrency, and the seed's adaptive table. About 10 minutes on 2 cores.
 # Usage: bash bench/cpu_tables.sh OUT_DIR
 set -eu
