@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The CPU tables of docs/perf.md (full tables: docs/perf-history.md), on a tiny Qwen3 (4 layers, hidden 128): engine alone by batch,
-# the server by concurrency, and the seed's adaptive table. About 10 minutes on 2 cores.
+# The CPU tables of docs/perf.md (in full: docs/perf-history.md), on a tiny Qwen3 (4 layers,
+# hidden 128): engine alone by batch, the server by concurrency, and the seed's adaptive table.
+# About 10 minutes on 2 cores.
 # Usage: bash bench/cpu_tables.sh OUT_DIR
 set -eu
 OUT=${1:?output directory}
