@@ -42,10 +42,10 @@ class LLM:
         order, results = [], {}
         for prompt, p in zip(prompts, params):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            rid = f"offline-{next(self._ids)}"
-            self.engine.add_request(rid, ids, p)
-            order.append(rid)
-            results[rid] = RequestOutput(rid, ids, [], "", None, [] if p.logprobs is not None else None)
+            request_id = f"offline-{next(self._ids)}"
+            self.engine.add_request(request_id, ids, p)
+            order.append(request_id)
+            results[request_id] = RequestOutput(request_id, ids, [], "", None, [] if p.logprobs is not None else None)
         while self.engine.has_unfinished():
             for delta in self.engine.step():
                 out = results.get(delta.request_id)
@@ -58,4 +58,4 @@ class LLM:
                 if delta.finished:
                     out.finish_reason, out.error = delta.finish_reason, delta.error
                     out.num_cached_tokens = delta.num_cached_tokens
-        return [results[rid] for rid in order]
+        return [results[request_id] for request_id in order]

@@ -59,15 +59,15 @@ class DraftModelProposer:
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  target_vocab: int, num_blocks: int, block_size: int, ctx_size: int, max_batch_tokens: int,
-                 max_batch: int = 1, cuda_graphs: bool = False):
+                 parallel: int = 1, cuda_graphs: bool = False):
         self.cfg = cfg
         self.vocab = min(cfg.vocab_size, target_vocab)
-        self.max_len = min(ctx_size, cfg.max_position_embeddings)
+        self.ctx_size = min(ctx_size, cfg.max_position_embeddings)
         self.max_batch_tokens = max_batch_tokens
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         # Drafting steps are one token per sequence and catching up after a verification is at most
         # draft_max + 1 tokens: on CUDA both replay graphs.
-        self.runner = ModelRunner(model, cfg, device, dtype, num_blocks, block_size, self.max_len, max_batch,
+        self.runner = ModelRunner(model, cfg, device, dtype, num_blocks, block_size, self.ctx_size, parallel,
                                   cuda_graphs)
         self.proxies: dict[Sequence, Sequence] = {}  # target sequence -> its draft-side proxy
 
@@ -97,7 +97,7 @@ class DraftModelProposer:
     def _propose(self, chosen: list[tuple[Sequence, int]]) -> Proposals:
         todo = []
         for seq, k in chosen:
-            k = min(k, self.max_len + 1 - seq.num_tokens)
+            k = min(k, self.ctx_size + 1 - seq.num_tokens)
             proxy = self._sync(seq, k) if k > 0 else None
             if proxy is not None:
                 todo.append((seq, proxy, k))
@@ -133,7 +133,7 @@ class DraftModelProposer:
         them and blocks for k - 1 drafts; None (proxy left consistent) when it cannot draft now."""
         proxy = self.proxies.get(seq)
         if proxy is None:
-            proxy = self.proxies[seq] = Sequence(seq.request_id, [], seq.params, self.max_len, 0)
+            proxy = self.proxies[seq] = Sequence(seq.request_id, [], seq.params, self.ctx_size, 0)
         tokens = seq.token_ids
         # The proxy's tokens before its own drafts were copied from seq's and are final there.
         same = len(proxy.token_ids) - proxy.num_draft
