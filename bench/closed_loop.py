@@ -69,15 +69,15 @@ def main() -> None:
         engine.runner.max_graph_chunk = args.graph_chunk
     stats: dict[str, float] = defaultdict(float)
     for name in ("drafts", "schedule", "forward (host)", "sample (queued)",
-                 "finish (waits for tokens; accept inside)", "  of which accept"):
+                 "update (waits for tokens; append inside)", "  of which append"):
         stats[name] = 0.0  # the table's order
-    engine._propose_drafts = timed(stats, "drafts", engine._propose_drafts)
+    engine.speculator.propose = timed(stats, "drafts", engine.speculator.propose)
     engine.scheduler.schedule = timed(stats, "schedule", engine.scheduler.schedule)
     engine.runner.run = timed(stats, "forward (host)", engine.runner.run)
-    engine._sample_plain = timed(stats, "sample (queued)", engine._sample_plain)
+    engine._sample = timed(stats, "sample (queued)", engine._sample)
     # Waiting for a step's tokens (the GPU) and accepting them; with overlap the next step runs meanwhile.
-    engine._finish_step = timed(stats, "finish (waits for tokens; accept inside)", engine._finish_step)
-    engine._accept = timed(stats, "  of which accept", engine._accept)
+    engine._update = timed(stats, "update (waits for tokens; append inside)", engine._update)
+    engine._append = timed(stats, "  of which append", engine._append)
     rng = random.Random(0)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
 
@@ -108,7 +108,7 @@ def main() -> None:
     print("| phase | ms per step |\n|---|---:|")
     for name, seconds in stats.items():
         print(f"| {name} | {seconds / steps * 1e3:.2f} |")
-    nested = stats.get("  of which accept", 0.0)
+    nested = stats.get("  of which append", 0.0)
     print(f"| other | {(wall - sum(stats.values()) + nested) / steps * 1e3:.2f} |")
 
 

@@ -65,14 +65,14 @@ def check_8b_logits(engine) -> str:
         ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     missing, unexpected = ref.load_state_dict(hf_state_dict(engine.runner.model), strict=False)
     ids = torch.randint(10, 150000, (128,), generator=torch.Generator().manual_seed(1)).tolist()
-    seq = Sequence("probe", ids, SamplingParams(), engine.max_model_len, 0)
-    engine.block_manager.grow(seq, len(ids))
+    seq = Sequence("probe", ids, SamplingParams(), engine.ctx_size, 0)
+    engine.scheduler.blocks.grow(seq, len(ids))
     with torch.inference_mode():
         x, pos, meta = engine.runner.prepare([(seq, len(ids))])
         ours = engine.runner.model.compute_logits(engine.runner.model(x, pos, engine.runner.kv_cache, meta,
                                                                       engine.runner.rope)).float()
         theirs = ref(torch.tensor([ids], device="cuda")).logits[0].float()
-    engine.block_manager.free_sequence(seq)
+    engine.scheduler.blocks.free_sequence(seq)
     rel = ((ours - theirs).norm() / theirs.norm()).item()
     agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
     del ref
@@ -155,8 +155,8 @@ def main() -> int:
         traceback.print_exc()
         lines.append("tiny CUDA check FAILED (traceback above)")
     from onebit.bench.offline import run_batch
+    from onebit.engine.build import build_engine
     from onebit.engine.config import EngineConfig
-    from onebit.engine.llm_engine import LLMEngine
     big = work / "qwen3-8b-shape"
     big.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
@@ -167,7 +167,7 @@ def main() -> int:
     results = []
     for variant in args.variants.split(","):
         t0 = time.perf_counter()
-        engine = LLMEngine(EngineConfig(
+        engine = build_engine(EngineConfig(
             model=str(big), device="cuda", dtype="bfloat16", parallel=max(batches),
             ctx_size=args.prompt_tokens + args.max_tokens + 16, max_batch_tokens=8192,
             enable_prefix_caching=False, load_format="dummy", cuda_graphs=variant.startswith("graphs"),

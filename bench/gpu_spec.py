@@ -23,7 +23,7 @@ import torch
 from make_shape_model import make_shape_model  # noqa: E402  (bench/ is the script directory)
 
 from onebit import LLM, SamplingParams
-from onebit.engine.oracle import OracleDrafter
+from onebit.bench.oracle import OracleDrafter, oracle_speculation
 
 
 def check_tiny(work: Path) -> list[str]:
@@ -36,8 +36,8 @@ def check_tiny(work: Path) -> list[str]:
     for name, options in (("graphs", {}), ("eager", {"cuda_graphs": False}),
                           ("mtp", {"speculative": "mtp"}), ("ngram", {"speculative": "ngram"})):
         llm = LLM(str(path), device="cuda", dtype="float32", parallel=3, **options)
-        if llm.engine.policy is not None:
-            policy = llm.engine.policy
+        if llm.engine.speculator.policy is not None:
+            policy = llm.engine.speculator.policy
             policy.choose = lambda batch, policy=policy: policy.k_max
         outs[name] = [o.token_ids for o in llm.generate(prompts, params)]
         if name in ("mtp", "ngram"):
@@ -76,9 +76,9 @@ def oracle_table(work: Path, max_tokens: int, ps: list[float]) -> list[str]:
     rows = [f"| none | - | {base:,.1f} | 1.00x | - | - |"]
     for p in ps:
         for k_mode in ("policy", "k=3"):
-            llm = LLM(str(model), speculative="oracle", oracle_p=p, oracle_record=str(record), draft_max=3, **common)
+            llm = LLM(str(model), speculative=oracle_speculation(p, record, draft_max=3), **common)
             if k_mode == "k=3":
-                policy = llm.engine.policy
+                policy = llm.engine.speculator.policy
                 policy.choose = lambda batch, policy=policy: policy.k_max
             rate, outs = timed(llm, prompts, max_tokens)
             e = llm.engine

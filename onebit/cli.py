@@ -91,13 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--draft-policy", choices=["auto", "always"], default="auto",
                       help="auto: draft only while measured step times say it pays (default); always: draft "
                            "--draft-max tokens on every step, as llama.cpp does")
-    spec.add_argument("--draft", default=None, metavar="oracle:P",
-                      help="MEASURING INSTRUMENT, not a drafter: oracle:P proposes the recorded greedy output "
-                           "(--draft-record, JSON lines from a plain run) right with probability P, to measure "
-                           "speed against acceptance on random-weight models. Never use it to serve")
-    spec.add_argument("--draft-record", default=None, metavar="FILE", help="the oracle's recorded greedy outputs")
-    serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
-                       help="dummy: random weights from config.json alone (benchmarks)")
+    # Benchmark-only switches, hidden from --help (bench/README.md documents them): the oracle
+    # drafter, a measuring instrument (onebit/bench/oracle.py), and random weights of a model's shape.
+    spec.add_argument("--draft", default=None, help=argparse.SUPPRESS)
+    spec.add_argument("--draft-record", default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"], help=argparse.SUPPRESS)
     _add_backend_arguments(serve)
     serve.add_argument("--alias", help="model name clients use (default: directory name)")
     serve.add_argument("--api-key", help="require this key on every API route")
@@ -108,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _speculative_options(args: argparse.Namespace, path) -> dict:
-    """EngineConfig fields for the chosen drafter; ValueError (or ModelLoadError) with a clear message."""
+def _speculative_config(args: argparse.Namespace, path):
+    """The SpeculativeConfig for the chosen drafter (None: no drafting); ValueError (or
+    ModelLoadError) with a clear message."""
+    from onebit.engine.spec.config import SpeculativeConfig
     from onebit.models.loader import resolve_model_path
     from onebit.models.tokenizer import Tokenizer
 
@@ -119,32 +119,39 @@ def _speculative_options(args: argparse.Namespace, path) -> dict:
     if len(drafters) > 1:
         count = {2: "two", 3: "three"}.get(len(drafters), str(len(drafters)))
         raise ValueError(f"{' and '.join(drafters)} are {count} drafters; choose one")
-    options = {"draft_max": args.draft_max, "mtp_p_min": args.mtp_p_min, "draft_policy": args.draft_policy}
+    options = {"draft_max": args.draft_max, "p_min": args.mtp_p_min, "policy": args.draft_policy}
     if args.mtp is not None:
-        return {**options, "speculative": "mtp", "mtp_path": args.mtp or None}
+        return SpeculativeConfig("mtp", mtp_path=args.mtp or None, **options)
     if args.ngram:
-        return {**options, "speculative": "ngram"}
+        return SpeculativeConfig("ngram", **options)
     if args.draft_model is not None:
-        from onebit.engine.draft_model import check_same_tokenizer
+        from onebit.engine.spec.draft_model import check_same_tokenizer
 
         draft_model = resolve_model_path(args.draft_model)
         check_same_tokenizer(Tokenizer.from_dir(path), Tokenizer.from_dir(draft_model), str(draft_model))
-        return {**options, "speculative": "draft", "draft_model": str(draft_model)}
+        return SpeculativeConfig("draft", draft_model=str(draft_model), **options)
     if args.draft is not None:
-        kind, _, p = args.draft.partition(":")
-        try:
-            probability = float(p)
-        except ValueError:
-            probability = -1.0
-        if kind != "oracle" or not 0.0 <= probability <= 1.0:
-            raise ValueError(f"--draft {args.draft!r}: the only value is oracle:P with P in [0, 1] (a measuring "
-                             "instrument; real drafters are --mtp, --ngram and --draft-model)")
-        if not args.draft_record:
-            raise ValueError("--draft oracle:P needs --draft-record FILE (recorded greedy outputs)")
-        return {**options, "speculative": "oracle", "oracle_p": probability, "oracle_record": args.draft_record}
+        return _oracle_config(args)
     if args.draft_record:
         raise ValueError("--draft-record belongs to --draft oracle:P")
-    return {**options, "speculative": None}
+    return None
+
+
+def _oracle_config(args: argparse.Namespace):
+    """`--draft oracle:P --draft-record FILE`: the benchmark-only oracle drafter."""
+    from onebit.bench.oracle import oracle_speculation
+
+    kind, _, p = args.draft.partition(":")
+    try:
+        probability = float(p)
+    except ValueError:
+        probability = -1.0
+    if kind != "oracle" or not 0.0 <= probability <= 1.0:
+        raise ValueError(f"--draft {args.draft!r}: the only value is oracle:P with P in [0, 1] (a measuring "
+                         "instrument; real drafters are --mtp, --ngram and --draft-model)")
+    if not args.draft_record:
+        raise ValueError("--draft oracle:P needs --draft-record FILE (recorded greedy outputs)")
+    return oracle_speculation(probability, args.draft_record, args.draft_max, args.draft_policy)
 
 
 def _fail(message: str) -> int:
@@ -194,7 +201,7 @@ def serve(args: argparse.Namespace) -> int:
     from onebit.router import Router
 
     try:
-        speculative = _speculative_options(args, path)
+        speculative = _speculative_config(args, path)
     except (ModelLoadError, ValueError) as error:
         return _fail(str(error))
     try:
@@ -204,7 +211,7 @@ def serve(args: argparse.Namespace) -> int:
                               enable_prefix_caching=not args.no_prefix_caching,
                               cuda_graphs=not args.no_cuda_graphs, overlap=args.overlap,
                               triton_gemv=not args.no_triton_gemv,
-                              load_format=args.load_format, **speculative)
+                              load_format=args.load_format, speculative=speculative)
     except ValueError as error:
         return _fail(str(error))
     try:

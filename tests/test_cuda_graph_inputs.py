@@ -30,11 +30,11 @@ def test_static_decode_inputs_reproduce_eager_logits(tiny_model_dir):
         engine.step()
     plan = [(seq, 1) for seq in engine.scheduler.running]
     for seq, _ in plan:
-        engine.block_manager.grow(seq, seq.num_tokens)
+        engine.scheduler.blocks.grow(seq, seq.num_tokens)
     eager = runner.run(plan).logits
-    graphs = CudaGraphDecoder(runner.model, runner.kv_cache, runner.rope, engine.block_manager.num_blocks,
-                              runner.block_size, max_batch=8, max_blocks=-(-engine.max_model_len // 4),
-                              num_splits=1, max_context=engine.max_model_len)
+    graphs = CudaGraphDecoder(runner.model, runner.kv_cache, runner.rope, engine.scheduler.blocks.num_blocks,
+                              runner.block_size, max_batch=8, max_blocks=-(-engine.ctx_size // 4),
+                              num_splits=1, max_context=engine.ctx_size)
     seqs = [seq for seq, _ in plan]
     pos = [s.num_computed_tokens for s in seqs]
     b = graphs.fill([s.token_ids[p] for s, p in zip(seqs, pos)], pos,
@@ -53,10 +53,10 @@ def emulate_graphs(llm: LLM, chunk: int) -> list[int]:
     count of every step that took that path."""
     engine, runner = llm.engine, llm.engine.runner
     runner.max_graph_chunk = chunk
-    runner.graphs = CudaGraphDecoder(runner.model, runner.kv_cache, runner.rope, engine.block_manager.num_blocks,
+    runner.graphs = CudaGraphDecoder(runner.model, runner.kv_cache, runner.rope, engine.scheduler.blocks.num_blocks,
                                      runner.block_size, max_batch=engine.config.parallel * chunk,
-                                     max_blocks=-(-engine.max_model_len // runner.block_size),
-                                     num_splits=runner.num_splits, max_context=engine.max_model_len)
+                                     max_blocks=-(-engine.ctx_size // runner.block_size),
+                                     num_splits=runner.num_splits, max_context=engine.ctx_size)
     seen = []
     run = runner.graphs.run
 
@@ -94,7 +94,7 @@ def test_prompt_chunks_and_mixed_steps_through_graph_rows_match_eager(tiny_model
     assert got == want
     assert seen[0] == 17 + 5  # the first step: both prompts, one row per token
     assert 2 + 40 in seen  # the mixed step: two decodes and the third prompt
-    assert llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks
+    assert llm.engine.scheduler.blocks.num_free == llm.engine.scheduler.blocks.num_blocks
 
 
 @pytest.mark.parametrize("speculative", ["mtp", "ngram"])
@@ -105,22 +105,22 @@ def test_verification_through_graph_rows_is_lossless(speculative):
     prompts = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\n\ndef f(path):"]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     want = LLM(str(default_model_dir()), device="cpu", parallel=3).generate(prompts, params)
-    llm = LLM(str(default_model_dir()), device="cpu", parallel=3, speculative=speculative, draft_max=3)
-    policy = llm.engine.policy
+    llm = LLM(str(default_model_dir()), device="cpu", parallel=3, speculative={"method": speculative, "draft_max": 3})
+    policy = llm.engine.speculator.policy
     policy.choose = lambda batch: policy.k_max  # pin the draft length (the policy times steps)
     seen = emulate_graphs(llm, chunk=4)
     got = llm.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert llm.engine.spec_proposed > 0
     assert any(rows > 3 for rows in seen)  # some step verified drafts as extra rows
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.blocks
     assert bm.num_free == bm.num_blocks
 
 
 def test_eager_warm_up_touches_only_the_scratch_block(tiny_model_dir):
     """The start-up warm-up (run on CUDA to compile the eager kernels) writes no real cache block."""
     llm = LLM(str(tiny_model_dir), device="cpu", parallel=2, block_size=4)
-    runner, blocks = llm.engine.runner, llm.engine.block_manager.num_blocks
+    runner, blocks = llm.engine.runner, llm.engine.scheduler.blocks.num_blocks
     runner.kv_cache[:, :, :blocks].normal_()
     before = runner.kv_cache[:, :, :blocks].clone()
     runner.warm_up_eager(blocks)

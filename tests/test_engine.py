@@ -24,7 +24,7 @@ def _params(n: int) -> list[SamplingParams]:
 
 
 def _no_leak(llm: LLM) -> None:
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.blocks
     assert bm.num_free == bm.num_blocks
     assert all(c == 0 for c in bm.ref_count)
     assert not llm.engine.scheduler.running and not llm.engine.scheduler.waiting

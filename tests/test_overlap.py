@@ -29,7 +29,7 @@ def _count_feeds(llm: LLM) -> list[int]:
 
 def _no_leak(llm: LLM) -> None:
     engine = llm.engine
-    assert engine.block_manager.num_free == engine.block_manager.num_blocks
+    assert engine.scheduler.blocks.num_free == engine.scheduler.blocks.num_blocks
     assert not engine.scheduler.running and not engine.scheduler.waiting
     assert not engine.has_unfinished() and not engine.seqs
 

@@ -10,7 +10,9 @@ import torch
 from onebit import LLM, SamplingParams
 from onebit.engine.outputs import SpecStats
 from onebit.engine.sequence import Sequence
-from onebit.engine.speculative import DraftPolicy, ngram_propose, verify
+from onebit.engine.spec.ngram import ngram_propose
+from onebit.engine.spec.policy import DraftPolicy
+from onebit.engine.spec.verify import verify
 from onebit.models.default_model import default_model_dir
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\n\ndef list_files(path):",
@@ -20,7 +22,7 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import
 def _always_draft(llm: LLM) -> LLM:
     """Pin the draft length to its maximum: the policy's choice depends on measured step times,
     which these tests must not (the policy has its own test above with given times)."""
-    policy = llm.engine.policy
+    policy = llm.engine.speculator.policy
     policy.choose = lambda batch: policy.k_max
     return llm
 
@@ -87,7 +89,7 @@ def demo_plain():
     {"speculative": "mtp", "parallel": 1},
     {"speculative": "mtp", "parallel": 4},
     {"speculative": "mtp", "parallel": 4, "kv_cache_memory": 24 * 2 * 9 * 16 * 2 * 64 * 4, "block_size": 16},
-    {"speculative": "ngram", "parallel": 4, "draft_max": 2},
+    {"speculative": {"method": "ngram", "draft_max": 2}, "parallel": 4},
 ])
 def test_greedy_output_identical_with_speculation(demo_plain, options):
     llm = _always_draft(LLM(str(default_model_dir()), device="cpu", **options))
@@ -101,7 +103,7 @@ def test_greedy_output_identical_with_speculation(demo_plain, options):
     if options["speculative"] == "mtp" and options["parallel"] == 1:
         # the trained head: most first drafts are right (the model card measured 77% at depth 1)
         assert engine.spec_accepted / engine.spec_proposed > 0.3
-    bm = engine.block_manager
+    bm = engine.scheduler.blocks
     assert bm.num_free == bm.num_blocks and all(c == 0 for c in bm.ref_count)
 
 
@@ -132,7 +134,7 @@ def test_tiny_generator_writes_an_mtp_head_the_engine_loads(tmp_path, tiny_model
     want = LLM(str(tiny_model_dir), device="cpu", parallel=2).generate([[10, 20, 30], [40, 50]], params)
     proposed = {}
     for p_min in (0.0, 0.99):  # a random head is never 99% sure: with that floor it never drafts
-        spec = _always_draft(LLM(str(path), device="cpu", parallel=2, speculative="mtp", mtp_p_min=p_min))
+        spec = _always_draft(LLM(str(path), device="cpu", parallel=2, speculative={"method": "mtp", "p_min": p_min}))
         got = spec.generate([[10, 20, 30], [40, 50]], params)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
         proposed[p_min] = spec.engine.spec_proposed
@@ -147,12 +149,13 @@ DRAFT_PROMPTS = [[10, 20, 30], [40, 50], list(range(100, 160)), [7], [300, 301, 
 
 def _draft_llm(target, draft, **options) -> LLM:
     options = {"parallel": 8, "max_batch_tokens": 32, **options}
-    return _always_draft(LLM(str(target), device="cpu", speculative="draft", draft_model=str(draft), **options))
+    return _always_draft(LLM(str(target), device="cpu", speculative={"method": "draft", "draft_model": str(draft)},
+                             **options))
 
 
 def _pools_empty(llm: LLM) -> None:
-    drafter = llm.engine.drafter
-    for bm in (llm.engine.block_manager, drafter.blocks):
+    drafter = llm.engine.speculator.drafter
+    for bm in (llm.engine.scheduler.blocks, drafter.blocks):
         assert bm.num_free == bm.num_blocks and all(c == 0 for c in bm.ref_count)
     assert not drafter.proxies
 
@@ -203,7 +206,7 @@ def test_draft_model_sampling_and_aborts_free_both_pools(draft_models):
         engine.add_request(f"r{i}", prompt, params)
     for _ in range(6):
         engine.step()
-    assert engine.drafter.proxies and engine.spec_proposed > 0  # some are drafting when aborted
+    assert engine.speculator.drafter.proxies and engine.spec_proposed > 0  # some are drafting when aborted
     for rid in ("r0", "r2", "r4"):
         engine.abort(rid)
     finals = {}
@@ -222,7 +225,7 @@ def test_draft_model_with_another_tokenizer_fails_clearly(tmp_path, tiny_models,
     target, _ = draft_models
     bigger = tiny_models("qwen3", vocab=600)
     with pytest.raises(ValueError, match="tokenizer of 600 tokens, the model's has 512"):
-        LLM(str(target), device="cpu", speculative="draft", draft_model=str(bigger))
+        LLM(str(target), device="cpu", speculative={"method": "draft", "draft_model": str(bigger)})
     swapped = tmp_path / "swapped"  # same size, two tokens trade ids
     shutil.copytree(target, swapped)
     data = json.loads((swapped / "tokenizer.json").read_text())
@@ -231,7 +234,7 @@ def test_draft_model_with_another_tokenizer_fails_clearly(tmp_path, tiny_models,
     vocab["a"], vocab["b"] = vocab["b"], a
     (swapped / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match=f"token id {a} is 'b' for the draft model, 'a' for the model"):
-        LLM(str(target), device="cpu", speculative="draft", draft_model=str(swapped))
+        LLM(str(target), device="cpu", speculative={"method": "draft", "draft_model": str(swapped)})
     with pytest.raises(ValueError, match="needs draft_model"):
         LLM(str(target), device="cpu", speculative="draft")
 
@@ -289,7 +292,7 @@ def test_draft_counters_add_up_per_position_and_per_request():
     spec = engine.stats().spec
     assert spec.draft_tokens > 0
     assert sum(spec.drafted_at) == spec.draft_tokens and sum(spec.accepted_at) == spec.accepted_tokens
-    assert len(spec.drafted_at) <= engine.config.draft_max
+    assert len(spec.drafted_at) <= engine.config.speculative.draft_max
     # a draft at position i+1 comes after one at position i, and is kept only if that one was
     assert spec.drafted_at == sorted(spec.drafted_at, reverse=True)
     assert spec.accepted_at == sorted(spec.accepted_at, reverse=True)
@@ -302,7 +305,7 @@ def test_draft_counters_add_up_per_position_and_per_request():
 
 
 def test_oracle_proposes_the_record_with_probability_p():
-    from onebit.engine.oracle import OracleDrafter
+    from onebit.bench.oracle import OracleDrafter
     truth = [5, 6, 7, 8, 9, 10, 11, 12]
     seq = Sequence("o", [1, 2, 3], SamplingParams(temperature=0), 100, 0)
     seq.append(5)
@@ -318,15 +321,14 @@ def test_oracle_proposes_the_record_with_probability_p():
 
 @pytest.mark.parametrize("p", [1.0, 0.0])
 def test_oracle_engine_is_lossless_and_accepts_what_it_should(tmp_path, p):
-    from onebit.engine.oracle import OracleDrafter
+    from onebit.bench.oracle import OracleDrafter, oracle_speculation
     prompts = [[10, 20, 30, 40], [7, 8, 9]]
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     model = str(default_model_dir())
     want = LLM(model, device="cpu", parallel=2).generate(prompts, params)
     record = tmp_path / "record.jsonl"
     OracleDrafter.write_record(record, [(p_ids, o.token_ids) for p_ids, o in zip(prompts, want)])
-    llm = LLM(model, device="cpu", parallel=2, speculative="oracle", oracle_p=p, oracle_record=str(record),
-              draft_policy="always")
+    llm = LLM(model, device="cpu", parallel=2, speculative=oracle_speculation(p, record, policy="always"))
     got = llm.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     e = llm.engine
@@ -343,8 +345,11 @@ def test_oracle_cannot_be_enabled_by_accident(capsys):
                           (["--draft", "oracle:0.5", "--draft-record", "x", "--ngram"], "two drafters")):
         assert main(["serve", *args]) == 1
         assert message in capsys.readouterr().err
+    from onebit.bench.oracle import oracle_speculation
     with pytest.raises(ValueError, match="measuring instrument"):
-        LLM(str(default_model_dir()), device="cpu", speculative="oracle", oracle_p=0.5)
+        LLM(str(default_model_dir()), device="cpu", speculative="oracle")
+    with pytest.raises(ValueError, match="measuring instrument"):
+        LLM(str(default_model_dir()), device="cpu", speculative=oracle_speculation(0.5, None))
 
 
 @pytest.mark.parametrize("speculative", ["mtp", "ngram"])
@@ -358,7 +363,7 @@ def test_batch_of_8_with_per_request_n_max_is_lossless(speculative):
     got = llm.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert llm.engine.spec_proposed > 0
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.blocks
     assert bm.num_free == bm.num_blocks and not llm.engine.has_unfinished()
 
 
@@ -384,4 +389,4 @@ def test_kv_budget_reported_for_restarts_covers_the_mtp_layer(tiny_models):
     first = LLM(str(path), device="cpu", speculative="mtp", kv_cache_memory=3 << 20).engine
     info = _kv_info(first)
     again = LLM(str(path), device="cpu", speculative="mtp", kv_cache_memory=info["kv_cache_bytes"]).engine
-    assert again.block_manager.num_blocks == first.block_manager.num_blocks == info["kv_cache_blocks"]
+    assert again.scheduler.num_blocks == first.scheduler.num_blocks == info["kv_cache_blocks"]

@@ -233,11 +233,11 @@ class NativeBackend(Backend):
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[StepDelta]:
         """Stream the request's deltas; leaving early aborts it in the engine."""
-        rid = request.request_id
-        self._check_admissible(rid, self._streams)
+        request_id = request.request_id
+        self._check_admissible(request_id, self._streams)
         stream: asyncio.Queue = asyncio.Queue()
-        self._streams[rid] = stream
-        self._writer.send(("add", rid, request.prompt_token_ids, request.params))
+        self._streams[request_id] = stream
+        self._writer.send(("add", request_id, request.prompt_token_ids, request.params))
         finished = False
         try:
             async for item in coalesced(stream):
@@ -247,10 +247,10 @@ class NativeBackend(Backend):
             finished = True
             raise
         finally:
-            if self._streams.get(rid) is stream:
-                del self._streams[rid]
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
             if not finished and self._state == "ready":
-                self._writer.send(("abort", rid))
+                self._writer.send(("abort", request_id))
 
     async def abort(self, request_id: str) -> None:
         """Ask the engine to drop the request; its final delta still arrives."""
@@ -269,7 +269,7 @@ class NativeBackend(Backend):
         """What /props shows about this backend."""
         info = super().info()
         info.update(device=self.model_info.get("device", self.config.device), pid=self.pid,
-                    n_ctx=self.model_info.get("max_model_len"), restarts=self.restarts,
+                    n_ctx=self.model_info.get("ctx_size"), restarts=self.restarts,
                     kv_cache_bytes=self.model_info.get("kv_cache_bytes"))
         if self.last_error:
             info["error"] = self.last_error

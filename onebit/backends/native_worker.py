@@ -48,14 +48,14 @@ def _rejection(error: Exception) -> dict:
 def _load_engine(config: EngineConfig):
     import torch  # heavy: imported in the worker only
 
-    from onebit.engine.llm_engine import LLMEngine
+    from onebit.engine.build import build_engine
 
     on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
     if on_cpu and "OMP_NUM_THREADS" not in os.environ:
         # Leave one core to the HTTP front: spinning math threads on every core starve the
         # process that streams the tokens (measured on 2 cores: 353 -> 669 tok/s at 4 streams).
         torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
-    return LLMEngine(config)
+    return build_engine(config)
 
 
 REPORT_INTERVAL_S = 0.05
@@ -100,7 +100,7 @@ def serve_engine(engine, conn: Connection) -> None:
 def _kv_info(engine) -> dict:
     """The KV pool this engine got, so the front can log it and keep it across restarts."""
     try:
-        blocks = engine.block_manager.num_blocks
+        blocks = engine.scheduler.num_blocks
         # The whole budget (MTP layer and draft pool included), so a restart sizes the same pool.
         return {"kv_cache_blocks": blocks, "kv_cache_bytes": blocks * engine.kv_bytes_per_block}
     except (AttributeError, TypeError):  # an engine without a paged pool: nothing to report
@@ -119,7 +119,7 @@ def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None
         conn.send(("load_error", f"{type(error).__name__}: {error}"))
         return
     info = {
-        "max_model_len": engine.max_model_len,
+        "ctx_size": engine.ctx_size,
         "device": str(engine.device),
         "pid": os.getpid(),
         "vocab_size": getattr(engine.tokenizer, "vocab_size", None),

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from onebit.engine.config import EngineConfig
+from onebit.engine.build import build_engine
 from onebit.engine.llm_engine import LLMEngine
 from onebit.engine.sampling_params import SamplingParams
 
@@ -68,7 +69,7 @@ def run_offline(model: str, batches: list[int], max_tokens: int, prompt_tokens: 
                           ctx_size=prompt_tokens + max_tokens + 16,
                           max_batch_tokens=max(2048, prompt_tokens * 4), enable_prefix_caching=False,
                           overlap=overlap)
-    engine = LLMEngine(config)
+    engine = build_engine(config)
     run_batch(engine, min(batches), prompt_tokens, 8, seed=999)  # warm-up
     results = []
     print_fn(f"model {model} on {engine.device} ({engine.dtype}), prompt {prompt_tokens} tokens, "

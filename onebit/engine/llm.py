@@ -6,7 +6,7 @@ import itertools
 from typing import Sequence as Seq
 
 from onebit.engine.config import EngineConfig
-from onebit.engine.llm_engine import LLMEngine
+from onebit.engine.build import build_engine
 from onebit.engine.outputs import RequestOutput
 from onebit.engine.sampling_params import SamplingParams
 
@@ -18,12 +18,14 @@ class LLM:
 
     `LLM(model, device="cpu", parallel=8, ctx_size=None, dtype="auto", **engine_options)`;
     engine_options are EngineConfig fields (block_size, kv_cache_memory, max_batch_tokens, ...).
+    Speculative decoding: `speculative="mtp"` (or "ngram"), a dict such as
+    `{"method": "draft", "draft_model": DIR, "draft_max": 2}`, or a SpeculativeConfig.
     """
 
     def __init__(self, model: str, device: str = "auto", parallel: int = 8, ctx_size: int | None = None,
                  dtype: str = "auto", **engine_options):
-        self.engine = LLMEngine(EngineConfig(model=str(model), device=device, parallel=parallel,
-                                             ctx_size=ctx_size, dtype=dtype, **engine_options))
+        self.engine = build_engine(EngineConfig(model=str(model), device=device, parallel=parallel,
+                                                ctx_size=ctx_size, dtype=dtype, **engine_options))
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
@@ -40,10 +42,10 @@ class LLM:
         order, results = [], {}
         for prompt, p in zip(prompts, params):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            rid = f"offline-{next(self._ids)}"
-            self.engine.add_request(rid, ids, p)
-            order.append(rid)
-            results[rid] = RequestOutput(rid, ids, [], "", None, [] if p.logprobs is not None else None)
+            request_id = f"offline-{next(self._ids)}"
+            self.engine.add_request(request_id, ids, p)
+            order.append(request_id)
+            results[request_id] = RequestOutput(request_id, ids, [], "", None, [] if p.logprobs is not None else None)
         while self.engine.has_unfinished():
             for delta in self.engine.step():
                 out = results.get(delta.request_id)
@@ -56,4 +58,4 @@ class LLM:
                 if delta.finished:
                     out.finish_reason, out.error = delta.finish_reason, delta.error
                     out.num_cached_tokens = delta.num_cached_tokens
-        return [results[rid] for rid in order]
+        return [results[request_id] for request_id in order]

@@ -26,9 +26,9 @@ log = logging.getLogger("onebit.engine")
 GRAPH_CHUNK_TOKENS = 128
 
 
-def pick_num_splits(max_model_len: int) -> int:
+def pick_num_splits(ctx_size: int) -> int:
     """Context splits of the GPU decode kernel (1 when the torch reference runs)."""
-    return triton_decode.pick_num_splits(max_model_len) if triton_decode is not None else 1
+    return triton_decode.pick_num_splits(ctx_size) if triton_decode is not None else 1
 
 
 def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -60,7 +60,7 @@ class ModelRunner:
     """
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 num_blocks: int, block_size: int, max_model_len: int, max_batch: int = 1,
+                 num_blocks: int, block_size: int, ctx_size: int, parallel: int = 1,
                  cuda_graphs: bool = True, mtp=None, max_graph_chunk: int = GRAPH_CHUNK_TOKENS,
                  triton_gemv: bool = True):
         self.model = model
@@ -73,13 +73,13 @@ class ModelRunner:
         layers = cfg.num_layers + (1 if mtp is not None else 0)
         self.kv_cache = torch.zeros(2, layers, num_blocks + 1, block_size, cfg.num_kv_heads,
                                     cfg.head_dim, dtype=dtype, device=device)
-        self.rope = rope_cos_sin(cfg, max_model_len, device)
-        self.num_splits = pick_num_splits(max_model_len)
-        self.max_model_len = max_model_len
+        self.rope = rope_cos_sin(cfg, ctx_size, device)
+        self.num_splits = pick_num_splits(ctx_size)
+        self.ctx_size = ctx_size
         self.graphs: CudaGraphDecoder | None = None
         self.max_graph_chunk = max_graph_chunk
         self.graph_steps = self.graph_rows = self.eager_steps = 0  # for the engine's step summary
-        rows = max(max_batch, min(max_batch * max_graph_chunk, LADDER[-1]))  # the graphs' largest step
+        rows = max(parallel, min(parallel * max_graph_chunk, LADDER[-1]))  # the graphs' largest step
         self.gemv_report: list[str] = []  # the few-row calibration's lines, for logs and benchmarks
         if triton_gemv and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
             # Before capture, so each graph records whichever product won for its row count.
@@ -89,7 +89,7 @@ class ModelRunner:
                 log.info(line)
         if cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
-                                           -(-max_model_len // block_size), self.num_splits, max_model_len)
+                                           -(-ctx_size // block_size), self.num_splits, ctx_size)
             self.graphs.capture()
         if device.type == "cuda":
             self.warm_up_eager(num_blocks)
@@ -101,7 +101,7 @@ class ModelRunner:
         compiles a variant per integer argument that is 1 or divisible by 16, so the lengths mix
         both kinds (a 128-token prompt is one)."""
         for lens in ((16, 128), (1, 37, 3 * GRAPH_CHUNK_TOKENS + 7), (1, 16, 127)):
-            self._eager_scratch_step([n for n in lens if n < self.max_model_len], scratch_block)
+            self._eager_scratch_step([n for n in lens if n < self.ctx_size], scratch_block)
 
     def _eager_scratch_step(self, lens: list[int], scratch_block: int) -> None:
         # Stand-in sequences whose every block is the scratch block; one-token ones are decodes,
@@ -206,7 +206,7 @@ class ModelRunner:
             slot_mapping=self._tensor(slots), num_decodes=len(decode_tables),
             decode_block_tables=self._table(decode_tables), decode_context_lens=decode_ctx, prefills=prefills,
             prefill_block_tables=self._table(prefill_tables), decode_num_splits=self.num_splits,
-            decode_max_context=self.max_model_len)
+            decode_max_context=self.ctx_size)
         return self._tensor(ids), self._tensor(positions), meta
 
     @torch.inference_mode()
@@ -249,7 +249,7 @@ class ModelRunner:
         meta = AttentionMetadata(slot_mapping=self._tensor(slots), num_decodes=0, decode_block_tables=None,
                                  decode_context_lens=None, prefills=prefills,
                                  prefill_block_tables=self._table(tables), decode_num_splits=self.num_splits,
-                                 decode_max_context=self.max_model_len)
+                                 decode_max_context=self.ctx_size)
         layer = self.cfg.num_layers
         return self.mtp(self.model, self._tensor(ids), torch.cat(hidden), self._tensor(rope_pos),
                         self.kv_cache[0, layer], self.kv_cache[1, layer], meta, self.rope)

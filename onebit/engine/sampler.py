@@ -53,6 +53,7 @@ def apply_bias_and_bans(logits: torch.Tensor, seqs: list[Sequence], eos_ids: set
                     ban_ids.append(t)
 
     def index(values: list[int]) -> torch.Tensor:
+        """Indices on the logits' device."""
         return upload(values, torch.long, logits.device)
     if bias_rows:
         logits.index_put_((index(bias_rows), index(bias_ids)), upload(biases, logits.dtype, logits.device),

@@ -4,6 +4,10 @@ Running decodes go first (one token each), then running prefills continue in chu
 then waiting sequences are admitted in FIFO order while slots, blocks and the token
 budget allow. When blocks run out, the most recently admitted sequence is preempted:
 its blocks are freed and it goes back to the head of the queue, to be recomputed.
+
+The scheduler also owns every change to a sequence's state around a step (computed
+tokens, appended tokens, rolled-back drafts, committed and freed blocks); the engine
+never touches the block manager itself.
 """
 
 from __future__ import annotations
@@ -33,6 +37,65 @@ class Scheduler:
     def has_work(self) -> bool:
         """True while any sequence waits or runs."""
         return bool(self.waiting or self.running)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the KV pool."""
+        return self.blocks.num_blocks
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV pool held by live sequences."""
+        return self.blocks.usage
+
+    def decoding(self) -> list[Sequence]:
+        """Running sequences with exactly one token to compute (the ones that may draft)."""
+        return [s for s in self.running if s.num_uncomputed == 1]
+
+    def reserve(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grow seq's blocks to hold num_tokens (room for drafts) if the pool allows; True if it did."""
+        if not self.blocks.can_grow(seq, num_tokens):
+            return False
+        self.blocks.grow(seq, num_tokens)
+        return True
+
+    @staticmethod
+    def add_placeholders(sampled: list[tuple[Sequence, int]]) -> None:
+        """Overlap: let each sequence that sampled at row `row` of a step still on the device and
+        goes on compute that token's position in the next step; a placeholder stands for it.
+        A token that ends the request for length is never fed (its position is never needed)."""
+        for seq, row in sampled:
+            if seq.is_finished or seq.num_uncomputed or seq.num_tokens + 1 >= seq.max_total_tokens:
+                continue
+            seq.add_placeholder(row)
+
+    @staticmethod
+    def mark_computed(plan: list[tuple[Sequence, int]]) -> dict[Sequence, tuple[int, int]]:
+        """Advance each planned sequence past its step's tokens (the forward is queued);
+        returns {seq: (computed before, computed in the step)}."""
+        computed = {}
+        for seq, n in plan:
+            computed[seq] = (seq.num_computed_tokens, n)
+            seq.num_computed_tokens += n
+        return computed
+
+    @staticmethod
+    def append(seq: Sequence, token: int) -> None:
+        """Add one generated token to seq."""
+        seq.append(token)
+
+    @staticmethod
+    def roll_back_drafts(seq: Sequence, kept: int) -> None:
+        """After a verification: drop seq's drafts; its K/V is valid up to the last kept one (the
+        rest of the step's positions are overwritten later)."""
+        seq.drop_drafts()
+        seq.num_computed_tokens = seq.num_tokens + kept
+
+    def commit(self, plan: list[tuple[Sequence, int]]) -> None:
+        """Register for prefix caching the blocks this step filled, for the sequences that go on."""
+        for seq, _ in plan:
+            if not seq.is_finished:
+                self.blocks.commit_full_blocks(seq)
 
     def _release_slot(self, seq: Sequence) -> None:
         if seq.slot is not None:

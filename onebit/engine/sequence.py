@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import torch
 
@@ -15,6 +16,16 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass
+class SpecState:
+    """A request's speculative decoding state: unverified drafts sitting at the end of its
+    token_ids, and the drafts verified and kept over its life."""
+
+    num_draft: int = 0
+    drafted: int = 0
+    accepted: int = 0
 
 
 class Sequence:
@@ -39,12 +50,7 @@ class Sequence:
         self.output_counts: dict[int, int] = {}
         self.detokenizer = None
         self.stop_matcher = None
-        # speculative decoding: drafts sit at the end of token_ids until verified
-        self.num_draft = 0
-        self.num_drafted = 0  # drafts verified over the request's life
-        self.num_draft_accepted = 0
-        self.last_hidden = None  # base model's pre-norm state at hidden_pos (for the MTP head)
-        self.hidden_pos = -1
+        self.spec = SpecState()
         # Overlapped steps: the last token id is a placeholder for the token the previous step
         # sampled, still on the device at this row of its sampled tokens (see LLMEngine.step).
         self.fed_row: int | None = None
@@ -63,6 +69,15 @@ class Sequence:
     def output_token_ids(self) -> list[int]:
         """The generated tokens."""
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_draft(self) -> int:
+        """Unverified drafts at the end of token_ids."""
+        return self.spec.num_draft
+
+    @num_draft.setter
+    def num_draft(self, value: int) -> None:
+        self.spec.num_draft = value
 
     @property
     def num_uncomputed(self) -> int:

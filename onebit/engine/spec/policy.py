@@ -1,17 +1,7 @@
-"""Speculative decoding: draft proposers, lossless verification, and the policy that decides
-whether drafting pays for the current batch.
-
-Drafts are deterministic (an argmax or a copied n-gram), so verification is exact with the
-point-mass form of rejection sampling: a draft d is kept with probability p(d) under the
-target distribution, and on rejection the token is drawn from p with d removed. For greedy
-requests that is "keep while the draft equals the argmax".
-"""
+"""When drafting pays: which requests may draft, how many tokens, and the measured policy."""
 
 from __future__ import annotations
 
-import torch
-
-from onebit.engine.sampler import shape_distribution
 from onebit.engine.sequence import Sequence
 
 
@@ -22,56 +12,13 @@ def can_draft(seq: Sequence) -> bool:
                 or seq.num_output_tokens < p.min_tokens)
 
 
-def ngram_propose(tokens: list[int], k: int, n_max: int = 3, window: int = 512) -> list[int]:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = n_max..1)
-    and propose the up to k tokens that followed it."""
-    size = len(tokens)
-    lo = max(0, size - window)
-    for n in range(min(n_max, size - 1), 0, -1):
-        tail = tokens[size - n:]
-        last = tail[-1]
-        for end in range(size - 2, lo + n - 2, -1):  # end = index of the candidate's last token
-            if tokens[end] == last and tokens[end - n + 1:end + 1] == tail:
-                follow = tokens[end + 1:end + 1 + k]
-                if follow:
-                    return follow
-    return []
-
-
-class NgramDrafter:
-    """Prompt-lookup drafting behind the engine's drafter interface."""
-
-    def propose(self, chosen: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[int]]]:
-        """Drafts for each (sequence, k): what followed the latest earlier match of its tail."""
-        return [(seq, ngram_propose(seq.token_ids, k)) for seq, k in chosen]
-
-    def release(self, seq: Sequence) -> None:
-        """Nothing is kept per request."""
-
-
-def verify(logits: torch.Tensor, seq: Sequence, drafts: list[int],
-           generator: torch.Generator | None) -> tuple[int, int]:
-    """Check drafts against the target rows logits [len(drafts) + 1, vocab]; return
-    (number of drafts kept, the token that follows them)."""
-    if seq.params.greedy:
-        targets = logits.argmax(dim=-1).tolist()
-        kept = 0
-        while kept < len(drafts) and drafts[kept] == targets[kept]:
-            kept += 1
-        return kept, targets[kept]
-    probs = shape_distribution(logits.float(), [seq] * logits.shape[0])
-    gen = seq.generator or generator
-    uniforms = torch.rand(len(drafts) + 1, generator=gen, device=probs.device).tolist()
-    for i, d in enumerate(drafts):
-        p = probs[i]
-        if uniforms[i] < p[d].item():
-            continue
-        residual = p.clone()
-        residual[d] = 0.0
-        if residual.sum() <= 0:  # p was a point mass on d; cannot happen when d was rejected
-            return i, d
-        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=gen).item())
-    return len(drafts), int(torch.multinomial(probs[len(drafts)], 1, generator=gen).item())
+def draft_budget(seq: Sequence, k: int) -> int:
+    """The step's k capped by the request's own draft_max and by the room left before its limit."""
+    if not can_draft(seq):
+        return 0
+    if seq.params.draft_max is not None:
+        k = min(k, seq.params.draft_max)
+    return max(0, min(k, seq.max_total_tokens - seq.num_tokens - 1))
 
 
 class DraftPolicy:

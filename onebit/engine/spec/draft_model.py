@@ -15,6 +15,7 @@ import torch
 from onebit.engine.block_manager import BlockManager
 from onebit.engine.runner import ModelRunner
 from onebit.engine.sequence import Sequence, SequenceStatus
+from onebit.engine.spec.drafter import Proposals
 from onebit.models.config import ModelConfig
 from onebit.models.loader import load_model, resolve_model_path
 from onebit.models.tokenizer import Tokenizer
@@ -57,16 +58,16 @@ class DraftModelProposer:
     """
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                 target_vocab: int, num_blocks: int, block_size: int, max_model_len: int, max_batch_tokens: int,
-                 max_batch: int = 1, cuda_graphs: bool = False):
+                 target_vocab: int, num_blocks: int, block_size: int, ctx_size: int, max_batch_tokens: int,
+                 parallel: int = 1, cuda_graphs: bool = False):
         self.cfg = cfg
         self.vocab = min(cfg.vocab_size, target_vocab)
-        self.max_len = min(max_model_len, cfg.max_position_embeddings)
+        self.ctx_size = min(ctx_size, cfg.max_position_embeddings)
         self.max_batch_tokens = max_batch_tokens
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         # Drafting steps are one token per sequence and catching up after a verification is at most
         # draft_max + 1 tokens: on CUDA both replay graphs.
-        self.runner = ModelRunner(model, cfg, device, dtype, num_blocks, block_size, self.max_len, max_batch,
+        self.runner = ModelRunner(model, cfg, device, dtype, num_blocks, block_size, self.ctx_size, parallel,
                                   cuda_graphs)
         self.proxies: dict[Sequence, Sequence] = {}  # target sequence -> its draft-side proxy
 
@@ -76,7 +77,14 @@ class DraftModelProposer:
         if proxy is not None:
             self.blocks.free_sequence(proxy)
 
-    def propose(self, chosen: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[int]]]:
+    def observe(self, plan, out, computed) -> None:
+        """Nothing: proposing re-syncs each proxy with its target's tokens."""
+
+    def needs_hidden(self, plan, drafting: bool) -> bool:
+        """Never: the draft model runs on tokens alone."""
+        return False
+
+    def propose(self, chosen: list[tuple[Sequence, int]]) -> Proposals:
         """Up to k greedy drafts for each (target sequence, k); drafting never fails a request."""
         try:
             return self._propose(chosen)
@@ -86,10 +94,10 @@ class DraftModelProposer:
                 self.release(seq)
             return []
 
-    def _propose(self, chosen: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[int]]]:
+    def _propose(self, chosen: list[tuple[Sequence, int]]) -> Proposals:
         todo = []
         for seq, k in chosen:
-            k = min(k, self.max_len + 1 - seq.num_tokens)
+            k = min(k, self.ctx_size + 1 - seq.num_tokens)
             proxy = self._sync(seq, k) if k > 0 else None
             if proxy is not None:
                 todo.append((seq, proxy, k))
@@ -125,7 +133,7 @@ class DraftModelProposer:
         them and blocks for k - 1 drafts; None (proxy left consistent) when it cannot draft now."""
         proxy = self.proxies.get(seq)
         if proxy is None:
-            proxy = self.proxies[seq] = Sequence(seq.request_id, [], seq.params, self.max_len, 0)
+            proxy = self.proxies[seq] = Sequence(seq.request_id, [], seq.params, self.ctx_size, 0)
         tokens = seq.token_ids
         # The proxy's tokens before its own drafts were copied from seq's and are final there.
         same = len(proxy.token_ids) - proxy.num_draft

@@ -1,0 +1,50 @@
+"""Turns accepted tokens into text and deltas: detokenizing, stop tokens, stop strings, length."""
+
+from __future__ import annotations
+
+from onebit.engine.outputs import StepDelta, TokenLogprob
+from onebit.engine.sequence import Sequence
+from onebit.models.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+
+
+class OutputProcessor:
+    """Owns each request's detokenizer and stop-string matcher, decides finish reasons and
+    builds the deltas the engine returns."""
+
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: set[int]):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+
+    def start(self, seq: Sequence) -> None:
+        """Attach the text state a new request needs."""
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.params.skip_special_tokens)
+        seq.stop_matcher = StopStringMatcher(seq.params.stop) if seq.params.stop else None
+
+    def process(self, seq: Sequence, token: int) -> tuple[str, str | None]:
+        """The text that `token` (just appended to seq) releases, and the finish reason it causes:
+        "stop" (an end token, a stop token or a stop string), "length" (the limit), or None."""
+        p = seq.params
+        reason = None
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            reason = "stop"
+            piece = seq.detokenizer.flush()
+        else:
+            piece = seq.detokenizer.add([token])
+            if seq.num_tokens >= seq.max_total_tokens:
+                reason = "length"
+                piece += seq.detokenizer.flush()
+        if seq.stop_matcher is not None:
+            piece, stopped = seq.stop_matcher.feed(piece)
+            if stopped:
+                reason = "stop"
+            elif reason is not None:
+                piece += seq.stop_matcher.flush()
+        return piece, reason
+
+    @staticmethod
+    def delta(seq: Sequence, tokens: list[int], text: str, reason: str | None,
+              logprobs: list[TokenLogprob] | None = None, error: str | None = None) -> StepDelta:
+        """One request's delta for this step (`reason` set: its last)."""
+        return StepDelta(seq.request_id, tokens, text, reason is not None, reason, error, logprobs,
+                         seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens,
+                         seq.spec.drafted, seq.spec.accepted)

@@ -1,0 +1,86 @@
+"""What the engine talks to for speculative decoding: propose before a step, verify after it."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from onebit.engine.outputs import SpecStats
+from onebit.engine.sequence import Sequence
+from onebit.engine.spec.drafter import Drafter
+from onebit.engine.spec.policy import DraftPolicy, draft_budget
+from onebit.engine.spec.verify import verify
+
+
+class Speculator:
+    """Runs one drafter under the draft policy and keeps the counters; without a drafter every
+    step is a plain one (the counters still count decode steps)."""
+
+    def __init__(self, drafter: Drafter | None, draft_max: int = 3, always: bool = False,
+                 generator: torch.Generator | None = None):
+        self.drafter = drafter
+        self.policy = DraftPolicy(draft_max, always=always) if drafter is not None else None
+        self.stats = SpecStats()
+        self.generator = generator  # for unseeded sampled requests' verification
+        self.step_k = 0
+
+    def propose(self, scheduler) -> tuple[list[Sequence], bool]:
+        """Append drafts to running decodes when the policy says drafting pays for this batch,
+        with blocks reserved through the scheduler. Returns the drafting sequences and whether
+        any sequence was chosen to draft (the MTP head then wants this step's states)."""
+        self.step_k = 0
+        if self.policy is None:
+            return [], False
+        decoding = scheduler.decoding()
+        self.step_k = self.policy.choose(len(decoding)) if decoding else 0
+        if not self.step_k:
+            return [], False
+        chosen = []
+        for seq in decoding:
+            k = draft_budget(seq, self.step_k)
+            if k and scheduler.reserve(seq, seq.num_tokens + k):
+                chosen.append((seq, k))
+        drafting = []
+        for seq, drafts in self.drafter.propose(chosen):
+            if drafts:
+                seq.token_ids.extend(drafts)
+                seq.num_draft = len(drafts)
+                drafting.append(seq)
+        return drafting, bool(chosen)
+
+    def needs_hidden(self, plan, chose: bool) -> bool:
+        """Whether this step's forward must keep the base model's states for the drafter."""
+        return self.drafter is not None and self.drafter.needs_hidden(plan, chose)
+
+    @staticmethod
+    def trim(drafting: list[Sequence], plan: list[tuple[Sequence, int]]) -> None:
+        """Drop the drafts the plan did not fit, so no step carries stale ones."""
+        scheduled = dict(plan)
+        for seq in drafting:
+            seq.drop_drafts(max(scheduled.get(seq, 0) - 1, 0))
+
+    def verify(self, seq: Sequence, logits: torch.Tensor) -> tuple[list[int], int]:
+        """Check seq's drafts against its logits rows and count; returns (the tokens to append:
+        the kept drafts, then the target's own next token; how many drafts were kept)."""
+        drafts = seq.token_ids[seq.num_tokens - seq.num_draft:]
+        kept, bonus = verify(logits, seq, drafts, self.generator)
+        self.stats.record_verification(len(drafts), kept)
+        seq.spec.drafted += len(drafts)
+        seq.spec.accepted += kept
+        self.policy.record_acceptance(len(drafts), kept)
+        return drafts[:kept] + [bonus], kept
+
+    def observe(self, plan, out, computed, decodes: int, drafted: bool, verified: bool, started: float) -> None:
+        """After a step's tokens are final: let the drafter learn from it, count it, and time it."""
+        if self.drafter is not None:
+            self.drafter.observe(plan, out, computed)
+        if decodes:
+            self.stats.record_step(verified)
+            if self.policy is not None:
+                self.policy.record_step(decodes, self.step_k if drafted else 0, time.perf_counter() - started)
+
+    def release(self, seq: Sequence) -> None:
+        """Forget a finished, aborted or failed request."""
+        if self.drafter is not None:
+            self.drafter.release(seq)
