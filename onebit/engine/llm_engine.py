@@ -14,18 +14,18 @@ from onebit.engine.block_manager import BlockManager
 from onebit.engine.config import EngineConfig
 from onebit.engine.device import available_memory, pick_device, pick_dtype
 from onebit.engine.draft_model import DraftModelProposer, load_draft_model
-from onebit.engine.errors import ContextOverflow
 from onebit.engine.oracle import OracleDrafter
 from onebit.engine.outputs import EngineStats, SlotInfo, SpecStats, StepDelta, TokenLogprob
 from onebit.engine.runner import GRAPH_CHUNK_TOKENS, ModelRunner, StepOutput, kv_block_bytes
 from onebit.engine.sampler import SampledBatch, Sampler
-from onebit.engine.sampling_params import InvalidParameter, SamplingParams
+from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.scheduler import Scheduler
 from onebit.engine.sequence import Sequence
 from onebit.engine.speculative import DraftPolicy, NgramDrafter, can_draft, verify
 from onebit.engine.transfer import upload
 from onebit.models.loader import load_model, resolve_model_path
 from onebit.models.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+from onebit.protocol.validate import check_request
 
 log = logging.getLogger("onebit.engine")
 
@@ -134,19 +134,11 @@ class LLMEngine:
     # -- requests -------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raise ValueError (InvalidParameter, ContextOverflow) for bad input."""
+        """Queue a request; raise InvalidRequest (ContextOverflow for a prompt too long) for bad input."""
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if not prompt_token_ids:
-            raise InvalidParameter("prompt", "the prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
-        if bad is not None:
-            raise InvalidParameter("prompt", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
-        params.validate()
+        check_request(prompt_token_ids, params, self.model_config.vocab_size, self.max_model_len)
         n = len(prompt_token_ids)
-        if n >= self.max_model_len:
-            raise ContextOverflow(n, self.max_model_len)
         limit = self.max_model_len if params.max_tokens is None else min(self.max_model_len, n + params.max_tokens)
         seq = Sequence(request_id, prompt_token_ids, params, limit, next(self._arrivals))
         if params.seed is not None:
