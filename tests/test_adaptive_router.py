@@ -7,7 +7,8 @@ import contextlib
 
 import pytest
 
-from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, RequestRejected
+from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest
+from onebit.protocol import InvalidRequest
 from onebit.engine.outputs import StepDelta
 from onebit.engine.sampling_params import SamplingParams
 from onebit.router import Router
@@ -51,7 +52,7 @@ class DyingBackend(Backend):
         if self._state != "ready":
             raise BackendError(f"{self.name} is {self._state}")
         if request.prompt_token_ids == [666]:
-            raise RequestRejected({"message": "bad prompt", "param": "prompt"})
+            raise InvalidRequest("bad prompt", "prompt")
         queue: asyncio.Queue = asyncio.Queue()
         self.active[request.request_id] = queue
         self.total += 1
@@ -204,7 +205,7 @@ def test_rejected_input_is_not_rerouted():
 
     async def go():
         stream = router.stream(router.ticket(), _request(0, prompt=[666]))
-        with pytest.raises(RequestRejected):
+        with pytest.raises(InvalidRequest):
             async for _ in stream.deltas():
                 pass
         assert stream.attempts == 1 and router.in_flight == 0

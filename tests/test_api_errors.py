@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
-from server_utils import SERVER_ARGS, running_server
+from server_utils import SERVER_ARGS, openai_clients, running_server
 
 KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -77,6 +78,32 @@ CASES = [
      "exceed_context_size_error", None),
     ("detokenize outside vocab", "POST", "/detokenize", {"tokens": [-4]}, AUTH, 400, "invalid_request_error",
      "tokens"),
+    # every integer within int64 and within its meaning (issue 17), checked by the one shared validation
+    ("top_k 2**64", "POST", CHAT, chat(top_k=2**64), AUTH, 400, "invalid_request_error", "top_k"),
+    ("top_k 2**63", "POST", COMP, {"prompt": "a", "top_k": 2**63}, AUTH, 400, "invalid_request_error", "top_k"),
+    ("max_tokens 2**63", "POST", CHAT, chat(max_tokens=2**63), AUTH, 400, "invalid_request_error", "max_tokens"),
+    ("max_completion_tokens 0", "POST", CHAT, chat(max_completion_tokens=0), AUTH, 400, "invalid_request_error",
+     "max_completion_tokens"),
+    ("min_tokens 2**63", "POST", CHAT, chat(min_tokens=2**63), AUTH, 400, "invalid_request_error", "min_tokens"),
+    ("seed 2**64", "POST", CHAT, chat(seed=2**64), AUTH, 400, "invalid_request_error", "seed"),
+    ("n 2**64", "POST", CHAT, chat(n=2**64), AUTH, 400, "invalid_request_error", "n"),
+    ("n 17", "POST", COMP, {"prompt": "a", "n": 17}, AUTH, 400, "invalid_request_error", "n"),
+    ("top_logprobs 2**64 without logprobs", "POST", CHAT, chat(top_logprobs=2**64), AUTH, 400,
+     "invalid_request_error", "top_logprobs"),
+    ("completion logprobs 2**64", "POST", COMP, {"prompt": "a", "logprobs": 2**64}, AUTH, 400,
+     "invalid_request_error", "logprobs"),
+    ("logit_bias key 2**64", "POST", CHAT, chat(logit_bias={str(2**64): 1}), AUTH, 400, "invalid_request_error",
+     "logit_bias"),
+    ("logit_bias key outside vocab", "POST", COMP, {"prompt": "a", "logit_bias": {"100000": 1}}, AUTH, 400,
+     "invalid_request_error", "logit_bias"),
+    ("speculative n_max 2**64", "POST", CHAT, chat(speculative={"n_max": 2**64}), AUTH, 400,
+     "invalid_request_error", "speculative.n_max"),
+    ("temperature NaN", "POST", CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', AUTH,
+     400, "invalid_request_error", "temperature"),
+    ("repetition_penalty Infinity", "POST", CHAT,
+     b'{"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": Infinity}', AUTH, 400,
+     "invalid_request_error", "repetition_penalty"),
+    ("prompt token 2**64", "POST", COMP, {"prompt": [1, 2**64]}, AUTH, 400, "invalid_request_error", "prompt"),
     ("tokenize without content", "POST", "/tokenize", {}, AUTH, 400, "invalid_request_error", "content"),
 ]
 
@@ -109,3 +136,20 @@ def test_still_serving_after_bad_requests(server):
 
 def test_health_is_public_with_a_key(server):
     assert httpx.get(f"{server.root}/health").status_code == 200
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_top_k_2_pow_64_is_a_400_through_the_openai_client(server, endpoint, stream):
+    client, _ = openai_clients(server, api_key=KEY)
+    with pytest.raises(openai.BadRequestError) as info:
+        if endpoint == "chat":
+            client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4, stream=stream,
+                                           extra_body={"top_k": 2**64})
+        else:
+            client.completions.create(model="tiny", prompt="hi", max_tokens=4, stream=stream,
+                                      extra_body={"top_k": 2**64})
+    assert info.value.status_code == 400 and info.value.body["param"] == "top_k"
+    out = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4, temperature=1.0,
+                                         extra_body={"top_k": 2**40, "ignore_eos": True})  # capped: still serves
+    assert out.usage.completion_tokens == 4 and out.choices[0].finish_reason == "length"

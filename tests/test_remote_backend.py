@@ -9,10 +9,11 @@ import httpx
 import pytest
 from server_utils import openai_clients, start_server, stop_server
 
-from onebit.backends.base import BackendError, GenerateRequest, RequestRejected
+from onebit.backends.base import BackendError, GenerateRequest
 from onebit.backends.remote_protocol import StreamState, completion_body, error_from_body, final_delta, parse_chunk
 from onebit.backends.spec import BackendSpecError, parse_backend_spec
 from onebit.engine.sampling_params import SamplingParams
+from onebit.protocol import ContextOverflow, InvalidRequest
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_request_body_and_stream_mapping():
     assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 97 and body["top_k"] == 5
     assert body["logit_bias"] == {"3": 1.0} and body["seed"] == 7 and body["stream"] is True
     assert completion_body(request, None, "text", None)["prompt"] == "abc"
-    with pytest.raises(RequestRejected):
+    with pytest.raises(InvalidRequest):
         completion_body(GenerateRequest("r", [1], params), None, "text", None)
     state = StreamState("r")
     delta = parse_chunk(state, {"choices": [{"text": "ab", "token_ids": [4, 5], "finish_reason": None}]})
@@ -134,7 +135,7 @@ def test_request_body_and_stream_mapping():
 def test_peer_errors_map_to_rejection_or_failure():
     rejected = error_from_body(400, b'{"error": {"message": "too long", "type": "exceed_context_size_error", '
                                     b'"n_prompt_tokens": 9, "n_ctx": 4}}')
-    assert isinstance(rejected, RequestRejected) and rejected.details["n_ctx"] == 4
+    assert isinstance(rejected, ContextOverflow) and (rejected.n_ctx, rejected.n_prompt_tokens) == (4, 9)
     for status, raw in ((500, b"oops"), (503, b'{"error": {"message": "busy"}}'), (429, b"")):
         error = error_from_body(status, raw)
-        assert isinstance(error, BackendError) and not isinstance(error, RequestRejected)
+        assert isinstance(error, BackendError) and not isinstance(error, InvalidRequest)

@@ -1,4 +1,11 @@
-"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status."""
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code", ...}}` with the right status.
+
+Every failure is one of the shared exception types (`onebit.protocol.errors`, plus the three
+HTTP-only kinds below); `ERRORS` is the one table that maps each kind to its HTTP status,
+error type and default code. The type is OpenAI's, except context overflow, which keeps
+llama-server's `exceed_context_size_error` (with `n_prompt_tokens` and `n_ctx` beside it) and
+OpenAI's `context_length_exceeded` as its code.
+"""
 
 from __future__ import annotations
 
@@ -9,62 +16,60 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from onebit.protocol.errors import InternalError, InvalidRequest, NotFound, RequestError
+
 log = logging.getLogger(__name__)
 
 
-class APIError(Exception):
-    """An error the API answers with; `extra` fields join the error object."""
+class Unauthorized(RequestError):
+    """No valid API key."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, **extra):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.extra = extra
-
-    def body(self) -> dict:
-        """The JSON body of the error response (also the payload of an SSE error event)."""
-        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        error.update(self.extra)
-        return {"error": error}
-
-    def response(self) -> JSONResponse:
-        """The error as an HTTP response."""
-        return JSONResponse(self.body(), status_code=self.status)
+    kind = "unauthorized"
 
 
-def invalid_request(message: str, param: str | None = None) -> APIError:
-    """400 invalid_request_error naming the offending field."""
-    return APIError(400, message, param=param, code="invalid_value")
+class MethodNotAllowed(RequestError):
+    """The route exists, the method does not."""
+
+    kind = "method_not_allowed"
 
 
-def context_overflow(n_prompt_tokens: int, n_ctx: int) -> APIError:
-    """400 exceed_context_size_error: the prompt does not fit the context."""
-    return APIError(400, f"the request exceeds the available context size ({n_prompt_tokens} prompt tokens, "
-                         f"context {n_ctx}); shorten the prompt", type="exceed_context_size_error",
-                    param="messages", code="context_length_exceeded",
-                    n_prompt_tokens=n_prompt_tokens, n_ctx=n_ctx)
+class TooLarge(RequestError):
+    """The request body is over the size limit."""
+
+    kind = "too_large"
 
 
-def unavailable(message: str, code: str = "unavailable") -> APIError:
-    """503: loading, queue full, or no backend."""
-    return APIError(503, message, type="unavailable_error", code=code)
-
-
-def internal_error(message: str = "internal server error") -> APIError:
-    """500: something failed on our side."""
-    return APIError(500, message, type="server_error", code="internal_error")
-
-
-_STATUS_TYPES = {
-    401: ("authentication_error", "invalid_api_key"),
-    404: ("not_found_error", "not_found"),
-    405: ("invalid_request_error", "method_not_allowed"),
-    413: ("invalid_request_error", "request_too_large"),
+# kind -> (HTTP status, error type, default code)
+ERRORS: dict[str, tuple[int, str, str | None]] = {
+    "invalid_request": (400, "invalid_request_error", "invalid_value"),
+    "context_overflow": (400, "exceed_context_size_error", "context_length_exceeded"),
+    "unauthorized": (401, "authentication_error", "invalid_api_key"),
+    "not_found": (404, "not_found_error", "not_found"),
+    "method_not_allowed": (405, "invalid_request_error", "method_not_allowed"),
+    "too_large": (413, "invalid_request_error", "request_too_large"),
+    "cancelled": (499, "cancelled_error", "cancelled"),  # nginx's "client closed request": nobody reads it
+    "internal": (500, "server_error", "internal_error"),
+    "overloaded": (503, "unavailable_error", "queue_full"),
+    "unavailable": (503, "unavailable_error", "unavailable"),
 }
+
+
+def status_of(error: RequestError) -> int:
+    """The HTTP status of this failure."""
+    return ERRORS.get(error.kind, ERRORS["internal"])[0]
+
+
+def error_body(error: RequestError) -> dict:
+    """The JSON body of the error response (also the payload of an SSE error event)."""
+    _, type_, code = ERRORS.get(error.kind, ERRORS["internal"])
+    body = {"message": error.message, "type": type_, "param": error.param, "code": error.code or code}
+    body.update(error.fields())
+    return {"error": body}
+
+
+def error_response(error: RequestError) -> JSONResponse:
+    """The error as an HTTP response."""
+    return JSONResponse(error_body(error), status_code=status_of(error))
 
 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "TextPart"})
@@ -90,35 +95,40 @@ def _validation_message(error: dict) -> str:
     return f"{param}: {message}" if param else message
 
 
-async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
-    return exc.response()
+async def _on_request_error(request: Request, exc: RequestError) -> JSONResponse:
+    return error_response(exc)
 
 
 async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}
     param = None if first.get("type") == "json_invalid" else _loc_to_param(first.get("loc", ()))
-    return invalid_request(_validation_message(first), param).response()
+    return error_response(InvalidRequest(_validation_message(first), param))
+
+
+_HTTP_KINDS = {401: Unauthorized, 404: NotFound, 405: MethodNotAllowed, 413: TooLarge}
 
 
 async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    type_, code = _STATUS_TYPES.get(exc.status_code, ("invalid_request_error", None))
-    if exc.status_code >= 500:
-        type_ = "server_error"
     message = exc.detail if isinstance(exc.detail, str) else "error"
     if exc.status_code == 404:
         message = f"unknown route: {request.method} {request.url.path}"
-    return APIError(exc.status_code, message, type=type_, code=code).response()
+    cls = _HTTP_KINDS.get(exc.status_code)
+    if cls is None:  # a status no failure kind of ours produces: keep it, with a type by its class
+        type_ = "server_error" if exc.status_code >= 500 else "invalid_request_error"
+        return JSONResponse({"error": {"message": message, "type": type_, "param": None, "code": None}},
+                            status_code=exc.status_code)
+    return error_response(cls(message))
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("internal error on %s %s", request.method, request.url.path)
-    return internal_error(f"internal error: {type(exc).__name__}").response()
+    return error_response(InternalError(f"internal error: {type(exc).__name__}"))
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error the app returns OpenAI-shaped."""
-    app.add_exception_handler(APIError, _on_api_error)
+    app.add_exception_handler(RequestError, _on_request_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(Exception, _on_unexpected)

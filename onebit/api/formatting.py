@@ -1,22 +1,28 @@
-"""Response pieces in OpenAI's shapes: logprobs, usage, SSE events."""
+"""Response pieces in OpenAI's shapes: logprobs, usage, SSE events and the chunks of a stream."""
 
 from __future__ import annotations
 
 import json
 import time
 
+from pydantic import BaseModel
+
+from onebit.api.responses import (ChatLogprobs, CompletionLogprobs, TokenLogprobs, TopLogprob, Timings,
+                                  Usage)
 from onebit.api.state import ServerState
-from onebit.engine.outputs import TokenLogprob
+from onebit.protocol import TokenLogprob
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     """The `usage` object."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 total_tokens=prompt_tokens + completion_tokens)
 
 
-def sse(payload: dict) -> str:
-    """One server-sent event carrying a JSON payload."""
+def sse(payload: BaseModel | dict) -> str:
+    """One server-sent event carrying a response model (its set fields) or a JSON object."""
+    if isinstance(payload, BaseModel):
+        return f"data: {payload.model_dump_json(exclude_unset=True)}\n\n"
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
@@ -24,22 +30,22 @@ SSE_DONE = "data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _entry(state: ServerState, token_id: int, logprob: float) -> dict:
+def _top(state: ServerState, token_id: int, logprob: float) -> TopLogprob:
     piece = state.piece(token_id)
-    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+    return TopLogprob(token=piece, logprob=logprob, bytes=list(piece.encode("utf-8")))
 
 
-def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> dict:
+def chat_logprobs(state: ServerState, items: list[TokenLogprob]) -> ChatLogprobs:
     """Chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}, ...]}."""
     content = []
     for item in items:
-        entry = _entry(state, item.token_id, item.logprob)
-        entry["top_logprobs"] = [_entry(state, t, lp) for t, lp in item.top]
-        content.append(entry)
-    return {"content": content}
+        piece = state.piece(item.token_id)
+        content.append(TokenLogprobs(token=piece, logprob=item.logprob, bytes=list(piece.encode("utf-8")),
+                                     top_logprobs=[_top(state, t, lp) for t, lp in item.top]))
+    return ChatLogprobs(content=content)
 
 
-def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offset: int) -> dict:
+def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offset: int) -> CompletionLogprobs:
     """Legacy completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
     for item in items:
@@ -49,30 +55,33 @@ def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offs
         tops.append({state.piece(t): lp for t, lp in item.top})
         offsets.append(text_offset)
         text_offset += len(piece)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+    return CompletionLogprobs(tokens=tokens, token_logprobs=token_logprobs, top_logprobs=tops, text_offset=offsets)
 
 
 class ChunkWriter:
-    """The SSE chunks of one streamed response: id, object type, creation time and model on each;
-    `usage: null` on content chunks while the client asked for usage; llama.cpp's `timings`
-    (drafted/accepted counts) on the last chunk, which is the usage chunk when there is one."""
+    """The SSE chunks of one streamed response, as `chunk_type` models: id, object type, creation
+    time and model on each; `usage: null` on content chunks while the client asked for usage;
+    llama.cpp's `timings` (drafted/accepted counts) on the last chunk, which is the usage chunk
+    when there is one."""
 
-    def __init__(self, rid: str, obj: str, model: str, include_usage: bool, choices: int, counter):
+    def __init__(self, chunk_type: type[BaseModel], rid: str, obj: str, model: str, include_usage: bool,
+                 choices: int, counter):
+        self.chunk_type = chunk_type
         self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
         self.include_usage = include_usage
         self.unfinished = choices
         self.counter = counter  # a TokenCounter: completion tokens and draft counts so far
 
-    def chunk(self, items: list[dict], timings: dict | None = None) -> str:
+    def chunk(self, items: list, timings: Timings | None = None) -> str:
         """One chunk carrying these choice items."""
-        payload = {**self.head, "choices": items}
+        fields = {**self.head, "choices": items}
         if self.include_usage:
-            payload["usage"] = None
+            fields["usage"] = None
         if timings:
-            payload["timings"] = timings
-        return sse(payload)
+            fields["timings"] = timings
+        return sse(self.chunk_type(**fields))
 
-    def finish(self, item: dict) -> str:
+    def finish(self, item) -> str:
         """The chunk that ends one choice (its finish_reason); the last one carries the timings
         unless a usage chunk follows."""
         self.unfinished -= 1
@@ -83,7 +92,7 @@ class ChunkWriter:
         """The final usage chunk when the client asked for one (stream_options.include_usage)."""
         if not self.include_usage:
             return None
-        payload = {**self.head, "choices": [], "usage": usage(prompt_tokens, self.counter.total)}
+        fields = {**self.head, "choices": [], "usage": usage(prompt_tokens, self.counter.total)}
         if timings := self.counter.timings():
-            payload["timings"] = timings
-        return sse(payload)
+            fields["timings"] = timings
+        return sse(self.chunk_type(**fields))

@@ -1,21 +1,18 @@
-"""Run the engine requests behind one API request: slots, fan-out of `n`, metrics, errors."""
+"""Admit and run the engine requests behind one API request: slots, fan-out of `n`, metrics, counts."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from onebit.api.errors import APIError, context_overflow, internal_error, invalid_request, unavailable
-from onebit.api.formatting import SSE_DONE, sse
+from onebit.api.responses import Timings
 from onebit.api.state import ServerState
-from onebit.backends.base import BackendError, GenerateRequest, RequestRejected
-from onebit.engine.outputs import StepDelta
-from onebit.engine.sampling_params import SamplingParams
-from onebit.router import QueueFull, RouterError, Ticket
+from onebit.protocol import GenerateRequest, InternalError, RequestError, SamplingParams, StepDelta
+from onebit.router import RouterError, Ticket
 
 log = logging.getLogger("onebit.api")
 
@@ -31,53 +28,24 @@ class Choice:
     prompt_text: str | None = None
 
 
-async def guarded_sse(events: AsyncIterator[str], what: str) -> AsyncIterator[str]:
-    """Relay a stream's SSE events, then `[DONE]`. A failure becomes an error event and the
-    stream ends without `[DONE]`: a broken stream must never look finished."""
-    try:
-        async with contextlib.aclosing(events) as stream:
-            async for event in stream:
-                yield event
-        yield SSE_DONE
-    except APIError as error:
-        yield sse(error.body())
-    except Exception:
-        log.exception("%s failed", what)
-        yield sse(internal_error().body())
-
-
-def router_error(error: RouterError) -> APIError:
-    """503 for every reason the router could not place a request."""
-    return unavailable(str(error), code="queue_full" if isinstance(error, QueueFull) else "unavailable")
-
-
-def backend_error(error: BackendError) -> APIError:
-    """400 when the engine rejected the input, else 500."""
-    if isinstance(error, RequestRejected):
-        details = error.details
-        if "n_ctx" in details and "n_prompt_tokens" in details:
-            return context_overflow(details["n_prompt_tokens"], details["n_ctx"])
-        return invalid_request(details.get("message", "invalid request"), details.get("param"))
-    return internal_error(str(error) or "backend failure")
-
-
 def take_tickets(state: ServerState, count: int) -> list[Ticket]:
-    """Reserve (or queue for) `count` slots now; all or nothing, 503 when the queue is full."""
+    """Reserve (or queue for) `count` slots now; all or nothing (the router's Overloaded when the
+    queue is full, Unavailable when nothing can serve)."""
     tickets: list[Ticket] = []
     try:
         for _ in range(count):
             tickets.append(state.router.ticket())
-    except RouterError as error:
+    except RouterError:
         for ticket in tickets:
             ticket.close()
-        raise router_error(error) from None
+        raise
     return tickets
 
 
 async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> AsyncIterator[StepDelta]:
-    """Stream one choice's deltas, recording metrics; raise APIError on any failure.
+    """Stream one choice's deltas, recording metrics; raise a RequestError on any failure.
 
-    A delta finishing with "error" or "abort" becomes an APIError: a broken stream
+    A delta finishing with "error" or "abort" becomes an InternalError: a broken stream
     must never look finished. The router re-routes the choice if its backend fails
     before it streamed anything.
     """
@@ -108,15 +76,15 @@ async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> Asyn
                     metrics.generation_tokens.labels(name).inc(delta.num_output_tokens)
                     metrics.e2e.labels(name).observe(now - arrival)
                     if reason in ("error", "abort"):
-                        raise internal_error(delta.error or f"request {reason}ed by the engine")
+                        raise InternalError(delta.error or f"request {reason}ed by the engine")
                 yield delta
-    except RouterError as error:
+    except RouterError:
         finished = True
-        raise router_error(error) from None
-    except BackendError as error:
+        raise
+    except RequestError:  # the backend failed, or refused the input
         finished = True
         metrics.requests.labels(routed.backend or "none", "error").inc()
-        raise backend_error(error) from None
+        raise
     finally:
         if not finished and routed.backend is not None:  # the client went away: the backend aborted it
             metrics.requests.labels(routed.backend, "abort").inc()
@@ -146,12 +114,12 @@ class TokenCounter:
         """Completion tokens over all choices."""
         return sum(self._counts.values())
 
-    def timings(self) -> dict | None:
+    def timings(self) -> Timings | None:
         """llama.cpp's `timings` draft fields over all choices, or None when nothing was drafted."""
         drafted = sum(d for d, _ in self._drafts.values())
         if not drafted:
             return None
-        return {"draft_n": drafted, "draft_n_accepted": sum(a for _, a in self._drafts.values())}
+        return Timings(draft_n=drafted, draft_n_accepted=sum(a for _, a in self._drafts.values()))
 
 
 async def merge_choices(state: ServerState, choices: list[Choice],
@@ -188,52 +156,3 @@ async def merge_choices(state: ServerState, choices: list[Choice],
     finally:
         for task in tasks:
             task.cancel()
-
-
-class ClientGone(Exception):
-    """The client disconnected before a non-streaming response was ready."""
-
-
-async def _until_disconnected(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(receive, work):
-    """Await `work`, but cancel it (aborting its engine requests) if the client goes away first."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_until_disconnected(receive))
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        watch.cancel()
-        raise
-    if not task.done() and watch.exception() is not None:
-        watch = None  # receive() failed, which says nothing about the client: just wait
-        await asyncio.wait({task})
-    if task.done():
-        if watch is not None:
-            watch.cancel()
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    raise ClientGone()
-
-
-async def collect_choices(state: ServerState, choices: list[Choice], tickets: list[Ticket]):
-    """Run every choice to its end for a non-streaming response: per choice index, the text
-    pieces, finish reason and logprobs, plus the token counter."""
-    texts = {c.index: [] for c in choices}
-    counts = TokenCounter()
-    finish = {c.index: None for c in choices}
-    logprobs = {c.index: [] for c in choices}
-    async with contextlib.aclosing(merge_choices(state, choices, tickets)) as stream:
-        async for index, delta in stream:
-            texts[index].append(delta.text)
-            counts.add(index, delta)
-            if delta.logprobs:
-                logprobs[index].extend(delta.logprobs)
-            if delta.finished:
-                finish[index] = delta.finish_reason
-    return texts, counts, finish, logprobs

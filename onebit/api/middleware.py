@@ -7,14 +7,15 @@ import json
 
 from fastapi import HTTPException
 
-from onebit.api.errors import APIError
+from onebit.api.errors import TooLarge, Unauthorized, error_body, status_of
+from onebit.protocol.errors import RequestError
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
-async def _send_error(send, error: APIError) -> None:
-    body = json.dumps(error.body()).encode()
-    await send({"type": "http.response.start", "status": error.status,
+async def _send_error(send, error: RequestError) -> None:
+    body = json.dumps(error_body(error)).encode()
+    await send({"type": "http.response.start", "status": status_of(error),
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
@@ -47,8 +48,7 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope["headers"]):
             return await self.app(scope, receive, send)
         await _drain(receive)
-        await _send_error(send, APIError(401, "invalid or missing API key", type="authentication_error",
-                                         code="invalid_api_key"))
+        await _send_error(send, Unauthorized("invalid or missing API key"))
 
 
 class BodyLimitMiddleware:
@@ -58,9 +58,8 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_bytes = max_bytes
 
-    def _too_large(self) -> APIError:
-        return APIError(413, f"request body larger than {self.max_bytes} bytes",
-                        code="request_too_large")
+    def _too_large(self) -> TooLarge:
+        return TooLarge(f"request body larger than {self.max_bytes} bytes")
 
     async def __call__(self, scope, receive, send):
         """ASGI entry."""

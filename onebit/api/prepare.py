@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from onebit.api.errors import context_overflow, invalid_request
 from onebit.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from onebit.api.state import ServerState
-from onebit.engine.sampling_params import InvalidParameter, SamplingParams
+from onebit.protocol import InvalidRequest, SamplingParams, check_n, check_prompt
+from onebit.protocol.validate import check_int, check_logprobs, check_token
 
 _SEED_MASK = 2**63 - 1
 
@@ -32,34 +32,22 @@ def render_chat(state: ServerState, messages: list[ChatMessage], tools=None, tem
                                                    add_generation_prompt=True, tools=tools,
                                                    **(template_kwargs or {}))
     except ValueError as error:
-        raise invalid_request(f"cannot apply the chat template: {error}", "messages") from None
+        raise InvalidRequest(f"cannot apply the chat template: {error}", "messages") from None
     except TypeError as error:  # e.g. a chat_template_kwargs key clashing with a parameter
-        raise invalid_request(f"cannot apply the chat template: {error}", "chat_template_kwargs") from None
+        raise InvalidRequest(f"cannot apply the chat template: {error}", "chat_template_kwargs") from None
 
 
 def check_ids(state: ServerState, ids: list[int], param: str) -> None:
     """400 unless every id is inside the vocabulary."""
-    vocab = state.tokenizer.vocab_size
     for token in ids:
-        if not 0 <= token < vocab:
-            raise invalid_request(f"token id {token} is outside the vocabulary [0, {vocab})", param)
-
-
-def check_prompt(state: ServerState, ids: list[int], param: str) -> list[int]:
-    """Reject empty prompts, unknown token ids, and prompts that leave no room to generate."""
-    if not ids:
-        raise invalid_request("the prompt is empty", param)
-    check_ids(state, ids, param)
-    if len(ids) >= state.n_ctx:
-        raise context_overflow(len(ids), state.n_ctx)
-    return ids
+        check_token(token, state.tokenizer.vocab_size, param)
 
 
 def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> tuple[str, list[int]]:
     """The rendered prompt text and its token ids."""
     text = render_chat(state, request.messages, request.tools, request.chat_template_kwargs)
     ids = state.tokenizer.encode(text, add_special_tokens=False)
-    return text, check_prompt(state, ids, "messages")
+    return text, check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, "messages")
 
 
 def completion_prompts(state: ServerState, request: CompletionRequest) -> list[list[int]]:
@@ -72,11 +60,11 @@ def completion_prompts(state: ServerState, request: CompletionRequest) -> list[l
     else:
         prompts = list(prompt)
     if not prompts:
-        raise invalid_request("the prompt is empty", "prompt")
+        raise InvalidRequest("the prompt is empty", "prompt")
     out = []
     for p in prompts:
         ids = state.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p)
-        out.append(check_prompt(state, ids, "prompt"))
+        out.append(check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, "prompt"))
     return out
 
 
@@ -90,45 +78,36 @@ def completion_prompt_texts(request: CompletionRequest) -> list[str | None]:
     return [p if isinstance(p, str) else None for p in prompt]
 
 
-def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, float]:
-    out = {}
-    for key, value in (bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise invalid_request(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
-        if not 0 <= token < state.tokenizer.vocab_size:
-            raise invalid_request(f"logit_bias token {token} is outside the vocabulary", "logit_bias")
-        out[token] = value
-    return out
-
-
 def sampling_params(state: ServerState, request: SamplingFields, max_tokens: int | None,
-                    logprobs: int | None) -> list[SamplingParams]:
-    """One SamplingParams per choice (`n` of them, seeds seed, seed+1, ...)."""
+                    logprobs: int | None, renames: dict[str, str] | None = None) -> list[SamplingParams]:
+    """One SamplingParams per choice (`n` of them, seeds seed, seed+1, ...), every field checked by the
+    shared validation; `renames` maps a SamplingParams field to the request field it came from."""
+    check_n(request.n)
     stop = request.stop
-    if isinstance(stop, str):
-        stop = [stop]
     try:
         base = SamplingParams(
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             top_k=request.top_k or 0,
             min_p=request.min_p or 0.0,
-            seed=None if request.seed is None else request.seed & _SEED_MASK,
+            seed=request.seed,
             max_tokens=max_tokens,
             min_tokens=request.min_tokens,
             ignore_eos=request.ignore_eos,
-            stop=list(stop or []),
+            stop=[stop] if isinstance(stop, str) else list(stop or []),
             presence_penalty=request.presence_penalty or 0.0,
             frequency_penalty=request.frequency_penalty or 0.0,
             repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
-            logit_bias=_logit_bias(state, request.logit_bias),
+            logit_bias=request.logit_bias or {},
             logprobs=logprobs,
             draft_max=request.speculative.n_max if request.speculative else None,
         )
-    except InvalidParameter as error:
-        raise invalid_request(str(error), error.param) from None
+        base.validate(state.tokenizer.vocab_size)
+    except InvalidRequest as error:
+        error.param = (renames or {}).get(error.param, error.param)
+        raise
+    if base.seed is not None:
+        base.seed &= _SEED_MASK  # seed+i below stays a valid generator seed
     if request.n == 1:
         return [base]
     return [dataclasses.replace(base, seed=None if base.seed is None else (base.seed + i) & _SEED_MASK)
@@ -137,13 +116,20 @@ def sampling_params(state: ServerState, request: SamplingFields, max_tokens: int
 
 def chat_sampling_params(state: ServerState, request: ChatCompletionRequest) -> list[SamplingParams]:
     """SamplingParams for a chat request (max_completion_tokens wins over max_tokens)."""
-    max_tokens = request.max_completion_tokens or request.max_tokens
+    renames = {"logprobs": "top_logprobs"}
+    max_tokens = request.max_tokens
+    if request.max_completion_tokens is not None:
+        if max_tokens is not None:
+            check_int("max_tokens", max_tokens, 1)
+        max_tokens = request.max_completion_tokens
+        renames["max_tokens"] = "max_completion_tokens"
+    check_logprobs(request.top_logprobs, "top_logprobs")
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return sampling_params(state, request, max_tokens, logprobs)
+    return sampling_params(state, request, max_tokens, logprobs, renames)
 
 
 def completion_sampling_params(state: ServerState, request: CompletionRequest) -> list[SamplingParams]:
     """SamplingParams for a text completion request."""
     if request.echo:
-        raise invalid_request("echo is not supported", "echo")
+        raise InvalidRequest("echo is not supported", "echo")
     return sampling_params(state, request, request.max_tokens, request.logprobs)

@@ -1,13 +1,14 @@
-"""Request and response models of the OpenAI-compatible API (unknown fields are ignored)."""
+"""Request and response models of the OpenAI-compatible API (unknown fields are ignored).
+
+Request models check shapes and types only; every range is checked once, by the shared
+validation in `onebit.protocol.validate`. The completion responses and their stream chunks are
+in `onebit/api/responses.py`."""
 
 from __future__ import annotations
 
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
-
-_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
-
 
 class _Lenient(BaseModel):
     """Ignores unknown fields, as users of the OpenAI SDK's `extra_body` expect."""
@@ -42,30 +43,30 @@ class ChatMessage(_Lenient):
 class Speculative(_Lenient):
     """llama.cpp's per-request speculative settings; n_max 0 turns drafting off."""
 
-    n_max: int | None = Field(None, ge=0, le=64)
+    n_max: int | None = None
 
 
 class SamplingFields(_Lenient):
     """Generation fields shared by chat and text completions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = Field(None, ge=_INT64_MIN, le=_UINT64_MAX)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
     stop: Union[str, list[str], None] = None
-    n: int = Field(1, ge=1, le=16)
+    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = 0
     speculative: Speculative | None = None
 
 
@@ -73,9 +74,9 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -86,8 +87,8 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions: prompt as a string, strings, token ids, or lists of token ids."""
 
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = 16
+    logprobs: int | None = None
     echo: bool = False
     return_token_ids: bool = False  # vLLM's extension: streamed choices carry their `token_ids`
 
@@ -114,7 +115,7 @@ class ApplyTemplateRequest(_Lenient):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-# ---- responses (documentation for /openapi.json; handlers return plain dicts) ----
+# ---- responses (completions and their chunks: onebit/api/responses.py) ----
 
 
 class ErrorDetail(BaseModel):
@@ -130,64 +131,6 @@ class ErrorResponse(BaseModel):
     """Every error the server answers with."""
 
     error: ErrorDetail
-
-
-class Usage(BaseModel):
-    """Token counts of one response."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class Timings(BaseModel):
-    """llama.cpp's `timings`, with the fields this server fills: the response's speculative decoding
-    (present only when it drafted)."""
-
-    draft_n: int
-    draft_n_accepted: int
-
-
-class ChatChoice(BaseModel):
-    """One choice of a chat completion."""
-
-    index: int
-    message: dict[str, Any]
-    logprobs: dict[str, Any] | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    """Non-streaming chat completion."""
-
-    id: str
-    object: Literal["chat.completion"]
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    timings: Timings | None = None
-
-
-class CompletionChoice(BaseModel):
-    """One choice of a text completion."""
-
-    index: int
-    text: str
-    logprobs: dict[str, Any] | None = None
-    finish_reason: str | None = None
-
-
-class CompletionResponse(BaseModel):
-    """Non-streaming text completion."""
-
-    id: str
-    object: Literal["text_completion"]
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-    timings: Timings | None = None
 
 
 class ModelCard(BaseModel):

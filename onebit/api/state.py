@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from onebit.api.errors import APIError, unavailable
 from onebit.api.metrics import Metrics
+from onebit.protocol.errors import NotFound, Unavailable
 from onebit.router import Router
 
 
@@ -35,14 +35,13 @@ class ServerState:
             return
         state = self.router.state
         if state == "loading" or (state == "ready" and self.tokenizer is None):
-            raise unavailable("Loading model", code="loading")
-        raise unavailable(f"no backend available ({self.load_error or state})")
+            raise Unavailable("Loading model", code="loading")
+        raise Unavailable(f"no backend available ({self.load_error or state})")
 
     def check_model(self, requested: str | None) -> None:
         """404 when the request names a model this server does not serve."""
         if requested and requested not in (self.model_name, self.model_path):
-            raise APIError(404, f"The model `{requested}` does not exist", type="not_found_error",
-                           param="model", code="model_not_found")
+            raise NotFound(f"The model `{requested}` does not exist", param="model", code="model_not_found")
 
     def piece(self, token_id: int) -> str:
         """The text of one token, for logprobs (cached: the same ids recur)."""

@@ -4,37 +4,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta  # re-exported for backends
-from onebit.engine.sampling_params import SamplingParams
+from onebit.engine.outputs import EngineStats, SlotInfo  # re-exported for backends
+from onebit.protocol import GenerateRequest, InternalError, StepDelta
+
+__all__ = ["Backend", "BackendError", "EngineStats", "GenerateRequest", "SlotInfo", "StepDelta", "coalesced"]
 
 
-class BackendError(RuntimeError):
-    """A backend failed or went away while serving a request."""
-
-
-class RequestRejected(BackendError):
-    """The backend refused a request before running it (bad input, prompt too long).
-
-    `details` holds "type", "message" and, when known, "param", "n_prompt_tokens", "n_ctx".
-    Never a reason to try another backend: the input itself is at fault.
-    """
-
-    def __init__(self, details: dict):
-        super().__init__(details.get("message", "request rejected"))
-        self.details = details
-
-
-@dataclass
-class GenerateRequest:
-    """One generation request as the router hands it to a backend (already tokenized)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    prompt_text: str | None = None  # the same prompt as text, for peers that cannot take token ids
+class BackendError(InternalError):
+    """A backend failed or went away while serving a request (the router may try another one
+    if nothing was streamed yet). Bad input is never a BackendError: backends raise the
+    shared InvalidRequest / ContextOverflow for it, which the router never retries."""
 
 
 async def coalesced(stream: asyncio.Queue) -> AsyncIterator[StepDelta]:
@@ -63,7 +44,8 @@ class Backend(abc.ABC):
     Lifecycle: `await start()` (loads the model; `state` goes "loading" -> "ready"),
     then any number of concurrent `generate()` streams, then `await stop()`.
     `generate` yields StepDeltas; the last has finished=True. If the backend dies
-    mid-stream, `generate` raises BackendError: a failed stream never ends cleanly.
+    mid-stream, `generate` raises BackendError: a failed stream never ends cleanly; input it
+    refuses raises the protocol's InvalidRequest (or ContextOverflow).
     Breaking out of (or cancelling) a `generate` iteration aborts the request.
 
     Health is the backend's own business: when its process dies or stops answering it

@@ -10,14 +10,14 @@ import multiprocessing as mp
 import os
 from typing import AsyncIterator, Callable
 
-from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, RequestRejected, SlotInfo, coalesced
+from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, SlotInfo, coalesced
 from onebit.backends.heartbeat import Heartbeat
 from onebit.backends.native_worker import worker_main
 from onebit.backends.pipe_writer import PipeWriter
 from onebit.engine.config import EngineConfig
-from onebit.engine.outputs import StepDelta
+from onebit.protocol import RequestError, StepDelta, from_wire
 
-__all__ = ["NativeBackend", "RequestRejected"]  # RequestRejected lived here once; base.py owns it now
+__all__ = ["NativeBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class NativeBackend(Backend):
         elif kind == "rejected":
             stream = self._streams.get(message[1])
             if stream is not None:
-                stream.put_nowait(RequestRejected(message[2]))
+                stream.put_nowait(from_wire(message[2]))  # the engine's own exception type, rebuilt
         elif kind == "ready":
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(message[1])
@@ -243,7 +243,7 @@ class NativeBackend(Backend):
             async for item in coalesced(stream):
                 finished = item.finished
                 yield item
-        except BackendError:  # from the queue: the engine no longer holds it (rejected, or the worker died)
+        except RequestError:  # from the queue: the engine no longer holds it (rejected, or the worker died)
             finished = True
             raise
         finally:

@@ -3,7 +3,7 @@
 Messages in (front -> worker): ("add", request_id, prompt_token_ids, params),
 ("abort", request_id), ("ping",), ("stop",).
 Messages out (worker -> front): ("ready", info), ("load_error", message),
-("rejected", request_id, details), ("step", deltas, stats, slots), ("pong",).
+("rejected", request_id, error.to_wire()), ("step", deltas, stats, slots), ("pong",).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 from multiprocessing.connection import Connection
 
 from onebit.engine.config import EngineConfig
+from onebit.protocol import InternalError, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +38,12 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def _rejection(error: Exception) -> dict:
-    """Describe why add_request refused a request, in plain data that pickles."""
-    details = {"type": type(error).__name__, "message": str(error)}
-    for attr in ("param", "n_prompt_tokens", "n_ctx"):
-        if hasattr(error, attr):
-            details[attr] = getattr(error, attr)
-    return details
+    """Why add_request refused a request, as plain data the front turns back into the same
+    exception type (`onebit.protocol.from_wire`); anything but a RequestError is our bug: internal."""
+    if not isinstance(error, RequestError):
+        log.exception("add_request failed")
+        error = InternalError(f"{type(error).__name__}: {error}")
+    return error.to_wire()
 
 
 def _load_engine(config: EngineConfig):

@@ -12,7 +12,7 @@ import httpx
 from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, SlotInfo
 from onebit.backends.heartbeat import Heartbeat
 from onebit.backends.remote_protocol import StreamState, completion_body, error_from_body, final_delta, parse_chunk
-from onebit.engine.outputs import StepDelta
+from onebit.protocol import RequestError, StepDelta
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +172,10 @@ class RemoteBackend(Backend):
 
     async def _pump(self, request: GenerateRequest, queue: asyncio.Queue, slot: SlotInfo) -> None:
         """Read the peer's SSE stream into `queue`: deltas, then the finished delta or an exception."""
-        body = completion_body(request, self.model, self.prompt_mode, self.n_ctx)
         state = StreamState(request.request_id)
         done = False
         try:
+            body = completion_body(request, self.model, self.prompt_mode, self.n_ctx)
             async with self._client.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
                     raise error_from_body(resp.status_code, await resp.aread())
@@ -193,7 +193,7 @@ class RemoteBackend(Backend):
             if not done or state.finish_reason is None:
                 raise BackendError(f"the stream from {self.url} ended before the request finished")
             queue.put_nowait(final_delta(state, len(request.prompt_token_ids)))
-        except BackendError as error:
+        except RequestError as error:  # a BackendError, or the peer refused the client's input
             queue.put_nowait(error)
         except httpx.ConnectError as error:
             queue.put_nowait(BackendError(f"cannot reach {self.url}: {error}"))

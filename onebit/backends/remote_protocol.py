@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from onebit.backends.base import BackendError, GenerateRequest, RequestRejected
-from onebit.engine.outputs import StepDelta, TokenLogprob
-from onebit.engine.sampling_params import SamplingParams
+from onebit.backends.base import BackendError
+from onebit.protocol import (ContextOverflow, GenerateRequest, InvalidRequest, RequestError, SamplingParams,
+                             StepDelta, TokenLogprob)
 
 # Fields most OpenAI-compatible servers (1bit, vLLM, llama-server) take beyond OpenAI's own.
 _EXTRA_DEFAULTS = {"top_k": 0, "min_p": 0.0, "min_tokens": 0, "ignore_eos": False, "repetition_penalty": 1.0}
@@ -19,8 +19,7 @@ def completion_body(request: GenerateRequest, model: str | None, prompt_mode: st
     p: SamplingParams = request.params
     if prompt_mode == "text":
         if request.prompt_text is None:
-            raise RequestRejected({"type": "invalid_request_error", "param": "prompt",
-                                   "message": "this server's remote backend takes text prompts; send text"})
+            raise InvalidRequest("this server's remote backend takes text prompts; send text", "prompt")
         prompt = request.prompt_text
     else:
         prompt = list(request.prompt_token_ids)
@@ -55,8 +54,9 @@ def completion_body(request: GenerateRequest, model: str | None, prompt_mode: st
     return body
 
 
-def error_from_body(status: int, raw: bytes | str, started: bool = False) -> BackendError:
-    """A peer's error (HTTP status + OpenAI error body) as RequestRejected (its client's fault) or BackendError."""
+def error_from_body(status: int, raw: bytes | str, started: bool = False) -> RequestError:
+    """A peer's error (HTTP status + OpenAI error body) as the client's fault (ContextOverflow,
+    InvalidRequest: never retried) or a BackendError."""
     try:
         payload = json.loads(raw) if raw else {}
     except ValueError:
@@ -68,11 +68,11 @@ def error_from_body(status: int, raw: bytes | str, started: bool = False) -> Bac
     kind = error.get("type") or ""
     client_fault = (400 <= status < 500 and status not in (408, 429)) or kind in _CLIENT_ERROR_TYPES
     if client_fault and not started:
-        details = {"type": kind or "invalid_request_error", "message": message, "param": error.get("param")}
-        for key in ("n_prompt_tokens", "n_ctx"):
-            if key in error:
-                details[key] = error[key]
-        return RequestRejected(details)
+        param = error.get("param") if isinstance(error.get("param"), str) else None
+        sizes = error.get("n_prompt_tokens"), error.get("n_ctx")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
+            return ContextOverflow(sizes[0], sizes[1], message, param)
+        return InvalidRequest(message, param)
     return BackendError(f"peer error (HTTP {status}): {message}")
 
 

@@ -15,13 +15,13 @@ import time
 import torch
 
 from onebit.engine.config import EngineConfig
-from onebit.engine.errors import ContextOverflow
 from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta, TokenLogprob
 from onebit.engine.parts import EngineParts, LaunchedStep
 from onebit.engine.sampler import SampledBatch
-from onebit.engine.sampling_params import InvalidParameter, SamplingParams
+from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
+from onebit.protocol.validate import check_request
 
 log = logging.getLogger("onebit.engine")
 
@@ -58,19 +58,11 @@ class LLMEngine:
     # -- requests -------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raise ValueError (InvalidParameter, ContextOverflow) for bad input."""
+        """Queue a request; raise InvalidRequest (ContextOverflow for a prompt too long) for bad input."""
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if not prompt_token_ids:
-            raise InvalidParameter("prompt", "the prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
-        if bad is not None:
-            raise InvalidParameter("prompt", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
-        params.validate()
+        check_request(prompt_token_ids, params, self.model_config.vocab_size, self.ctx_size)
         n = len(prompt_token_ids)
-        if n >= self.ctx_size:
-            raise ContextOverflow(n, self.ctx_size)
         limit = self.ctx_size if params.max_tokens is None else min(self.ctx_size, n + params.max_tokens)
         seq = Sequence(request_id, prompt_token_ids, params, limit, next(self._arrivals))
         if params.seed is not None:

@@ -5,46 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-
-@dataclass
-class TokenLogprob:
-    """Log-probability of one generated token and its top alternatives."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
-
-
-@dataclass
-class StepDelta:
-    """What one engine step produced for one request.
-
-    `text` is the newly decoded text (stop strings already removed). A delta with
-    `finished=True` is the request's last; `finish_reason` is "stop", "length",
-    "abort" or "error" (then `error` says why).
-    """
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    finished: bool = False
-    finish_reason: str | None = None
-    error: str | None = None
-    logprobs: list[TokenLogprob] | None = None
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_draft_tokens: int = 0  # drafts verified for this request so far
-    num_accepted_tokens: int = 0  # of which the target kept
-
-    def then(self, later: "StepDelta") -> "StepDelta":
-        """One delta carrying this one's tokens followed by `later`'s (a later delta of the same
-        request): what a consumer that fell a few steps behind can send as one event."""
-        logprobs = None
-        if self.logprobs is not None or later.logprobs is not None:
-            logprobs = (self.logprobs or []) + (later.logprobs or [])
-        return dataclasses.replace(later, token_ids=self.token_ids + later.token_ids, text=self.text + later.text,
-                                   logprobs=logprobs)
+from onebit.protocol.types import StepDelta, TokenLogprob  # the shared types; re-exported here
 
 
 @dataclass

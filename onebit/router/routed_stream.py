@@ -6,8 +6,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, AsyncIterator
 
-from onebit.backends.base import BackendError, GenerateRequest, RequestRejected
-from onebit.engine.outputs import StepDelta
+from onebit.backends.base import BackendError
+from onebit.protocol import GenerateRequest, StepDelta, check_request
 
 if TYPE_CHECKING:
     from onebit.router.router import Router, Ticket
@@ -23,7 +23,8 @@ class RoutedStream:
     released and the request goes back to the *front* of the router's queue, up to
     `max_attempts` backends in all. Once a delta has been yielded a failure is final:
     the BackendError propagates, so the client sees an error, never a clean end.
-    Input the backend rejects (RequestRejected) is never retried.
+    The request is validated first (the shared validation, without a vocabulary); input a
+    backend rejects (InvalidRequest, ContextOverflow: not BackendErrors) is never retried.
 
     `backend` names the backend serving the request now (None until it has a slot).
     """
@@ -40,6 +41,7 @@ class RoutedStream:
         """The request's deltas, ending with its finished one; every slot taken is released once."""
         ticket = self._ticket
         try:
+            check_request(self.request.prompt_token_ids, self.request.params)
             while True:
                 lease = await ticket.wait()
                 self.attempts += 1
@@ -54,8 +56,6 @@ class RoutedStream:
                                 route.completed += 1
                             yield delta
                     return
-                except RequestRejected:
-                    raise
                 except BackendError as error:
                     if started or self.attempts >= self.max_attempts:
                         route.failed += 1

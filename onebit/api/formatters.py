@@ -1,0 +1,190 @@
+"""What chat and text completions do differently, on the response models: one Formatter each.
+
+A formatter turns one choice's deltas into stream chunk items (`opening`, `piece`, `finish`) and
+the collected output of every choice into the whole response (`response`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from onebit.api.formatting import chat_logprobs, completion_logprobs, usage
+from onebit.api.generation import Choice, TokenCounter
+from onebit.api.reasoning import ReasoningSplitter
+from onebit.api.responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+                                  ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionChunk,
+                                  CompletionChunkChoice, CompletionResponse)
+from onebit.api.state import ServerState
+from onebit.protocol import StepDelta
+
+
+class Collected:
+    """Every choice's output so far, for a whole (non-streamed) response."""
+
+    def __init__(self, choices: list[Choice]):
+        self.choices = choices
+        self.texts: dict[int, list[str]] = {c.index: [] for c in choices}
+        self.finish: dict[int, str | None] = {c.index: None for c in choices}
+        self.logprobs: dict[int, list] = {c.index: [] for c in choices}
+        self.counts = TokenCounter()
+
+    def add(self, index: int, delta: StepDelta) -> None:
+        """Take in one delta of choice `index`."""
+        self.texts[index].append(delta.text)
+        self.counts.add(index, delta)
+        if delta.logprobs:
+            self.logprobs[index].extend(delta.logprobs)
+        if delta.finished:
+            self.finish[index] = delta.finish_reason
+
+    def head(self, state: ServerState, rid: str, obj: str, prompt_tokens: int) -> dict:
+        """The fields every whole response has besides its choices."""
+        fields = {"id": rid, "object": obj, "created": int(time.time()), "model": state.model_name,
+                  "usage": usage(prompt_tokens, self.counts.total)}
+        if timings := self.counts.timings():
+            fields["timings"] = timings
+        return fields
+
+
+class Formatter:
+    """Base: one endpoint's response shapes for one request of `choices`."""
+
+    chunk_type: type
+    chunk_object: str
+
+    def __init__(self, state: ServerState, rid: str, choices: list[Choice]):
+        self.state = state
+        self.rid = rid
+        self.choices = choices
+
+    def prompt_tokens(self) -> int:
+        """Prompt tokens for `usage` (every choice of one prompt shares it)."""
+        return len(self.choices[0].prompt_token_ids)
+
+    def opening(self) -> list:
+        """Chunk items sent before any token."""
+        return []
+
+    def piece(self, index: int, delta: StepDelta):
+        """The chunk item for one delta's content, or None when it carries nothing to send."""
+        raise NotImplementedError
+
+    def finish(self, index: int, delta: StepDelta):
+        """The chunk item that ends choice `index`."""
+        raise NotImplementedError
+
+    def response(self, collected: Collected):
+        """The whole response."""
+        raise NotImplementedError
+
+
+def _split(text: str, in_reasoning: bool) -> tuple[str | None, str]:
+    splitter = ReasoningSplitter(in_reasoning)
+    r1, c1 = splitter.feed(text)
+    r2, c2 = splitter.flush()
+    reasoning, content = r1 + r2, c1 + c2
+    if not reasoning and not in_reasoning:
+        return None, content
+    return reasoning.strip("\n"), content.lstrip("\n")
+
+
+class ChatFormatter(Formatter):
+    """Chat completions: messages, `reasoning_content` split out of `<think>` blocks, chat logprobs."""
+
+    chunk_type = ChatCompletionChunk
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, state: ServerState, rid: str, choices: list[Choice], split: bool, in_reasoning: bool):
+        super().__init__(state, rid, choices)
+        self.split = split
+        self.in_reasoning = in_reasoning
+        self.logprobs = choices[0].params.logprobs is not None
+        self.splitters = {c.index: ReasoningSplitter(in_reasoning) for c in choices}
+
+    def opening(self) -> list:
+        """The assistant role, one chunk per choice."""
+        return [ChatChunkChoice(index=c.index, delta=ChatDelta(role="assistant", content=""), logprobs=None,
+                                finish_reason=None) for c in self.choices]
+
+    def piece(self, index: int, delta: StepDelta) -> ChatChunkChoice | None:
+        """Reasoning and content text of the delta (and its logprobs)."""
+        if self.split:
+            reasoning, content = self.splitters[index].feed(delta.text)
+            if delta.finished:
+                r, c = self.splitters[index].flush()
+                reasoning, content = reasoning + r, content + c
+        else:
+            reasoning, content = "", delta.text
+        body = {}
+        if reasoning:
+            body["reasoning_content"] = reasoning
+        if content or (not reasoning and delta.logprobs):
+            body["content"] = content
+        lp = chat_logprobs(self.state, delta.logprobs) if self.logprobs and delta.logprobs else None
+        if not body and not lp:
+            return None
+        return ChatChunkChoice(index=index, delta=ChatDelta(**body), logprobs=lp, finish_reason=None)
+
+    def finish(self, index: int, delta: StepDelta) -> ChatChunkChoice:
+        """An empty delta with the finish reason."""
+        return ChatChunkChoice(index=index, delta=ChatDelta(), logprobs=None, finish_reason=delta.finish_reason)
+
+    def response(self, collected: Collected) -> ChatCompletionResponse:
+        """The chat.completion object."""
+        out = []
+        for c in self.choices:
+            text = "".join(collected.texts[c.index])
+            reasoning, content = _split(text, self.in_reasoning) if self.split else (None, text)
+            message = AssistantMessage(role="assistant", content=content)
+            if reasoning is not None:
+                message.reasoning_content = reasoning
+            lp = chat_logprobs(self.state, collected.logprobs[c.index]) if c.params.logprobs is not None else None
+            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=collected.finish[c.index]))
+        return ChatCompletionResponse(choices=out, **collected.head(self.state, self.rid, "chat.completion",
+                                                                     self.prompt_tokens()))
+
+
+class CompletionFormatter(Formatter):
+    """Text completions: `n` choices per prompt, legacy logprobs with text offsets, optional token ids."""
+
+    chunk_type = CompletionChunk
+    chunk_object = "text_completion"
+
+    def __init__(self, state: ServerState, rid: str, choices: list[Choice], n: int, return_token_ids: bool):
+        super().__init__(state, rid, choices)
+        self.n = n
+        self.return_token_ids = return_token_ids
+        self.logprobs = choices[0].params.logprobs is not None
+        self.offsets = {c.index: 0 for c in choices}
+
+    def prompt_tokens(self) -> int:
+        """Every prompt counts once, however many choices it has."""
+        return sum(len(c.prompt_token_ids) for c in self.choices[::self.n])
+
+    def piece(self, index: int, delta: StepDelta) -> CompletionChunkChoice | None:
+        """The delta's text (with its logprobs and token ids when asked for)."""
+        lp = None
+        if self.logprobs and delta.logprobs:
+            lp = completion_logprobs(self.state, delta.logprobs, self.offsets[index])
+        self.offsets[index] += len(delta.text)
+        if not (delta.text or lp or (self.return_token_ids and delta.token_ids)):
+            return None
+        item = CompletionChunkChoice(index=index, text=delta.text, logprobs=lp, finish_reason=None)
+        if self.return_token_ids:
+            item.token_ids = delta.token_ids
+        return item
+
+    def finish(self, index: int, delta: StepDelta) -> CompletionChunkChoice:
+        """Empty text with the finish reason."""
+        return CompletionChunkChoice(index=index, text="", logprobs=None, finish_reason=delta.finish_reason)
+
+    def response(self, collected: Collected) -> CompletionResponse:
+        """The text_completion object."""
+        out = []
+        for c in self.choices:
+            lp = (completion_logprobs(self.state, collected.logprobs[c.index], 0)
+                  if c.params.logprobs is not None else None)
+            out.append(CompletionChoice(index=c.index, text="".join(collected.texts[c.index]), logprobs=lp,
+                                        finish_reason=collected.finish[c.index]))
+        return CompletionResponse(choices=out, **collected.head(self.state, self.rid, "text_completion",
+                                                                self.prompt_tokens()))

@@ -1,0 +1,111 @@
+"""The one pipeline behind both completion endpoints: admit -> fan out choices -> stream or collect.
+
+What differs between chat and text completions (the response types, reasoning split, logprob
+shapes, prompt counting) is the endpoint's Formatter (`onebit/api/formatters.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from onebit.api.errors import error_body
+from onebit.api.formatters import Collected, Formatter
+from onebit.api.formatting import SSE_DONE, SSE_HEADERS, ChunkWriter, sse
+from onebit.api.generation import Choice, TokenCounter, merge_choices, take_tickets
+from onebit.api.state import ServerState
+from onebit.protocol import Cancelled, InternalError, RequestError
+from onebit.router import Ticket
+
+log = logging.getLogger("onebit.api")
+
+
+async def serve(http: Request, state: ServerState, fmt: Formatter, choices: list[Choice], *, stream: bool,
+                include_usage: bool) -> Response:
+    """Take the choices' slots now (so a full queue is a 503 before any stream starts), then
+    stream their chunks as SSE or answer with the whole response."""
+    tickets = take_tickets(state, len(choices))
+    if stream:
+        events = stream_events(state, fmt, choices, tickets, include_usage)
+        return StreamingResponse(guarded_sse(events, f"stream {fmt.rid}"), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    try:
+        return await unless_disconnected(http.receive, respond(state, fmt, choices, tickets))
+    except Cancelled:
+        return Response(status_code=499)  # nobody is listening; the engine requests were aborted
+
+
+async def stream_events(state: ServerState, fmt: Formatter, choices: list[Choice], tickets: list[Ticket],
+                        include_usage: bool) -> AsyncIterator[str]:
+    """The SSE chunks of every choice as their deltas arrive, then the usage chunk if asked for."""
+    counter = TokenCounter()
+    out = ChunkWriter(fmt.chunk_type, fmt.rid, fmt.chunk_object, state.model_name, include_usage, len(choices),
+                      counter)
+    for item in fmt.opening():
+        yield out.chunk([item])
+    async with contextlib.aclosing(merge_choices(state, choices, tickets)) as merged:
+        async for index, delta in merged:
+            counter.add(index, delta)
+            if (item := fmt.piece(index, delta)) is not None:
+                yield out.chunk([item])
+            if delta.finished:
+                yield out.finish(fmt.finish(index, delta))
+    if (last := out.usage(fmt.prompt_tokens())) is not None:
+        yield last
+
+
+async def respond(state: ServerState, fmt: Formatter, choices: list[Choice], tickets: list[Ticket]) -> Response:
+    """Run every choice to its end; the endpoint's whole response."""
+    collected = Collected(choices)
+    async with contextlib.aclosing(merge_choices(state, choices, tickets)) as merged:
+        async for index, delta in merged:
+            collected.add(index, delta)
+    return Response(fmt.response(collected).dump(), media_type="application/json")
+
+
+async def guarded_sse(events: AsyncIterator[str], what: str) -> AsyncIterator[str]:
+    """Relay a stream's SSE events, then `[DONE]`. A failure becomes an error event and the
+    stream ends without `[DONE]`: a broken stream must never look finished."""
+    try:
+        async with contextlib.aclosing(events) as stream:
+            async for event in stream:
+                yield event
+        yield SSE_DONE
+    except RequestError as error:
+        yield sse(error_body(error))
+    except Exception:
+        log.exception("%s failed", what)
+        yield sse(error_body(InternalError("internal server error")))
+
+
+async def _until_disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(receive, work):
+    """Await `work`, but cancel it (aborting its engine requests) and raise Cancelled if the client
+    goes away first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_until_disconnected(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watch.cancel()
+        raise
+    if not task.done() and watch.exception() is not None:
+        watch = None  # receive() failed, which says nothing about the client: just wait
+        await asyncio.wait({task})
+    if task.done():
+        if watch is not None:
+            watch.cancel()
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise Cancelled("the client went away before the response was ready")

@@ -1,0 +1,111 @@
+"""The types that cross layers: the request the API hands the router and backends, and the
+per-step delta that comes back (plain dataclasses: they pickle across the worker pipe)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from onebit.protocol.validate import check_sampling
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens and when to stop, for one request (vLLM-like names), validated on
+    construction by the shared validation (`onebit.protocol.validate.check_sampling`).
+
+    temperature 0 means greedy. top_k <= 0 disables top-k. max_tokens None means
+    "until the context is full". logprobs None returns no log-probabilities; an
+    integer n returns the sampled token's logprob plus the top-n alternatives. draft_max caps
+    speculative drafts for this request (llama.cpp's "speculative": {"n_max": N}; 0 = off).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    draft_max: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in self.stop if s != ""]
+        self.stop_token_ids = list(self.stop_token_ids)
+        self.validate()
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise InvalidRequest naming the first field outside its range (see check_sampling)."""
+        check_sampling(self, vocab_size)
+
+    @property
+    def greedy(self) -> bool:
+        """True when the request always takes the most likely token."""
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when any repetition-style penalty is active."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+
+@dataclass
+class GenerateRequest:
+    """One generation request as the router hands it to a backend (already tokenized)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt_text: str | None = None  # the same prompt as text, for peers that cannot take token ids
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probability of one generated token and its top alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class StepDelta:
+    """What one engine step produced for one request.
+
+    `text` is the newly decoded text (stop strings already removed). A delta with
+    `finished=True` is the request's last; `finish_reason` is "stop", "length",
+    "abort" or "error" (then `error` says why).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_draft_tokens: int = 0  # drafts verified for this request so far
+    num_accepted_tokens: int = 0  # of which the target kept
+
+    def then(self, later: "StepDelta") -> "StepDelta":
+        """One delta carrying this one's tokens followed by `later`'s (a later delta of the same
+        request): what a consumer that fell a few steps behind can send as one event."""
+        logprobs = None
+        if self.logprobs is not None or later.logprobs is not None:
+            logprobs = (self.logprobs or []) + (later.logprobs or [])
+        return dataclasses.replace(later, token_ids=self.token_ids + later.token_ids, text=self.text + later.text,
+                                   logprobs=logprobs)

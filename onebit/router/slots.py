@@ -1,0 +1,88 @@
+"""The router's bookkeeping objects: a backend with its slot limit, a reserved slot, a place in line."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from onebit.backends.base import Backend
+
+if TYPE_CHECKING:
+    from onebit.router.router import Router
+
+
+@dataclass
+class Route:
+    """A backend with the number of requests the router lets it hold at once."""
+
+    backend: Backend
+    limit: int
+    in_flight: int = 0
+    served: int = 0  # slots handed out (a re-routed request counts on each backend it reached)
+    completed: int = 0  # requests that finished cleanly here
+    failed: int = 0  # requests that ended here with a backend error
+
+    @property
+    def name(self) -> str:
+        """The backend's name."""
+        return self.backend.name
+
+
+class Lease:
+    """One reserved slot on one backend; released exactly once."""
+
+    def __init__(self, router: "Router", route: Route):
+        self._router = router
+        self.route = route
+        self.released = False
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this lease holds a slot on."""
+        return self.route.backend
+
+    def release(self) -> None:
+        """Give the slot back (a second call does nothing)."""
+        if not self.released:
+            self.released = True
+            self._router._release(self.route)
+
+
+class Ticket:
+    """A place in line for a slot, taken synchronously; `wait()` yields the Lease.
+
+    `close()` releases the lease or leaves the queue, whichever applies, exactly once.
+    Dropping an unclosed ticket closes it, so a response that never starts leaks nothing.
+    """
+
+    def __init__(self, future: asyncio.Future):
+        self._future = future
+        self._closed = False
+
+    async def wait(self) -> Lease:
+        """The reserved slot, once it is ours."""
+        return await self._future
+
+    def hand_over(self) -> None:
+        """The caller now owns the lease it got from `wait()` and releases it itself."""
+        self._closed = True
+
+    def close(self) -> None:
+        """Release the slot, or give up the place in line."""
+        if self._closed:
+            return
+        self._closed = True
+        future = self._future
+        if future.done():
+            if not future.cancelled() and future.exception() is None:
+                future.result().release()
+        else:
+            future.cancel()
+
+    def __del__(self):
+        if not self._closed:
+            try:
+                self.close()
+            except Exception:  # interpreter or loop shutting down: nothing left to release to
+                pass
