@@ -79,8 +79,13 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
-        """Load the tokenizer files of a Hugging Face model directory."""
+        """Load the tokenizer files of a Hugging Face model directory (or the vocabulary of a GGUF file)."""
         path = Path(path)
+        if path.suffix.lower() == ".gguf":
+            from onebit.models.gguf.files import open_gguf
+            from onebit.models.gguf.vocab import tokenizer_from_gguf
+
+            return tokenizer_from_gguf(open_gguf(path))
         tok_file = path / "tokenizer.json"
         if not tok_file.is_file():
             raise ModelLoadError(f"tokenizer.json not found in {path}")
