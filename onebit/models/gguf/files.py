@@ -175,10 +175,10 @@ def open_gguf(path: str | Path) -> GGUFFile:
     if match and int(match["index"]) != 1:
         path = path.with_name(f"{match['stem']}-00001-of-{match['count']}.gguf")
     try:
-        stat = path.stat()
+        stamp = tuple((s.stat().st_size, s.stat().st_mtime_ns) for s in shard_paths(path))
     except OSError as exc:
         raise ModelLoadError(f"cannot read {path}: {exc}") from None
-    return _open(path.resolve(), (stat.st_size, stat.st_mtime_ns))
+    return _open(path.resolve(), stamp)
 
 
 # What the weights loader dequantizes (the rest, IQ types included, is refused by name).
