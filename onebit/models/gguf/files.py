@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from onebit.models.errors import ModelLoadError
 
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
@@ -84,10 +86,27 @@ class GGUFFile:
     shards: list[Path]
     fields: dict[str, Any]
     tensors: dict[str, Any] = field(repr=False)  # name -> gguf ReaderTensor
+    locations: dict[str, Path] = field(default_factory=dict, repr=False)  # name -> shard holding its data
 
     def get(self, key: str, default: Any = None) -> Any:
         """A metadata value (a Python scalar, string or list), `default` when absent."""
         return self.fields.get(key, default)
+
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a tensor's stored data, read with plain file reads (not through the
+        memory map, so the pages do not stay resident in this process): the reader's dtype and row shape."""
+        tensor = self.tensors[name]
+        data = tensor.data
+        if data.ndim < 2:
+            start, stop = 0, 1
+        row_bytes = data.nbytes // (data.shape[0] if data.ndim > 1 else 1)
+        with open(self.locations[name], "rb") as handle:
+            handle.seek(tensor.data_offset + start * row_bytes)
+            raw = handle.read((stop - start) * row_bytes)
+        if len(raw) != (stop - start) * row_bytes:
+            raise ModelLoadError(f"{self.locations[name].name} is truncated inside tensor {name}")
+        out = np.frombuffer(bytearray(raw), dtype=data.dtype)
+        return out.reshape(stop - start, *data.shape[1:]) if data.ndim > 1 else out
 
     @property
     def architecture(self) -> str:
@@ -154,6 +173,7 @@ def _open(path: Path, stamp: tuple) -> GGUFFile:
     shards = shard_paths(path)
     readers = [_read_header(p) for p in shards]
     tensors: dict[str, Any] = {}
+    locations: dict[str, Path] = {}
     for shard, reader in zip(shards, readers):
         size = shard.stat().st_size
         for tensor in reader.tensors:
@@ -162,7 +182,8 @@ def _open(path: Path, stamp: tuple) -> GGUFFile:
             if tensor.name in tensors:
                 raise ModelLoadError(f"tensor {tensor.name} appears in two shards of {path.name}")
             tensors[tensor.name] = tensor
-    return GGUFFile(path=path, shards=shards, fields=_field_values(readers[0]), tensors=tensors)
+            locations[tensor.name] = shard
+    return GGUFFile(path=path, shards=shards, fields=_field_values(readers[0]), tensors=tensors, locations=locations)
 
 
 def open_gguf(path: str | Path) -> GGUFFile:

@@ -1,7 +1,8 @@
 """GGUF tensors -> the engine's parameters: renamed, dequantized in row chunks, copied straight to the device.
 
 Host memory stays near one chunk (about 128 MiB of float32), not one tensor or the whole model:
-the file is memory-mapped and each chunk of rows is dequantized, moved and dropped in turn.
+the header is memory-mapped, and each chunk of rows is read with a plain file read, dequantized,
+moved and dropped in turn (so the file's pages never pile up in this process's resident memory).
 """
 
 from __future__ import annotations
@@ -87,22 +88,23 @@ def _unfused(params: dict) -> set[str]:
     return out
 
 
-def dequantize_rows(tensor, start: int, stop: int, device: torch.device) -> torch.Tensor:
-    """Rows [start, stop) of a GGUF tensor as float32 (F16/BF16 as themselves) on `device`.
+def dequantize_rows(gfile: GGUFFile, name: str, start: int, stop: int, device: torch.device) -> torch.Tensor:
+    """Rows [start, stop) of GGUF tensor `name` as float32 (F16/BF16 as themselves) on `device`.
 
     F32, F16, BF16 and Q8_0 are reinterpreted in torch (Q8_0 scaled on the device); the other
     types go through `gguf.quants.dequantize` on the host, one chunk at a time.
     """
     import gguf
 
+    tensor = gfile.tensors[name]
     kind = tensor.tensor_type.name
-    rows = np.asarray(tensor.data[start:stop]) if tensor.data.ndim > 1 else np.asarray(tensor.data)
+    rows = gfile.read_rows(name, start, stop)  # a fresh writable buffer of just these rows
     if kind in ("F32", "F16"):
-        return torch.from_numpy(rows.copy()).to(device)
+        return torch.from_numpy(rows).to(device)
     if kind == "BF16":
-        return torch.from_numpy(rows.copy().view(np.int16)).view(torch.bfloat16).to(device)
+        return torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16).to(device)
     if kind == "Q8_0":  # blocks of 32: an f16 scale, then 32 int8 values
-        raw = torch.from_numpy(rows.copy()).to(device)
+        raw = torch.from_numpy(rows).to(device)
         blocks = raw.reshape(*raw.shape[:-1], -1, 34)
         scale = blocks[..., :2].contiguous().view(torch.float16).float()
         values = blocks[..., 2:].contiguous().view(torch.int8).float()
@@ -176,7 +178,7 @@ def fill_from_gguf(module: torch.nn.Module, gfile: GGUFFile, cfg: ModelConfig, r
             for start in range(0, dest.shape[0], step):
                 stop = min(start + step, dest.shape[0])
                 try:
-                    rows = dequantize_rows(tensor, start, stop, device)
+                    rows = dequantize_rows(gfile, name, start, stop, device)
                 except (ValueError, NotImplementedError) as exc:
                     raise ModelLoadError(f"{gfile.path.name}: cannot dequantize tensor {name}: {exc}") from None
                 if head_rows:
