@@ -175,6 +175,17 @@ def _backend_specs(args: argparse.Namespace):
     return specs, slots
 
 
+def _model_identity(path, alias: str | None) -> tuple[str, dict | None]:
+    """The served model name (a GGUF file's name without .gguf) and, for GGUF, its file and quantization."""
+    from onebit.models.gguf import is_gguf
+    from onebit.models.gguf.files import model_name
+    from onebit.models.gguf.load import gguf_info
+
+    if not is_gguf(path):
+        return alias or path.name, None
+    return alias or model_name(path), gguf_info(path)
+
+
 def serve(args: argparse.Namespace) -> int:
     """Wire model, backend, router and app together, then serve until SIGTERM or Ctrl-C."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -222,11 +233,7 @@ def serve(args: argparse.Namespace) -> int:
                            api_key=os.environ.get("ONEBIT_BACKEND_API_KEY"))
     router = Router(build_backends(specs, slots, config, options), max_queue=args.max_queue,
                     overflow=overflow_policy(specs, options))
-    from onebit.models.gguf import is_gguf
-    from onebit.models.gguf.files import model_name
-    from onebit.models.gguf.load import gguf_info
-
-    name = args.alias or (model_name(path) if is_gguf(path) else path.name)
+    name, info = _model_identity(path, args.alias)
     failure: list[str] = []
 
     def on_load_error(message: str) -> None:
@@ -235,7 +242,7 @@ def serve(args: argparse.Namespace) -> int:
 
     app = create_app(router, model_name=name, model_path=str(path), load_tokenizer=lambda: Tokenizer.from_dir(path),
                      api_key=args.api_key, max_body_bytes=args.max_body_bytes, on_load_error=on_load_error,
-                     model_info=gguf_info(path) if is_gguf(path) else None)
+                     model_info=info)
     server = make_server(app, args.host, args.port, args.log_level)
     code = run_server(server)
     if failure:
