@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="1bit", description="One GPU, many users: an OpenAI-compatible server.")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI-compatible server")
-    serve.add_argument("-m", "--model", help="model directory or cached Hugging Face id (default: built-in)")
+    serve.add_argument("-m", "--model", help="model directory, .gguf file (or a directory holding one), or cached "
+                                             "Hugging Face id, optionally ID:QUANT to pick a GGUF (default: built-in)")
+    serve.add_argument("--gguf-file", default=None, metavar="NAME",
+                       help="which GGUF file of the -m directory or cached repository to serve")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -179,6 +182,17 @@ def _backend_specs(args: argparse.Namespace):
     return specs, slots
 
 
+def _model_identity(path, alias: str | None) -> tuple[str, dict | None]:
+    """The served model name (a GGUF file's name without .gguf) and, for GGUF, its file and quantization."""
+    from onebit.models.gguf import is_gguf
+    from onebit.models.gguf.files import model_name
+    from onebit.models.gguf.load import gguf_info
+
+    if not is_gguf(path):
+        return alias or path.name, None
+    return alias or model_name(path), gguf_info(path)
+
+
 def serve(args: argparse.Namespace) -> int:
     """Wire model, backend, router and app together, then serve until SIGTERM or Ctrl-C."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -187,7 +201,9 @@ def serve(args: argparse.Namespace) -> int:
 
     try:
         if args.model:
-            path = resolve_model_path(args.model)
+            path = resolve_model_path(args.model, args.gguf_file)
+        elif args.gguf_file:
+            return _fail("--gguf-file needs -m (the directory or cached repository holding the file)")
         else:
             from onebit.models.default_model import default_model_dir
 
@@ -224,7 +240,7 @@ def serve(args: argparse.Namespace) -> int:
                            api_key=os.environ.get("ONEBIT_BACKEND_API_KEY"))
     router = Router(build_backends(specs, slots, config, options), max_queue=args.max_queue,
                     overflow=overflow_policy(specs, options))
-    name = args.alias or path.name
+    name, info = _model_identity(path, args.alias)
     failure: list[str] = []
 
     def on_load_error(message: str) -> None:
@@ -232,7 +248,8 @@ def serve(args: argparse.Namespace) -> int:
         server.request_exit()
 
     app = create_app(router, model_name=name, model_path=str(path), load_tokenizer=lambda: Tokenizer.from_dir(path),
-                     api_key=args.api_key, max_body_bytes=args.max_body_bytes, on_load_error=on_load_error)
+                     api_key=args.api_key, max_body_bytes=args.max_body_bytes, on_load_error=on_load_error,
+                     model_info=info)
     server = make_server(app, args.host, args.port, args.log_level)
     code = run_server(server)
     if failure:

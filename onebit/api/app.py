@@ -51,9 +51,10 @@ def begin_shutdown(app: FastAPI) -> None:
 
 def create_app(router: Router, *, model_name: str, model_path: str, load_tokenizer: Callable[[], object],
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+               on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None) -> FastAPI:
     """Build the server app; the model loads after startup, so /health says 503 until then."""
-    state = ServerState(router=router, model_name=model_name, model_path=model_path, metrics=Metrics(router))
+    state = ServerState(router=router, model_name=model_name, model_path=model_path, metrics=Metrics(router),
+                        model_info=model_info)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -141,6 +141,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str
     max_model_len: int | None = None
+    meta: dict[str, Any] | None = None  # the model file: for GGUF its name and quantization type
 
 
 class ModelList(BaseModel):

@@ -33,7 +33,8 @@ async def models(http: Request):
     """The one model this server serves, with its context length."""
     state = _state(http)
     return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
-                                         "owned_by": "onebit", "max_model_len": state.n_ctx}]}
+                                         "owned_by": "onebit", "max_model_len": state.n_ctx,
+                                         "meta": state.model_info}]}
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
@@ -85,6 +86,7 @@ async def props(http: Request) -> dict:
     return {
         "model_alias": state.model_name,
         "model_path": state.model_path,
+        "model_info": state.model_info,
         "n_ctx": state.n_ctx,
         "total_slots": sum(r.limit for r in router_.routes),
         "is_ready": state.ready,

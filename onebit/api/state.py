@@ -18,6 +18,7 @@ class ServerState:
     model_name: str
     model_path: str
     metrics: Metrics
+    model_info: dict | None = None  # e.g. {"format": "gguf", "file": ..., "quantization": ...}
     tokenizer: object | None = None
     n_ctx: int | None = None
     load_error: str | None = None

@@ -1,4 +1,4 @@
-"""Find a model on local disk and load its safetensors weights straight onto the device."""
+"""Find a model on local disk and load its weights (safetensors, or GGUF via models/gguf) onto the device."""
 
 from __future__ import annotations
 
@@ -23,30 +23,61 @@ def _hf_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface" / "hub"
 
 
-def resolve_model_path(model: str) -> Path:
-    """A local model directory for `model`: a path, or a Hugging Face id already in the local cache.
+def _cached_snapshot(model: str) -> Path:
+    """The newest snapshot of Hugging Face id `model` in the local cache (never downloads)."""
+    repo = _hf_cache_dir() / ("models--" + model.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
+        return snapshots / ref.read_text().strip()
+    if snapshots.is_dir():
+        candidates = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
+        if candidates:
+            return candidates[-1]
+    raise ModelLoadError(
+        f"model {model!r} is neither a local directory nor in the local Hugging Face cache "
+        f"({_hf_cache_dir()}); 1bit never downloads: fetch it first, e.g. with `hf download {model}`")
 
-    Nothing is ever downloaded.
-    """
-    path = Path(model).expanduser()
-    if path.is_dir():
+
+def _in_directory(path: Path, gguf_file: str | None, quant: str | None) -> Path:
+    """`path` itself for a Hugging Face directory, else the GGUF model file chosen inside it."""
+    from onebit.models.gguf.files import choose_gguf
+
+    if gguf_file is None and quant is None and (path / "config.json").is_file():
         return path
-    if path.exists():
-        raise ModelLoadError(f"{model} is a file; expected a model directory with config.json")
-    if model.count("/") == 1 and not model.startswith((".", "/")):
-        repo = _hf_cache_dir() / ("models--" + model.replace("/", "--"))
-        snapshots = repo / "snapshots"
-        ref = repo / "refs" / "main"
-        if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
-            return snapshots / ref.read_text().strip()
-        if snapshots.is_dir():
-            candidates = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
-            if candidates:
-                return candidates[-1]
-        raise ModelLoadError(
-            f"model {model!r} is neither a local directory nor in the local Hugging Face cache "
-            f"({_hf_cache_dir()}); 1bit never downloads: fetch it first, e.g. with `hf download {model}`")
-    raise ModelLoadError(f"model directory {model!r} does not exist")
+    if gguf_file is None and quant is None and not any(path.rglob("*.gguf")):
+        raise ModelLoadError(f"config.json not found in {path}: not a Hugging Face model directory, "
+                             "and it holds no .gguf file")
+    return choose_gguf(path, gguf_file, quant)
+
+
+def resolve_model_path(model: str, gguf_file: str | None = None) -> Path:
+    """A local model for `model`: a Hugging Face directory, or a GGUF file (the first shard of a split one).
+
+    `model` is a directory, a .gguf file, or a Hugging Face id already in the local cache, with an
+    optional `:QUANT` suffix (e.g. `org/repo:Q4_K_M`) choosing among GGUF files; `gguf_file` chooses by
+    file name. Nothing is ever downloaded.
+    """
+    from onebit.models.gguf import is_gguf
+    from onebit.models.gguf.files import open_gguf
+
+    path = Path(model).expanduser()
+    quant = None
+    if not path.exists() and ":" in model and not model.startswith((".", "/")):
+        model, quant = model.rsplit(":", 1)
+        path = Path(model).expanduser()
+    if path.is_file():
+        if not is_gguf(path):
+            raise ModelLoadError(f"{model} is a file but not a .gguf file; expected a model directory with "
+                                 "config.json or a GGUF file")
+        return open_gguf(path).path
+    if path.is_dir():
+        found = _in_directory(path, gguf_file, quant)
+    elif model.count("/") == 1 and not model.startswith((".", "/")):
+        found = _in_directory(_cached_snapshot(model), gguf_file, quant)
+    else:
+        raise ModelLoadError(f"model {model!r} does not exist")
+    return open_gguf(found).path if is_gguf(found) else found
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -86,8 +117,8 @@ def base_name(name: str, cfg: ModelConfig) -> str | None:
     return None  # mtp.* heads, a tied lm_head and other extras
 
 
-def _target(name: str, cfg: ModelConfig, params: dict[str, torch.Tensor]):
-    """(our parameter, slice start, slice length, our name) for a local tensor name."""
+def param_target(name: str, cfg: ModelConfig, params: dict[str, torch.Tensor]):
+    """(our parameter, slice start, slice length, our name) for a local (Hugging Face style) tensor name."""
     for ckpt, (ours, shard) in _FUSED.items():
         marker = f".{ckpt}."
         if marker in name:
@@ -118,7 +149,7 @@ def fill_from_checkpoint(module: torch.nn.Module, files: list[Path], cfg: ModelC
                     local = rename(name)
                     if local is None:
                         continue
-                    param, start, size, ours = _target(local, cfg, params)
+                    param, start, size, ours = param_target(local, cfg, params)
                     if param is None:
                         raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for {cfg.architecture}")
                     try:
@@ -133,6 +164,11 @@ def fill_from_checkpoint(module: torch.nn.Module, files: list[Path], cfg: ModelC
                     dest.copy_(tensor.to(device=device, dtype=dtype))
                     filled[ours] = filled.get(ours, 0) + 1
                     bar.update(1 if start is None else 0)
+    check_complete(params, filled, what)
+
+
+def check_complete(params: dict[str, torch.Tensor], filled: dict[str, int], what: str) -> None:
+    """ModelLoadError naming the parameters no checkpoint tensor filled (`filled`: name -> shards copied)."""
     expected = {n: (3 if "qkv_proj" in n else 2 if "gate_up_proj" in n else 1) for n in params}
     missing = [n for n, count in expected.items() if filled.get(n, 0) < count]
     if missing:
@@ -170,9 +206,13 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
     load_format "dummy" skips the checkpoint and draws random weights on the device
     (only config.json and the tokenizer are read), as vLLM's option of that name does.
     """
-    cfg = ModelConfig.from_dir(path)
     if load_format not in ("auto", "dummy"):
         raise ModelLoadError(f"unknown load format {load_format!r}; use auto or dummy")
+    if str(path).lower().endswith(".gguf"):
+        from onebit.models.gguf.load import load_gguf_model
+
+        return load_gguf_model(Path(path), device, dtype, load_format)
+    cfg = ModelConfig.from_dir(path)
     files = weight_files(path) if load_format == "auto" else []
     model = build_on_device(lambda: CausalLM(cfg), device, dtype)
     if load_format == "dummy":

@@ -54,11 +54,18 @@ def has_mtp_weights(path: Path) -> bool:
 
 def load_mtp_head(path: Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                   source: Path | None = None, load_format: str = "auto") -> MTPHead:
-    """The MTP head from the model's own checkpoint, or from `source` (a safetensors file or directory);
+    """The MTP head from the model's own checkpoint, or from `source` (a safetensors file or directory, or a
+    GGUF file in llama.cpp's nextn layout: models/gguf/mtp.py);
     with load_format "dummy" (benchmarks of a model's shape), random weights."""
     if load_format == "dummy" and source is None:
         head = build_on_device(lambda: MTPHead(cfg), device, dtype)
         fill_random(head, seed=1)
+        return head.eval()
+    if source is not None and source.suffix.lower() == ".gguf" or source is None and path.suffix.lower() == ".gguf":
+        from onebit.models.gguf.mtp import fill_mtp_from_gguf
+
+        head = build_on_device(lambda: MTPHead(cfg), device, dtype)
+        fill_mtp_from_gguf(head, source or path, cfg, device, dtype)
         return head.eval()
     if source is None:
         if not has_mtp_weights(path):

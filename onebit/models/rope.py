@@ -54,6 +54,8 @@ def rope_cos_sin(cfg: ModelConfig, max_len: int, device: torch.device) -> tuple[
         kind = s["rope_type"]
         if kind == "llama3":
             inv_freq = llama3_inv_freq(inv_freq, s)
+        elif kind == "freq_factors":  # from a GGUF rope_freqs tensor, one factor per frequency
+            inv_freq = inv_freq / torch.tensor(s["factors"], dtype=torch.float64)
         elif kind == "linear":
             inv_freq = inv_freq / s["factor"]
         elif kind == "yarn":
