@@ -36,7 +36,8 @@ class RemoteBackend(Backend):
     def __init__(self, url: str, name: str, capacity: int = 16, *, prompt_mode: str = "ids",
                  model: str | None = None, api_key: str | None = None,
                  on_state_change: Callable[[], None] | None = None,
-                 health_interval: float = 2.0, health_timeout: float = 30.0, connect_timeout: float = 5.0):
+                 health_interval: float = 2.0, health_timeout: float = 30.0, connect_timeout: float = 5.0,
+                 body_defaults: dict | None = None):
         if prompt_mode not in ("ids", "text"):
             raise ValueError("prompt_mode is 'ids' or 'text'")
         if capacity < 1:
@@ -50,6 +51,7 @@ class RemoteBackend(Backend):
         self.n_ctx: int | None = None
         self.last_error: str | None = None
         self._api_key = api_key
+        self.body_defaults = dict(body_defaults or {})  # fields a peer needs spelled out (its defaults differ)
         self._connect_timeout = connect_timeout
         self._state = "stopped"
         self._client: httpx.AsyncClient | None = None
@@ -153,6 +155,10 @@ class RemoteBackend(Backend):
     def _on_silent(self, seconds: float) -> None:
         self._mark_down(f"no healthy answer for {seconds:.0f}s")
 
+    def mark_down(self, reason: str) -> None:
+        """The peer is gone (its owner knows): fail its streams and go "down" (only from "ready")."""
+        self._mark_down(reason)
+
     def _mark_down(self, reason: str) -> None:
         if self._state != "ready":
             return
@@ -172,7 +178,7 @@ class RemoteBackend(Backend):
 
     async def _pump(self, request: GenerateRequest, queue: asyncio.Queue, slot: SlotInfo) -> None:
         """Read the peer's SSE stream into `queue`: deltas, then the finished delta or an exception."""
-        body = completion_body(request, self.model, self.prompt_mode, self.n_ctx)
+        body = {**self.body_defaults, **completion_body(request, self.model, self.prompt_mode, self.n_ctx)}
         state = StreamState(request.request_id)
         done = False
         try:

@@ -95,10 +95,16 @@ def _logprobs(choice: dict, token_ids: list[int]) -> list[TokenLogprob] | None:
     lp = choice.get("logprobs")
     if not isinstance(lp, dict) or not token_ids:
         return None
-    values = lp.get("token_logprobs") or []
+    values = lp.get("token_logprobs") or [c.get("logprob") for c in _content_logprobs(lp)]
     if len(values) != len(token_ids):
         return None
     return [TokenLogprob(t, float(v if v is not None else 0.0)) for t, v in zip(token_ids, values)]
+
+
+def _content_logprobs(lp) -> list[dict]:
+    """llama-server's logprobs shape on /v1/completions: {"content": [{"id", "token", "logprob"}, ...]}."""
+    content = lp.get("content") if isinstance(lp, dict) else None
+    return [c for c in content if isinstance(c, dict)] if isinstance(content, list) else []
 
 
 def parse_chunk(state: StreamState, payload: dict) -> StepDelta | None:
@@ -120,6 +126,10 @@ def parse_chunk(state: StreamState, payload: dict) -> StepDelta | None:
     text = choice.get("text") or ""
     ids = choice.get("token_ids")
     ids = [int(t) for t in ids] if isinstance(ids, list) else []
+    if not ids:  # llama-server sends no token_ids, but its logprobs entries carry each token's id
+        content = _content_logprobs(choice.get("logprobs"))
+        if content and all(isinstance(c.get("id"), int) for c in content):
+            ids = [c["id"] for c in content]
     if choice.get("finish_reason"):
         state.finish_reason = choice["finish_reason"]
     if not text and not ids:
