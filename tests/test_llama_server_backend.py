@@ -240,3 +240,67 @@ def test_adaptive_kill_9_of_1bit_leaves_no_child(adaptive):
     os.kill(server.proc.pid, signal.SIGKILL)
     server.proc.wait(10)
     _wait(lambda: not any(pid_alive(p) for p in children), "every child to die", timeout=10)
+
+
+# ---- unit tests (no build needed) -----------------------------------------------------------------
+
+def test_spec_parses_llama_server_options():
+    from onebit.backends.spec import BackendSpecError, parse_backend_spec
+
+    spec = parse_backend_spec("llama-server:/opt/ll/llama-server?slots=3&gguf=/m/x.gguf&args=-ngl 99 -fa on")
+    assert (spec.kind, spec.target, spec.slots) == ("llama-server", "/opt/ll/llama-server", 3)
+    assert spec.options == {"gguf": "/m/x.gguf", "args": "-ngl 99 -fa on"}
+    for bad in ("llama-server:", "llama-server:/x?prompt=ids", "llama-server:/x?args=-a 'open"):
+        with pytest.raises(BackendSpecError):
+            parse_backend_spec(bad)
+
+
+def _fake_help(tmp_path: Path, text: str) -> str:
+    fake = tmp_path / "llama-server"
+    fake.write_text(f"#!/bin/sh\ncat <<'HELP'\n{text}\nHELP\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_mtp_maps_to_the_flags_the_build_has(tmp_path):
+    from onebit.backends.llama_server_child import draft_flags
+
+    (tmp_path / "a").mkdir()
+    seed_build = _fake_help(tmp_path / "a", "--mtp FNAME                 MTP head\n--draft-max N   drafts")
+    assert draft_flags(seed_build, "/h.gguf", 3) == ["--mtp", "/h.gguf", "--draft-max", "3"]
+    (tmp_path / "b").mkdir()
+    upstream = _fake_help(tmp_path / "b", "--spec-draft-model, -md, --model-draft FNAME  draft model\n"
+                                          "--spec-type none,draft-simple,draft-mtp   types\n--spec-draft-n-max N  n")
+    assert draft_flags(upstream, "/h.gguf", 2) == ["--spec-type", "draft-mtp", "--spec-draft-model", "/h.gguf",
+                                                   "--spec-draft-n-max", "2"]
+    assert draft_flags(upstream, "", None) == ["--spec-type", "draft-mtp"]
+    (tmp_path / "c").mkdir()
+    plain = _fake_help(tmp_path / "c", "-m, --model FNAME   model path\n-np, --parallel N  slots")
+    with pytest.raises(ValueError, match="no MTP drafting flags"):
+        draft_flags(plain, "/h.gguf", 3)
+
+
+def test_gguf_tokenizer_equals_the_directory_tokenizer(tiny_model_dir, tiny_gguf):
+    from onebit.models.gguf_tokenizer import load_tokenizer
+
+    ours, from_gguf = load_tokenizer(tiny_model_dir), load_tokenizer(tiny_gguf)
+    for text in ("Hello world, the answer is 42!", "<|im_start|>user\nhi<|im_end|>\n", "  tabs\t\tand\n\nlines",
+                 "naïve café 日本"):
+        assert from_gguf.encode(text) == ours.encode(text)
+    assert from_gguf.vocab_size == ours.vocab_size and from_gguf.special_token_ids == ours.special_token_ids
+    assert from_gguf.chat_template == ours.chat_template
+
+
+def test_builder_reuses_a_cached_binary_and_names_its_variants(tmp_path, monkeypatch):
+    from onebit.backends import llama_server_build as b
+
+    plan = b.BuildPlan(tmp_path, "1.2.3")
+    assert plan.binary == tmp_path / "1.2.3-cpu" / "bin" / "llama-server"
+    assert b.BuildPlan(tmp_path, "1.2.3", "90").build_dir == tmp_path / "1.2.3-cuda-90"
+    assert "-DGGML_CUDA=ON" in b.cmake_options(b.BuildPlan(tmp_path, "1.2.3", "90"))
+    plan.binary.parent.mkdir(parents=True)
+    plan.binary.write_text("#!/bin/sh\n")
+    plan.binary.chmod(0o755)
+    monkeypatch.setattr(b, "_run", lambda *a: pytest.fail("a cached build must not run anything"))
+    assert b.build(plan) == plan.binary
+    assert b.built_binaries([tmp_path]) == [plan.binary]
