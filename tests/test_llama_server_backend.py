@@ -304,3 +304,16 @@ def test_builder_reuses_a_cached_binary_and_names_its_variants(tmp_path, monkeyp
     monkeypatch.setattr(b, "_run", lambda *a: pytest.fail("a cached build must not run anything"))
     assert b.build(plan) == plan.binary
     assert b.built_binaries([tmp_path]) == [plan.binary]
+
+
+def test_sse_lines_split_at_newlines_only():
+    from onebit.backends.remote_protocol import sse_lines
+
+    async def chunks():
+        for part in (b'data: {"t": "a\xe2\x80\xa8b\xc2\x85c"}\r', b'\n\ndata: [DO', b"NE]\n"):
+            yield part
+
+    async def collect():
+        return [line async for line in sse_lines(chunks())]
+
+    assert asyncio.run(collect()) == ['data: {"t": "a\u2028b\u0085c"}', "", "data: [DONE]"]

@@ -11,7 +11,8 @@ import httpx
 
 from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, SlotInfo
 from onebit.backends.heartbeat import Heartbeat
-from onebit.backends.remote_protocol import StreamState, completion_body, error_from_body, final_delta, parse_chunk
+from onebit.backends.remote_protocol import (StreamState, completion_body, error_from_body, final_delta, parse_chunk,
+                                             sse_lines)
 from onebit.engine.outputs import StepDelta
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ class RemoteBackend(Backend):
             async with self._client.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
                     raise error_from_body(resp.status_code, await resp.aread())
-                async for line in resp.aiter_lines():
+                async for line in sse_lines(resp.aiter_bytes()):
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()

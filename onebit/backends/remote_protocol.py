@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 from onebit.backends.base import BackendError, GenerateRequest, RequestRejected
 from onebit.engine.outputs import StepDelta, TokenLogprob
@@ -74,6 +75,20 @@ def error_from_body(status: int, raw: bytes | str, started: bool = False) -> Bac
                 details[key] = error[key]
         return RequestRejected(details)
     return BackendError(f"peer error (HTTP {status}): {message}")
+
+
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of an SSE body, split at "\n" only. (httpx's aiter_lines also splits at U+2028,
+    U+0085 and others, which JSON leaves unescaped inside strings: a model that emits one would cut
+    its event in two.)"""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8", errors="replace")
 
 
 @dataclass
