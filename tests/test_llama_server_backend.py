@@ -201,11 +201,12 @@ def test_adaptive_twelve_streams_fill_both_backends(adaptive):
     before = {b["name"]: b["served"] for b in backends}
     # 300 tokens each: a llama-server child is fast enough to finish a shorter request before the
     # burst's last one arrives, which would then find a free primary slot.
-    counts, peak = asyncio.run(_streams(server, 12, 300))
+    counts, _ = asyncio.run(_streams(server, 12, 300))
     after = {b["name"]: b["served"] for b in _props(server)["backends"]}
     assert counts == [300] * 12
+    # The router's own counts: a request goes on to the overflow only while the primary holds 4, so 8
+    # there means the primary was full. (The peak seen by polling /props can miss short requests.)
     assert {name: after[name] - before[name] for name in names} == {names[0]: 4, names[1]: 8}
-    assert peak == {names[0]: 4, names[1]: 8}
     metrics = httpx.get(f"{server.root}/metrics").text
     for name in names:
         assert f'onebit:request_success_total{{backend="{name}",finished_reason="length"}}' in metrics
