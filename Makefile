@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 ARGS ?=
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test bench clean llama-server
 
 $(PY):
 	python3 -m venv --system-site-packages $(VENV)
@@ -20,7 +20,12 @@ install: $(PY)
 serve: install
 	$(VENV)/bin/1bit serve $(ARGS)
 
-test: install
+# The CPU llama-server the llama-server backend tests run (tests/test_llama_server_backend.py), built once
+# into the user cache (~10 min on 2 cores) and reused after. A failed build stops `make test` here.
+llama-server: install
+	$(VENV)/bin/1bit llama-server --build
+
+test: install llama-server
 	$(PY) -m pytest -q $(ARGS)
 
 clean:

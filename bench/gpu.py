@@ -202,6 +202,7 @@ def main() -> int:
         del engine
         torch.cuda.empty_cache()
     if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "gpu_bench.json").write_text(json.dumps({"lines": lines, "results": results}, indent=1))
     print("\n".join(lines + rows))
     return 0

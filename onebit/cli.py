@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sys
+from pathlib import Path
 
 DEFAULT_PORT = 8000
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -43,11 +44,14 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
                        help="slots of every backend after the first (default 16)")
     # --mtp / --ngram / --draft-model apply to the primary only (backends/factory.py).
     group.add_argument("--backend", action="append", default=None, metavar="SPEC",
-                       help="repeatable, first = primary: native, native:cpu, native:cuda, native:cuda:N, or "
-                            "url:http://HOST:PORT (any OpenAI-compatible server). Options after '?': slots=N; "
+                       help="repeatable, first = primary: native, native:cpu, native:cuda, native:cuda:N, "
+                            "url:http://HOST:PORT (any OpenAI-compatible server), or llama-server:PATH (a llama.cpp "
+                            "build 1bit runs; options gguf=FILE, args=...). Options after '?': slots=N; "
                             "for url: also prompt=ids|text (token ids need the same tokenizer on the peer) and "
                             "model=NAME. Example: url:http://box2:8000?slots=32&prompt=text. A url peer's API "
                             "key is read from $ONEBIT_BACKEND_API_KEY")
+    group.add_argument("--llama-server", default=None, metavar="PATH",
+                       help="serve the GGUF -m through this llama-server build (with --adaptive: two of them)")
     group.add_argument("--backend-timeout", type=float, default=30.0, metavar="S",
                        help="seconds without an answer before a backend counts as hung (default 30)")
 
@@ -106,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub.add_parser("bench", help="measure tokens/s of a server (see `1bit bench --help`)", add_help=False)
+    sub.add_parser("llama-server", help="build llama-server to serve through (`1bit llama-server --help`)",
+                   add_help=False)
     return parser
 
 
@@ -114,6 +120,7 @@ def _speculative_config(args: argparse.Namespace, path):
     ModelLoadError) with a clear message."""
     from onebit.engine.spec.config import SpeculativeConfig
     from onebit.models.loader import resolve_model_path
+    from onebit.models.tokenizer import Tokenizer
     from onebit.models.tokenizer import Tokenizer
 
     drafters = [name for name, on in (("--mtp", args.mtp is not None), ("--ngram", args.ngram),
@@ -171,6 +178,10 @@ def _backend_specs(args: argparse.Namespace):
     if args.backend_timeout <= 0:
         raise ValueError("--backend-timeout must be > 0")
     specs = [parse_backend_spec(text) for text in args.backend or []]
+    if args.llama_server and specs:
+        raise ValueError("--llama-server PATH is the short form; with --backend write llama-server:PATH")
+    if args.llama_server:
+        specs = [BackendSpec("llama-server", args.llama_server)] * (2 if args.adaptive else 1)
     if args.adaptive and not specs:
         specs = [BackendSpec("native"), BackendSpec("native")]
     if not specs:
@@ -198,6 +209,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from onebit.models.errors import ModelLoadError
     from onebit.models.loader import resolve_model_path
+    from onebit.models.tokenizer import Tokenizer
 
     try:
         if args.model:
@@ -213,7 +225,6 @@ def serve(args: argparse.Namespace) -> int:
     from onebit.api.app import create_app
     from onebit.api.server import make_server, run_server
     from onebit.engine.config import EngineConfig
-    from onebit.models.tokenizer import Tokenizer
     from onebit.router import Router
 
     try:
@@ -238,8 +249,11 @@ def serve(args: argparse.Namespace) -> int:
 
     options = BuildOptions(default_device=args.device, health_timeout=args.backend_timeout,
                            api_key=os.environ.get("ONEBIT_BACKEND_API_KEY"))
-    router = Router(build_backends(specs, slots, config, options), max_queue=args.max_queue,
-                    overflow=overflow_policy(specs, options))
+    try:
+        backends = build_backends(specs, slots, config, options)
+    except ValueError as error:
+        return _fail(str(error))
+    router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options))
     name, info = _model_identity(path, args.alias)
     failure: list[str] = []
 
@@ -264,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         from onebit.bench.cli import main as bench_main
 
         return bench_main(argv[1:]) or 0
+    if argv and argv[0] == "llama-server":
+        from onebit.llama_server_cli import main as llama_server_main
+
+        return llama_server_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         try:

@@ -1,6 +1,6 @@
 """A GGUF writer for tests, built on the `gguf` library (independent of the engine's loader).
 
-`write_gguf(model_dir, out, qtype)` writes a tiny Hugging Face model directory (onebit.models.tiny)
+`write_gguf(model_dir, out, qtype)` writes a tiny Hugging Face model directory (onebit.testing.tiny)
 as llama.cpp's converter would: llama.cpp tensor names, Q/K rows permuted for the `llama`
 architecture, matrices in `qtype`, norms and biases in F32, the byte-level BPE vocabulary in the
 `tokenizer.ggml.*` keys. Optional: split into shards, drop a tensor, or write only the MTP head

@@ -13,7 +13,7 @@ python3 - <<'PY' > /tmp/onebit-device-versions.txt
 from importlib.metadata import version
 for name in ["fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core", "annotated-types",
              "typing-inspection", "gguf",
-             "opentelemetry-api", "typing-extensions", "annotated-doc", "httptools"]:
+             "opentelemetry-api", "annotated-doc", "httptools"]:
     try:
         print(f"{name}=={version(name)}")
     except Exception:
@@ -25,4 +25,7 @@ while read -r spec; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     $PLATFORMS --platform manylinux2014_x86_64 --platform any -d .whl "$spec"
 done < /tmp/onebit-device-versions.txt
+# The device's own anyio needs a newer typing_extensions than this machine may hold: take the newest.
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform any -d .whl "typing_extensions>=4.16"
 ls .whl

@@ -7,7 +7,7 @@
 #
 # Steps, against the clock (the call aims to end LIMIT_S seconds after it starts):
 #   A. in the background (nice 10): build llama-server for sm_90 (build_llama_server.sh --cuda 90),
-#      unless .peers/build-cuda/bin/llama-server is there already;
+#      unless .peers/VERSION-cuda-90/bin/llama-server is there already;
 #   B. meanwhile: write the model (config, tokenizer, random weights drawn on the GPU by our dummy
 #      loader and saved as safetensors shards), then, at the same time, its bf16 GGUF
 #      (onebit.testing.gguf_export) and 1bit's fp32 greedy reference for the llama.cpp check;
@@ -18,7 +18,7 @@
 # build goes on until LIMIT_S - 10, then stops. A CUDA build of ggml took ~8000 CPU-seconds when
 # timed file by file on a slower machine (so 4 to 9 minutes on 16 cores): the first call may only
 # build. A binary built in the call comes back in $OUT (llama-server.tar.xz.part*, the script
-# prints how to unpack it into .peers/build-cuda/bin/ and carry it, so that no later call builds);
+# prints how to unpack it into .peers/VERSION-cuda-90/bin/ and carry it, so that no later call builds);
 # a build stopped half way is resumed by the same command only while the machine is still held
 # (model, GGUF and reference are then reused too).
 # OVERLAP=1 measures 1bit during the build instead (1bit and the bench client on CPUs 0-3, the
@@ -28,7 +28,7 @@
 # llama-build.log, logs.tar.gz, and a freshly built llama-server in parts. The table is printed last.
 #
 # Environment (defaults are the GPU run): SHAPE (qwen3-8b; qwen3-tiny to try it on a CPU),
-# DEVICE (cuda), BUILD (cuda; cpu uses .peers/build-cpu), CUDA_ARCH (90), JOBS (nproc),
+# DEVICE (cuda), BUILD (cuda; cpu uses .peers/VERSION-cpu), CUDA_ARCH (90), JOBS (nproc),
 # CONC (1,8,32,64), MAX_TOKENS (128), PROMPTS (random:128), CTX (1024 per sequence),
 # CHECK_TOKENS (16), LLAMA_ARGS, OURS_ARGS, WORK (where model, GGUF and runs live), LIMIT_S (560),
 # OURS_S (100) and LLAMA_S (130): seconds kept for steps C and D, OVERLAP (0), PY (python3),
@@ -69,12 +69,12 @@ OURS_ARGS=${OURS_ARGS:-"--device $DEVICE --ctx-size $CTX"}
 LLAMA_ARGS=${LLAMA_ARGS:-"-ngl 99 -fa on"}
 PEERS=${PEERS_DIR:-$REPO/.peers}  # build_llama_server.sh reads PEERS_DIR too
 if [[ $BUILD == cuda ]]; then
-    BIN=$PEERS/build-cuda/bin/llama-server
     BUILD_CMD=(bench/peers/build_llama_server.sh --cuda "$CUDA_ARCH")
 else
-    BIN=$PEERS/build-cpu/bin/llama-server
     BUILD_CMD=(bench/peers/build_llama_server.sh)
 fi
+# Where the builder puts (or put) this variant: PEERS/VERSION-cuda-ARCH or PEERS/VERSION-cpu.
+BIN=$(PYTHON=$PY bash "${BUILD_CMD[0]}" --path "${BUILD_CMD[@]:1}" 2>/dev/null)
 
 mkdir -p "$OUT"
 # The model lives in RAM (/dev/shm) when it has room for weights + GGUF (2 x 16.4 GB for the 8B

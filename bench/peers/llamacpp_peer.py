@@ -31,17 +31,17 @@ TOP_K = 5
 MAX_GAP = 0.5
 
 REPO = Path(__file__).resolve().parents[2]
-# Where bench/peers/build_llama_server.sh puts its builds.
-BUILT = [REPO / ".peers" / "build-cuda" / "bin" / "llama-server", REPO / ".peers" / "build-cpu" / "bin" / "llama-server"]
 
 
 def find_llama_server(explicit: str | None = None) -> str | None:
-    """The llama-server to run: `explicit`, else one built by build_llama_server.sh, else PATH."""
+    """The llama-server to run: `explicit`, else one built by build_llama_server.sh (in .peers) or
+    `1bit llama-server --build` (in the user's cache), CUDA builds first, else PATH."""
+    from onebit.backends.llama_server_build import built_binaries, default_cache_dir
+
     if explicit:
         return explicit
-    for path in BUILT:
-        if path.is_file():
-            return str(path)
+    for path in built_binaries([REPO / ".peers", default_cache_dir()]):
+        return str(path)
     return shutil.which("llama-server")
 
 

@@ -11,7 +11,8 @@ import httpx
 
 from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, SlotInfo
 from onebit.backends.heartbeat import Heartbeat
-from onebit.backends.remote_protocol import StreamState, completion_body, error_from_body, final_delta, parse_chunk
+from onebit.backends.remote_protocol import (StreamState, completion_body, error_from_body, final_delta, parse_chunk,
+                                             sse_lines)
 from onebit.protocol import RequestError, StepDelta
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ class RemoteBackend(Backend):
     def __init__(self, url: str, name: str, capacity: int = 16, *, prompt_mode: str = "ids",
                  model: str | None = None, api_key: str | None = None,
                  on_state_change: Callable[[], None] | None = None,
-                 health_interval: float = 2.0, health_timeout: float = 30.0, connect_timeout: float = 5.0):
+                 health_interval: float = 2.0, health_timeout: float = 30.0, connect_timeout: float = 5.0,
+                 body_defaults: dict | None = None):
         if prompt_mode not in ("ids", "text"):
             raise ValueError("prompt_mode is 'ids' or 'text'")
         if capacity < 1:
@@ -50,6 +52,7 @@ class RemoteBackend(Backend):
         self.n_ctx: int | None = None
         self.last_error: str | None = None
         self._api_key = api_key
+        self.body_defaults = dict(body_defaults or {})  # fields a peer needs spelled out (its defaults differ)
         self._connect_timeout = connect_timeout
         self._state = "stopped"
         self._client: httpx.AsyncClient | None = None
@@ -153,6 +156,10 @@ class RemoteBackend(Backend):
     def _on_silent(self, seconds: float) -> None:
         self._mark_down(f"no healthy answer for {seconds:.0f}s")
 
+    def mark_down(self, reason: str) -> None:
+        """The peer is gone (its owner knows): fail its streams and go "down" (only from "ready")."""
+        self._mark_down(reason)
+
     def _mark_down(self, reason: str) -> None:
         if self._state != "ready":
             return
@@ -175,11 +182,11 @@ class RemoteBackend(Backend):
         state = StreamState(request.request_id)
         done = False
         try:
-            body = completion_body(request, self.model, self.prompt_mode, self.n_ctx)
+            body = {**self.body_defaults, **completion_body(request, self.model, self.prompt_mode, self.n_ctx)}
             async with self._client.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
                     raise error_from_body(resp.status_code, await resp.aread())
-                async for line in resp.aiter_lines():
+                async for line in sse_lines(resp.aiter_bytes()):
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 from onebit.backends.base import BackendError
 from onebit.protocol import (ContextOverflow, GenerateRequest, InvalidRequest, RequestError, SamplingParams,
@@ -76,6 +77,20 @@ def error_from_body(status: int, raw: bytes | str, started: bool = False) -> Req
     return BackendError(f"peer error (HTTP {status}): {message}")
 
 
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of an SSE body, split at "\n" only. (httpx's aiter_lines also splits at U+2028,
+    U+0085 and others, which JSON leaves unescaped inside strings: a model that emits one would cut
+    its event in two.)"""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8", errors="replace")
+
+
 @dataclass
 class StreamState:
     """What one streamed completion has said so far."""
@@ -95,10 +110,16 @@ def _logprobs(choice: dict, token_ids: list[int]) -> list[TokenLogprob] | None:
     lp = choice.get("logprobs")
     if not isinstance(lp, dict) or not token_ids:
         return None
-    values = lp.get("token_logprobs") or []
+    values = lp.get("token_logprobs") or [c.get("logprob") for c in _content_logprobs(lp)]
     if len(values) != len(token_ids):
         return None
     return [TokenLogprob(t, float(v if v is not None else 0.0)) for t, v in zip(token_ids, values)]
+
+
+def _content_logprobs(lp) -> list[dict]:
+    """llama-server's logprobs shape on /v1/completions: {"content": [{"id", "token", "logprob"}, ...]}."""
+    content = lp.get("content") if isinstance(lp, dict) else None
+    return [c for c in content if isinstance(c, dict)] if isinstance(content, list) else []
 
 
 def parse_chunk(state: StreamState, payload: dict) -> StepDelta | None:
@@ -120,6 +141,10 @@ def parse_chunk(state: StreamState, payload: dict) -> StepDelta | None:
     text = choice.get("text") or ""
     ids = choice.get("token_ids")
     ids = [int(t) for t in ids] if isinstance(ids, list) else []
+    if not ids:  # llama-server sends no token_ids, but its logprobs entries carry each token's id
+        content = _content_logprobs(choice.get("logprobs"))
+        if content and all(isinstance(c.get("id"), int) for c in content):
+            ids = [c["id"] for c in content]
     if choice.get("finish_reason"):
         state.finish_reason = choice["finish_reason"]
     if not text and not ids:

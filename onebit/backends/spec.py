@@ -3,20 +3,24 @@
     native                  our engine in a worker process on --device
     native:cpu | native:cuda | native:cuda:N | native:auto
     url:http://host:port    any OpenAI-compatible server (another 1bit, vLLM, llama-server)
+    llama-server:PATH       a llama.cpp llama-server binary that 1bit starts, watches and stops
 
 Any of them takes options after `?`: `slots=N` (the requests it may hold at once);
 a `url:` also takes `prompt=ids|text` (how the prompt travels: token ids need the
 same tokenizer on the peer) and `model=NAME` (default: the peer's first model).
-Example: `url:http://gpu-box-2:8000?slots=32&prompt=text`.
+Example: `url:http://gpu-box-2:8000?slots=32&prompt=text`. A `llama-server:` takes `gguf=FILE`
+(the model it loads; default: `-m` when that is a GGUF file) and `args=...` (passed through, e.g.
+`llama-server:/opt/llama/bin/llama-server?slots=8&args=-ngl 99 -fa on`).
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
-KINDS = ("native", "url")
-_OPTIONS = {"native": {"slots"}, "url": {"slots", "prompt", "model"}}
+KINDS = ("native", "url", "llama-server")
+_OPTIONS = {"native": {"slots"}, "url": {"slots", "prompt", "model"}, "llama-server": {"slots", "gguf", "args"}}
 
 
 class BackendSpecError(ValueError):
@@ -27,8 +31,8 @@ class BackendSpecError(ValueError):
 class BackendSpec:
     """One parsed `--backend` value."""
 
-    kind: str  # "native" or "url"
-    target: str | None = None  # the device of a native backend, the URL of a url backend
+    kind: str  # "native", "url" or "llama-server"
+    target: str | None = None  # a native backend's device, a url backend's URL, a llama-server's binary
     slots: int | None = None
     options: dict[str, str] = field(default_factory=dict)
 
@@ -48,7 +52,8 @@ def parse_backend_spec(text: str) -> BackendSpec:
     """Parse one `--backend` value; raise BackendSpecError with a clear message."""
     kind, _, rest = text.strip().partition(":")
     if kind not in KINDS:
-        raise BackendSpecError(f"unknown backend {text!r}; use native[:DEVICE] or url:http://HOST:PORT")
+        raise BackendSpecError(f"unknown backend {text!r}; use native[:DEVICE], url:http://HOST:PORT "
+                               "or llama-server:PATH")
     rest, options = _split_options(rest)
     unknown = set(options) - _OPTIONS[kind]
     if unknown:
@@ -68,6 +73,14 @@ def parse_backend_spec(text: str) -> BackendSpec:
                                        (device.startswith("cuda:") and device[5:].isdigit())):
             raise BackendSpecError(f"backend {text!r}: device must be cpu, cuda, cuda:N or auto")
         return BackendSpec("native", device, slots, options)
+    if kind == "llama-server":
+        if not rest:
+            raise BackendSpecError(f"backend {text!r}: write llama-server:PATH (the llama-server binary)")
+        try:
+            shlex.split(options.get("args", ""))
+        except ValueError as error:
+            raise BackendSpecError(f"backend {text!r}: cannot read args: {error}") from None
+        return BackendSpec("llama-server", rest, slots, options)
     parts = urlsplit(rest)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BackendSpecError(f"backend {text!r}: write url:http://HOST:PORT")
