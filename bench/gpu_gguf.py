@@ -68,7 +68,7 @@ def write_gguf_from(model, shape_dir: Path, out: Path, qtype) -> Path:
 
 def child(model: str, device: str, out: Path) -> None:
     """In a fresh process: load `model` in the engine, time it, record RSS, logits and decode speed."""
-    import onebit.engine.llm_engine as llm_engine
+    import onebit.engine.build as llm_engine  # where the engine calls load_model
     from onebit import LLM, SamplingParams
     from tests.model_probe import all_logits
 
