@@ -204,23 +204,28 @@ def _model_identity(path, alias: str | None) -> tuple[str, dict | None]:
     return alias or model_name(path), gguf_info(path)
 
 
+def _model_path(args: argparse.Namespace):
+    """The model to serve: -m resolved (directory, GGUF file, cached id), or the built-in model."""
+    from onebit.models.loader import resolve_model_path
+
+    if args.model:
+        return resolve_model_path(args.model, args.gguf_file)
+    if args.gguf_file:
+        raise ValueError("--gguf-file needs -m (the directory or cached repository holding the file)")
+    from onebit.models.default_model import default_model_dir
+
+    return default_model_dir()
+
+
 def serve(args: argparse.Namespace) -> int:
     """Wire model, backend, router and app together, then serve until SIGTERM or Ctrl-C."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from onebit.models.errors import ModelLoadError
-    from onebit.models.loader import resolve_model_path
     from onebit.models.tokenizer import Tokenizer
 
     try:
-        if args.model:
-            path = resolve_model_path(args.model, args.gguf_file)
-        elif args.gguf_file:
-            return _fail("--gguf-file needs -m (the directory or cached repository holding the file)")
-        else:
-            from onebit.models.default_model import default_model_dir
-
-            path = default_model_dir()
-    except ModelLoadError as error:
+        path = _model_path(args)
+    except (ModelLoadError, ValueError) as error:
         return _fail(str(error))
     from onebit.api.app import create_app
     from onebit.api.server import make_server, run_server
@@ -241,15 +246,12 @@ def serve(args: argparse.Namespace) -> int:
                               load_format=args.load_format, speculative=speculative)
     except ValueError as error:
         return _fail(str(error))
-    try:
-        specs, slots = _backend_specs(args)
-    except ValueError as error:
-        return _fail(str(error))
     from onebit.backends.factory import BuildOptions, build_backends, overflow_policy
 
     options = BuildOptions(default_device=args.device, health_timeout=args.backend_timeout,
                            api_key=os.environ.get("ONEBIT_BACKEND_API_KEY"))
     try:
+        specs, slots = _backend_specs(args)
         backends = build_backends(specs, slots, config, options)
     except ValueError as error:
         return _fail(str(error))
