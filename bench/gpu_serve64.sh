@@ -2,9 +2,9 @@
 # Server check on the H200 (~3 min): `1bit serve --parallel 64` on the Qwen3-8B shape (random
 # bf16 weights, --fill-vocab), `1bit bench` at C=8 and 64 (128 random prompt tokens, 128 new,
 # 15 s per level so a level is many requests long), once plain and once with each extra flag
-# set in VARIANTS (default: --overlap), plus each server's step summary (graph replays vs eager,
+# set in VARIANTS (default: --no-overlap; overlap is on by default with CUDA), plus each server's step summary (graph replays vs eager,
 # seconds inside steps) from its log.
-# Run from the repo root with .whl carried:  OUT=DIR [VARIANTS="--overlap"] bash bench/gpu_serve64.sh [LEVELS]
+# Run from the repo root with .whl carried:  OUT=DIR [VARIANTS="--no-overlap"] bash bench/gpu_serve64.sh [LEVELS]
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 python3 bench/make_shape_model.py /tmp/qwen3-8b-shape --fill-vocab > /dev/null || exit 1
 SERVE="-m /tmp/qwen3-8b-shape --load-format dummy --device cuda --parallel 64 --ctx-size 1024 --max-batch-tokens 8192"
-for extra in "" ${VARIANTS:---overlap}; do
+for extra in "" ${VARIANTS:---no-overlap}; do
   label="parallel-64${extra:+ $extra}"
   dir="$OUT/run${extra// /}"
   mkdir -p "$dir"

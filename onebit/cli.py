@@ -79,9 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-triton-gemv", action="store_true",
                        help="always use cuBLAS for products of 1 to 16 rows (by default each weight shape and "
                             "row count uses a Triton kernel where one measured faster at start-up)")
-    serve.add_argument("--overlap", action="store_true",
+    serve.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                        help="prepare and queue each step while the GPU still runs the one before (hides the "
-                            "host's share of a step; experimental until measured on a GPU, see docs/perf.md)")
+                            "host's share of a step; default: on with CUDA, off on the CPU)")
     spec = serve.add_argument_group("speculative decoding (drafts verified losslessly; the engine drafts "
                                     "only while measured step times say it pays)")
     spec.add_argument("--mtp", nargs="?", const="", default=None, metavar="PATH",

@@ -148,3 +148,17 @@ def test_offline_bench_splits_prefill_and_decode_by_first_tokens(tiny_model_dir,
     # Decode counts every token after the first of each request, in both modes.
     assert [round(r.decode_tokens_per_s * r.decode_s) for r in results] == [7, 21]
     assert ("overlapped steps" in lines[0]) == overlap
+
+
+def test_overlap_defaults_to_on_for_cuda_only(tiny_model_dir):
+    """Left unset, overlap follows the device: off on the CPU, on for CUDA; an explicit choice wins."""
+    from onebit.engine.config import EngineConfig
+
+    assert EngineConfig(model=str(tiny_model_dir)).overlap is None
+    assert LLM(str(tiny_model_dir), device="cpu", parallel=1).engine.overlap is False
+    assert LLM(str(tiny_model_dir), device="cpu", parallel=1, overlap=True).engine.overlap is True
+    from onebit.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).overlap is None
+    assert parser.parse_args(["serve", "--no-overlap"]).overlap is False

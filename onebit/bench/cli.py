@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_int_list, default=[1, 8, 32, 64], help="offline batch sizes")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per request (fixed length)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="offline prompt length")
-    p.add_argument("--overlap", action="store_true",
-                   help="offline: queue each step before the last one's tokens reach the host (as serve --overlap)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="offline: queue each step before the last one's tokens reach the host (as serve --overlap; default: on with CUDA)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     online = p.add_argument_group("online (against a server)")

@@ -63,7 +63,7 @@ def run_batch(engine: LLMEngine, batch: int, prompt_tokens: int, max_tokens: int
 
 
 def run_offline(model: str, batches: list[int], max_tokens: int, prompt_tokens: int, device: str,
-                dtype: str, print_fn=print, overlap: bool = False) -> list[OfflineResult]:
+                dtype: str, print_fn=print, overlap: bool | None = None) -> list[OfflineResult]:
     """Load the model once with enough slots for the largest batch; time each batch size after a warm-up."""
     config = EngineConfig(model=model, device=device, dtype=dtype, parallel=max(batches),
                           ctx_size=prompt_tokens + max_tokens + 16,

@@ -108,7 +108,8 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     speculator = Speculator(drafter, spec.draft_max if spec else 3, spec is not None and spec.policy == "always",
                             sampler.generator)
     # Drafting reads each step's tokens on the host before the next step, so never with overlap.
-    overlap = config.overlap and spec is None
+    wanted = config.overlap if config.overlap is not None else device.type == "cuda"
+    overlap = wanted and spec is None
     if config.overlap and not overlap:
         log.warning("overlapped steps are off: speculative decoding needs each step's tokens first")
     log.info("KV cache: %d blocks of %d tokens (%.1f MiB), context %d tokens, %d slots%s",

@@ -21,8 +21,9 @@ class EngineConfig:
     load_format: "auto" reads the checkpoint; "dummy" draws random weights from config.json
     alone (benchmarks of a model's shape only).
     overlap: prepare and queue step n+1 while the GPU still runs step n; ignored with speculative
-    decoding, where drafting needs each step's tokens on the host first. Off by default until it
-    has been checked and timed on a GPU (docs/perf.md).
+    decoding, where drafting needs each step's tokens on the host first. None (the default) turns
+    it on for CUDA, where it was checked and measured faster at every batch size (docs/perf.md),
+    and off on the CPU, where there is no device queue to hide host work behind.
     triton_gemv: at start-up on CUDA in half precision, time the Triton few-row kernels against
     cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
     """
@@ -41,7 +42,7 @@ class EngineConfig:
     load_format: str = "auto"
     cuda_graphs: bool = True
     speculative: SpeculativeConfig | None = None
-    overlap: bool = False
+    overlap: bool | None = None
     triton_gemv: bool = True
 
     def __post_init__(self) -> None:
