@@ -318,3 +318,46 @@ def test_sse_lines_split_at_newlines_only():
         return [line async for line in sse_lines(chunks())]
 
     assert asyncio.run(collect()) == ['data: {"t": "a\u2028b\u0085c"}', "", "data: [DONE]"]
+
+
+# ---- issue #13: our GGUF tokenizer against llama.cpp's on the same file ----------------------------
+
+def test_gguf_tokenizer_equals_llama_server_tokenize(llama_server_bin, tiny_model_dir, tmp_path):
+    """The tokenizer we build from GGUF metadata gives llama-server's own /tokenize ids, specials included.
+
+    The file comes from the tests' independent writer (tests/gguf_files.py), not from the exporter.
+    """
+    import subprocess
+
+    from tests.gguf_files import write_gguf
+    from server_utils import free_port
+    from test_gguf_tokenizer import STRINGS
+
+    from onebit.models.tokenizer import Tokenizer
+
+    path = write_gguf(tiny_model_dir, tmp_path / "tiny-f32.gguf")
+    port = free_port()
+    log = open(tmp_path / "llama-server.log", "w")
+    proc = subprocess.Popen([llama_server_bin, "-m", str(path), "--host", "127.0.0.1", "--port", str(port),
+                             "-c", "256", "-np", "1", "-t", "1"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy():
+            try:
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return proc.poll() is not None  # ends the wait; the assert below names the exit
+        _wait(healthy, "llama-server /health", timeout=120)
+        assert proc.poll() is None, (tmp_path / "llama-server.log").read_text()[-2000:]
+        ours = Tokenizer.from_dir(path)
+        special = ours.encode("<|im_start|>")
+        assert len(special) == 1 and special[0] in ours.special_token_ids  # specials are parsed on both sides
+        for text in [s for s in STRINGS if s]:
+            theirs = httpx.post(f"{url}/tokenize", json={"content": text, "add_special": False,
+                                                         "parse_special": True}, timeout=30).json()["tokens"]
+            assert theirs and ours.encode(text) == theirs, text
+    finally:
+        proc.kill()
+        proc.wait(10)
+        log.close()
