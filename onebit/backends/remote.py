@@ -183,6 +183,10 @@ class RemoteBackend(Backend):
         done = False
         try:
             body = {**self.body_defaults, **completion_body(request, self.model, self.prompt_mode, self.n_ctx)}
+            if body.get("temperature") == 0 and body.get("top_k") == 0:
+                # Greedy either way, but a peer told to keep every candidate (llama-server with top_k 0)
+                # runs its whole sampler chain over the full vocabulary for every token of every slot.
+                body["top_k"] = 1
             async with self._client.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
                     raise error_from_body(resp.status_code, await resp.aread())
