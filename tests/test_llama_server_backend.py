@@ -119,8 +119,10 @@ def test_slots_props_and_metrics_show_the_child(server):
 
 
 def test_router_counts_the_childs_slots(server):
-    counts, peak = asyncio.run(_streams(server, 5, 40))
-    assert counts == [40] * 5 and peak == {"llama-server-0": 2}
+    counts, peak = asyncio.run(_streams(server, 5, 200))
+    # Every stream completes in full, and no poll of the router's own count ever saw more than the
+    # child's 2 slots reserved (a poll can miss the peak when streams are fast, so no lower bound).
+    assert counts == [200] * 5 and set(peak) == {"llama-server-0"} and peak["llama-server-0"] <= 2
     assert _props(server)["backends"][0]["in_flight"] == 0
 
 
