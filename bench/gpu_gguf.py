@@ -6,7 +6,9 @@
 Random weights are drawn once (our dummy loader) and written three ways: safetensors shards, GGUF
 BF16 and GGUF Q8_0 (Q8_0 encoded in torch on the device: the `gguf` library's numpy encoder would
 take minutes). Each is then served by the engine in a fresh child process, which reports the
-weight-loading time, the peak host RSS after loading, the logits of a fixed prompt (compared with
+weight-loading time, the peak host memory while loading (anonymous memory, which the process
+allocated, apart from file pages it mapped, which the kernel may drop and which ru_maxrss also
+counts), the logits of a fixed prompt (compared with
 the safetensors load) and decode tokens/s at B=1, 8, 64 (64 new tokens; the time of a 1-token run
 with other prompts is subtracted, leaving decode). Results go to DIR/gguf.json and DIR/gguf.md.
 """
@@ -20,6 +22,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -66,6 +69,40 @@ def write_gguf_from(model, shape_dir: Path, out: Path, qtype) -> Path:
     return out
 
 
+class PeakMemory:
+    """Polls /proc/self/status in a thread and keeps the largest RssAnon and RssFile seen (GiB)."""
+
+    def __init__(self, every_s: float = 0.005):
+        self.peak = {"RssAnon": 0.0, "RssFile": 0.0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, args=(every_s,), daemon=True)
+
+    @staticmethod
+    def now() -> dict[str, float]:
+        """RssAnon and RssFile of this process now, GiB."""
+        out = {}
+        with open("/proc/self/status") as f:
+            for line in f:
+                key = line.split(":", 1)[0]
+                if key in ("RssAnon", "RssFile"):
+                    out[key] = int(line.split()[1]) / 2**20
+        return out
+
+    def _poll(self, every_s: float) -> None:
+        while not self._stop.is_set():
+            for key, value in self.now().items():
+                self.peak[key] = max(self.peak[key], value)
+            self._stop.wait(every_s)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def child(model: str, device: str, out: Path) -> None:
     """In a fresh process: load `model` in the engine, time it, record RSS, logits and decode speed."""
     import onebit.engine.build as llm_engine  # where the engine calls load_model
@@ -76,12 +113,16 @@ def child(model: str, device: str, out: Path) -> None:
     original = llm_engine.load_model
 
     def timed(*args, **kwargs):
+        record["anon_before_load_gb"] = PeakMemory.now()["RssAnon"]
         start = time.perf_counter()
-        result = original(*args, **kwargs)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        with PeakMemory() as memory:
+            result = original(*args, **kwargs)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
         record["load_s"] = time.perf_counter() - start
         record["peak_rss_after_load_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        record["peak_anon_gb"] = memory.peak["RssAnon"]
+        record["peak_file_gb"] = memory.peak["RssFile"]
         return result
 
     llm_engine.load_model = timed
@@ -149,11 +190,12 @@ def main() -> int:
     report = {"shape": args.shape, "device": args.device, "write_s": written_s, "results": results}
     (args.out / "gguf.json").write_text(json.dumps(report, indent=1))
     lines = [f"GGUF loading, {args.shape} on {args.device} (random weights; logits vs the safetensors load)", "",
-             "| file | GB | load s | peak host RSS GB | logit RMS err | max err | tok/s B=1 | B=8 | B=64 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| file | GB | load s | anon before load GB | peak anon GB | peak file-mapped GB | ru_maxrss GB | logit RMS err | max err | tok/s B=1 | B=8 | B=64 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         d = r["decode_tok_s"]
-        lines.append(f"| {name} | {r['file_gb']:.1f} | {r['load_s']:.1f} | {r['peak_rss_after_load_gb']:.2f} | "
+        lines.append(f"| {name} | {r['file_gb']:.1f} | {r['load_s']:.1f} | {r['anon_before_load_gb']:.2f} | {r['peak_anon_gb']:.2f} | "
+                     f"{r['peak_file_gb']:.2f} | {r['peak_rss_after_load_gb']:.2f} | "
                      f"{r['logit_rms_err']:.4f} | {r['logit_max_abs_err']:.3f} | {d['1']} | {d['8']} | {d['64']} |")
     (args.out / "gguf.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
