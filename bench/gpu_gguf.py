@@ -185,6 +185,7 @@ def main() -> int:
         diff = torch.load(args.out / f"logits-{name}.pt") - ref
         results[name]["logit_max_abs_err"] = diff.abs().max().item()
         results[name]["logit_rms_err"] = diff.pow(2).mean().sqrt().item()
+        path = files[name]
         results[name]["file_gb"] = sum(p.stat().st_size for p in (path.glob("*.safetensors") if path.is_dir()
                                                                     else [path])) / 2**30
     report = {"shape": args.shape, "device": args.device, "write_s": written_s, "results": results}
