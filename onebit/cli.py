@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    serve.add_argument("--quantize", default=None, choices=["fp8"],
+                       help="quantize the decoder's linear layers after loading: fp8 = e4m3 weights with one scale "
+                            "per output channel (half the bytes of bf16; default: none)")
     serve.add_argument("--ctx-size", type=_positive, default=None, help="context size in tokens")
     serve.add_argument("--parallel", type=_positive, default=4, help="slots decoding together")
     serve.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV pool size, e.g. 2G")
@@ -242,7 +245,7 @@ def serve(args: argparse.Namespace) -> int:
                               max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
                               enable_prefix_caching=not args.no_prefix_caching,
                               cuda_graphs=not args.no_cuda_graphs, overlap=args.overlap,
-                              triton_gemv=not args.no_triton_gemv,
+                              triton_gemv=not args.no_triton_gemv, quantize=args.quantize,
                               load_format=args.load_format, speculative=speculative)
     except ValueError as error:
         return _fail(str(error))

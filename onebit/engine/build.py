@@ -76,6 +76,10 @@ def _load(config: EngineConfig, path: Path, tokenizer: Tokenizer, device: torch.
         from onebit.engine.spec.draft_model import load_draft_model
         draft = load_draft_model(spec.draft_model, tokenizer, device, dtype, config.load_format)
     model, cfg = load_model(path, device, dtype, config.load_format)
+    if config.quantize:
+        from onebit.models.quantize import quantize_model
+        count = quantize_model(model, config.quantize)
+        log.info("quantized %d linear layers to %s", count, config.quantize)
     mtp = None
     if method == "mtp":
         from onebit.models.mtp import load_mtp_head

@@ -24,6 +24,8 @@ class EngineConfig:
     decoding, where drafting needs each step's tokens on the host first. None (the default) turns
     it on for CUDA, where it was checked and measured faster at every batch size (docs/perf.md),
     and off on the CPU, where there is no device queue to hide host work behind.
+    quantize: None, or "fp8": the decoder's linear layers quantized after loading (e4m3 weights with
+    one scale per output channel; `onebit.models.quantize`).
     triton_gemv: at start-up on CUDA in half precision, time the Triton few-row kernels against
     cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
     """
@@ -44,6 +46,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     overlap: bool | None = None
     triton_gemv: bool = True
+    quantize: str | None = None
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -54,4 +57,6 @@ class EngineConfig:
             raise ValueError("max_batch_tokens must be >= 1")
         if self.ctx_size is not None and self.ctx_size < 2:
             raise ValueError("ctx_size must be >= 2")
+        if self.quantize not in (None, "fp8"):
+            raise ValueError(f"unknown quantization {self.quantize!r}; use fp8")
         self.speculative = SpeculativeConfig.coerce(self.speculative)

@@ -1,0 +1,56 @@
+"""Triton product of 1 to 16 rows with an FP8 (e4m3) weight and one scale per output column.
+
+Decoding reads every weight once per step, so the bytes read set the time: e4m3 halves them
+against bf16. Each program owns BLOCK_N output columns, walks K in BLOCK_K tiles, widens the
+weight tile to the activations' dtype in registers, multiplies on the tensor cores (`tl.dot`,
+rows padded to 16) with fp32 accumulation, and scales its columns once at the end.
+Reference: `onebit.kernels.fp8.weight_only_ref`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 16
+# (BLOCK_N, BLOCK_K, num_warps): the default, and the candidates bench/gpu_fp8.py times.
+DEFAULT_CONFIG = (32, 256, 4)
+CONFIGS = [(16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (32, 512, 4), (64, 128, 4), (64, 256, 8)]
+
+
+@triton.jit
+def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok, n_ok = rm < M, rn < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+    acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def weight_only(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                config: tuple[int, int, int] = DEFAULT_CONFIG) -> torch.Tensor:
+    """x [M <= 16, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype."""
+    block_n, block_k, warps = config
+    m, n, k = x.shape[0], q.shape[0], q.shape[1]
+    if m > MAX_ROWS:
+        raise ValueError(f"weight_only takes at most {MAX_ROWS} rows, got {m}")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _weight_only_kernel[(triton.cdiv(n, block_n),)](
+        x, q, scale, bias if bias is not None else scale, y, m, n, k, x.stride(0), q.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    return y
