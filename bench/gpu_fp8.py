@@ -4,8 +4,8 @@
 
 For each product shape of the Qwen3-8B layers, times inside a CUDA graph (20 products per replay,
 so launch gaps are those of a real step): cuBLAS bf16 `F.linear`, the Triton FP8 weight-only kernel
-for every config (1, 4 and 16 rows), and `torch._scaled_mm` with per-token activation quantization
-(64 and 256 rows). Prints microseconds and the weight bytes per second for each, and which config
+for every config (up to its MAX_ROWS rows), and `torch._scaled_mm` with per-token activation
+quantization (more rows). Prints microseconds and the weight bytes per second for each, and which config
 won per shape, as a markdown table (also written to DIR/fp8.md).
 """
 
@@ -52,7 +52,7 @@ def main() -> None:
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
         q, scale = fp8.quantize_rows(w)
-        for m in (1, 4, 16, 64, 256):
+        for m in (1, 4, 16, 64, 128, 256):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             bf16_us = graph_us(lambda: F.linear(x, w))
             if m <= triton_fp8.MAX_ROWS:

@@ -1,9 +1,11 @@
-"""Triton product of 1 to 16 rows with an FP8 (e4m3) weight and one scale per output column.
+"""Triton product of a few rows with an FP8 (e4m3) weight and one scale per output column.
 
 Decoding reads every weight once per step, so the bytes read set the time: e4m3 halves them
-against bf16. Each program owns BLOCK_N output columns, walks K in BLOCK_K tiles, widens the
-weight tile to the activations' dtype in registers, multiplies on the tensor cores (`tl.dot`,
-rows padded to 16) with fp32 accumulation, and scales its columns once at the end.
+against bf16. Each program owns BLOCK_M rows and BLOCK_N output columns, walks K in BLOCK_K
+tiles, widens the weight tile to the activations' dtype in registers, multiplies on the tensor
+cores (`tl.dot`, rows padded to BLOCK_M) with fp32 accumulation, and scales its columns once at
+the end. Up to 16 rows one row tile covers them; up to MAX_ROWS, tiles of 64 rows (each program
+then reads its weight tile once per row tile, still far fewer bytes than the activations' worth).
 Reference: `onebit.kernels.fp8.weight_only_ref`.
 """
 
@@ -13,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 16
+MAX_ROWS = 128
 # (BLOCK_N, BLOCK_K, num_warps): the default, and the candidates bench/gpu_fp8.py times.
 DEFAULT_CONFIG = (32, 256, 4)
 CONFIGS = [(16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (32, 512, 4), (64, 128, 4), (64, 256, 8)]
@@ -24,7 +26,7 @@ def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
-    rm = tl.arange(0, BLOCK_M)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = rm < M, rn < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -44,13 +46,14 @@ def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
 
 def weight_only(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                 config: tuple[int, int, int] = DEFAULT_CONFIG) -> torch.Tensor:
-    """x [M <= 16, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype."""
+    """x [M <= MAX_ROWS, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype."""
     block_n, block_k, warps = config
     m, n, k = x.shape[0], q.shape[0], q.shape[1]
     if m > MAX_ROWS:
         raise ValueError(f"weight_only takes at most {MAX_ROWS} rows, got {m}")
+    block_m = 16 if m <= 16 else 64
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _weight_only_kernel[(triton.cdiv(n, block_n),)](
+    _weight_only_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         x, q, scale, bias if bias is not None else scale, y, m, n, k, x.stride(0), q.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
     return y
