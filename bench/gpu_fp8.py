@@ -18,28 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from onebit.kernels import fp8, triton_fp8
+from onebit.kernels.timing import graph_us
 
 SHAPES = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096), "down_proj": (4096, 12288)}
-REPS = 20
-
-
-def graph_us(fn) -> float:
-    """Median microseconds of one call of fn, measured as a CUDA graph of REPS calls."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPS):
-            fn()
-    times = []
-    for _ in range(15):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / REPS)
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Few-row linear layers: cuBLAS or a Triton kernel, whichever measured faster for the shape.
 
 `calibrate(layers, rows)` times `F.linear` against each Triton candidate (`triton_gemv`) for
-every weight shape and each row count in `rows`, checks the Triton result against `F.linear`
+every weight shape and each row count in `rows` (inside a CUDA graph, as decode steps run them), checks the Triton result against `F.linear`
 on the spot, and keeps a candidate only where it is correct and faster. `linear()` then
 dispatches CUDA inputs of a calibrated (shape, rows) to the winner and everything else to
 `F.linear`. Nothing is chosen where nothing was measured, so CPU runs always take `F.linear`.
@@ -13,6 +13,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
+
+from onebit.kernels.timing import graph_us
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +39,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def _median_us(fn, reps: int = 25) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def _best(x, weight, bias, name: str):
     """(microseconds, kernel, config) of the fastest correct candidate, or None."""
     want = F.linear(x, weight, bias).float()
@@ -66,7 +53,7 @@ def _best(x, weight, bias, name: str):
         if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
             log.warning("%s %s gave wrong results for %s; not used", kernel, config, name)
             continue
-        us = _median_us(lambda: run(x, weight, bias, config))
+        us = graph_us(lambda: run(x, weight, bias, config))
         if best is None or us < best[0]:
             best = (us, kernel, config)
     return best
@@ -88,7 +75,7 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor | None]], rows:
         kbytes = weight.numel() * weight.element_size() / 1e3  # kB per microsecond is GB/s
         for m in rows:
             x = torch.randn(m, weight.shape[1], device=weight.device, dtype=weight.dtype)
-            torch_us = _median_us(lambda: F.linear(x, weight, bias))
+            torch_us = graph_us(lambda: F.linear(x, weight, bias))
             best = _best(x, weight, bias, name)
             if best is not None and best[0] < torch_us:
                 _CHOSEN[(m, *shape)] = best[1:]
