@@ -415,6 +415,22 @@ def test_prompt_sets():
         assert all(texts) and len(set(texts)) >= 4
 
 
+def test_shared_prefix_prompts():
+    assert parse_prompt_spec("shared:8+4") == ("shared", 12)
+    for bad in ("shared", "shared:8", "shared:0+4", "shared:8+0", "shared:a+4", "shared:8+4+2"):
+        with pytest.raises(ValueError):
+            parse_prompt_spec(bad)
+    ids = make_prompts("shared:8+4", 5, "completions", seed=1)
+    assert all(len(p.token_ids) == 12 for p in ids)
+    assert len({p.token_ids[:8] for p in ids}) == 1 and len({p.token_ids[8:] for p in ids}) == 5
+    # The same prefix whatever the per-prompt seed (a warm-up request caches it), other own tokens.
+    warm = make_prompts("shared:8+4", 1, "completions", seed="warm-up")[0]
+    assert warm.token_ids[:8] == ids[0].token_ids[:8] and warm.token_ids[8:] != ids[0].token_ids[8:]
+    words = make_prompts("shared:6+3", 3, "chat", seed=2)
+    assert len({" ".join(p.text.split()[:6]) for p in words}) == 1
+    assert all(len(p.text.split()) == 9 for p in words)
+
+
 def test_arguments():
     argv = _glue_serve_args(["--serve", "-m /models/x --parallel 8", "--concurrency", "1,2"])
     args = build_parser().parse_args(argv)

@@ -91,7 +91,7 @@ def _settings(cfg: OnlineConfig, base: str, model: str, endpoint: str) -> dict:
 
 
 async def _warm_up(cfg: OnlineConfig, client: httpx.AsyncClient, url: str, model: str, endpoint: str) -> None:
-    prompts = make_prompts(cfg.prompts, max(cfg.warmup, 1), endpoint, seed=-1, id_range=cfg.random_ids)
+    prompts = make_prompts(cfg.prompts, max(cfg.warmup, 1), endpoint, seed="warm-up", id_range=cfg.random_ids)
     for i in range(cfg.warmup):
         # Full length, so that first-use costs of long sequences stay out of the first level.
         body = build_payload(prompts[i], endpoint, model, cfg.max_tokens, cfg.extra_body)

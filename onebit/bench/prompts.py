@@ -4,7 +4,9 @@
 sent as one user message to /v1/chat/completions. `random:N` prompts are N random token ids
 sent to /v1/completions (the seed's "N random prompt tokens"); when the chat endpoint is forced,
 they become N random common English words instead, which is about N tokens in any byte-level
-BPE vocabulary but not exactly N.
+BPE vocabulary but not exactly N. `shared:P+N` prompts are the same P random tokens (a system
+prompt every user shares) followed by N random tokens of each prompt's own: the prefix is drawn
+from a fixed seed, so a warm-up request caches it as a running server would have.
 """
 
 from __future__ import annotations
@@ -75,33 +77,50 @@ class Prompt:
 
 
 def parse_prompt_spec(spec: str) -> tuple[str, int | None]:
-    """'chat' -> ('chat', None); 'random:128' -> ('random', 128). Raises ValueError on anything else."""
+    """'chat' -> ('chat', None); 'random:128' -> ('random', 128); 'shared:1024+512' -> ('shared', 1536),
+    the total length. Raises ValueError on anything else."""
     if spec in PROMPT_SETS:
         return spec, None
     name, _, length = spec.partition(":")
     if name == "random" and length.isdigit() and int(length) > 0:
         return "random", int(length)
-    raise ValueError(f"unknown prompt set {spec!r}: use {', '.join(PROMPT_SETS)} or random:TOKENS")
+    if name == "shared":
+        return "shared", sum(shared_lengths(spec))
+    raise ValueError(f"unknown prompt set {spec!r}: use {', '.join(PROMPT_SETS)}, random:TOKENS or "
+                     "shared:PREFIX+TOKENS")
+
+
+def shared_lengths(spec: str) -> tuple[int, int]:
+    """'shared:1024+512' -> (1024, 512): the shared prefix and each prompt's own tokens."""
+    prefix, plus, own = spec.partition(":")[2].partition("+")
+    if not (plus and prefix.isdigit() and own.isdigit() and int(prefix) > 0 and int(own) > 0):
+        raise ValueError(f"bad shared prompt spec {spec!r}: use shared:PREFIX+TOKENS, e.g. shared:1024+1024")
+    return int(prefix), int(own)
 
 
 def default_endpoint(spec: str) -> str:
     """'completions' for random token prompts, 'chat' for the text sets."""
-    return "completions" if parse_prompt_spec(spec)[0] == "random" else "chat"
+    return "completions" if parse_prompt_spec(spec)[0] in ("random", "shared") else "chat"
 
 
-def make_prompts(spec: str, count: int, endpoint: str, seed: int = 0,
+def make_prompts(spec: str, count: int, endpoint: str, seed: int | str = 0,
                  id_range: tuple[int, int] = DEFAULT_RANDOM_IDS) -> list[Prompt]:
     """`count` prompts of the set `spec` for `endpoint` ('chat' or 'completions'), cycling text sets.
 
     Random prompts differ from each other (a new draw per prompt), so a prefix cache cannot
-    turn them into cache hits.
+    turn them into cache hits. Python seeds with the absolute value of an int, so seeds -1 and 1
+    draw the same prompts: give distinct streams distinct non-negative seeds or strings.
     """
     name, length = parse_prompt_spec(spec)
-    if name != "random":
+    if name not in ("random", "shared"):
         texts = PROMPT_SETS[name]
         return [Prompt(text=texts[i % len(texts)]) for i in range(count)]
-    rng = random.Random(seed)
-    if endpoint == "chat":
-        return [Prompt(text=" ".join(rng.choice(_WORDS) for _ in range(length))) for _ in range(count)]
+    prefix_len, length = shared_lengths(spec) if name == "shared" else (0, length)
+    rng, fixed = random.Random(seed), random.Random(f"shared prefix {prefix_len}")
     lo, hi = id_range
-    return [Prompt(token_ids=tuple(rng.randrange(lo, hi) for _ in range(length))) for _ in range(count)]
+    if endpoint == "chat":
+        prefix = " ".join(fixed.choice(_WORDS) for _ in range(prefix_len))
+        return [Prompt(text=(prefix + " " if prefix else "") + " ".join(rng.choice(_WORDS) for _ in range(length)))
+                for _ in range(count)]
+    prefix_ids = tuple(fixed.randrange(lo, hi) for _ in range(prefix_len))
+    return [Prompt(token_ids=prefix_ids + tuple(rng.randrange(lo, hi) for _ in range(length))) for _ in range(count)]
