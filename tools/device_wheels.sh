@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download, here, the wheels the GPU device machine lacks for running the server there
 # (its python3 is 3.12 with torch, transformers, httpx, jinja2, tokenizers; no fastapi, uvicorn,
-# pydantic or gguf; the openai client is left out: the bench talks plain httpx).
+# pydantic, gguf or llguidance; the openai client is left out: the bench talks plain httpx).
 # Carry the folder .whl with the device call and start the command with:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
@@ -13,7 +13,7 @@ python3 - <<'PY' > /tmp/onebit-device-versions.txt
 from importlib.metadata import version
 for name in ["fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core", "annotated-types",
              "typing-inspection", "gguf",
-             "opentelemetry-api", "annotated-doc", "httptools"]:
+             "opentelemetry-api", "annotated-doc", "httptools", "llguidance"]:
     try:
         print(f"{name}=={version(name)}")
     except Exception:
