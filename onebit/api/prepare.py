@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from onebit.api.admission import check_prompt_count
 from onebit.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from onebit.api.state import ServerState
 from onebit.protocol import InvalidRequest, SamplingParams, check_n, check_prompt
@@ -61,6 +62,7 @@ def completion_prompts(state: ServerState, request: CompletionRequest) -> list[l
         prompts = list(prompt)
     if not prompts:
         raise InvalidRequest("the prompt is empty", "prompt")
+    check_prompt_count(state, len(prompts))
     out = []
     for p in prompts:
         ids = state.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p)

@@ -57,14 +57,16 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raise InvalidRequest (ContextOverflow for a prompt too long) for bad input."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    user: str = "anonymous", priority: int = 0) -> None:
+        """Queue a request of `user` (lower `priority` first among that user's); raise InvalidRequest
+        (ContextOverflow for a prompt too long) for bad input."""
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         check_request(prompt_token_ids, params, self.model_config.vocab_size, self.ctx_size)
         n = len(prompt_token_ids)
         limit = self.ctx_size if params.max_tokens is None else min(self.ctx_size, n + params.max_tokens)
-        seq = Sequence(request_id, prompt_token_ids, params, limit, next(self._arrivals))
+        seq = Sequence(request_id, prompt_token_ids, params, limit, next(self._arrivals), user, priority)
         if params.seed is not None:
             seq.generator = self.sampler.make_generator(params.seed)
         self.outputs.start(seq)
