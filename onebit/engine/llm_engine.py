@@ -15,6 +15,7 @@ import time
 import torch
 
 from onebit.engine.config import EngineConfig
+from onebit.engine.fault_injection import FaultInjector
 from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta, TokenLogprob
 from onebit.engine.parts import EngineParts, LaunchedStep
 from onebit.engine.sampler import SampledBatch
@@ -48,6 +49,7 @@ class LLMEngine:
         self._pending: list[StepDelta] = []
         self._inflight: LaunchedStep | None = None
         self._arrivals = itertools.count()
+        self.faults = FaultInjector.from_env()  # None unless a test asks for faults
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
@@ -136,18 +138,48 @@ class LLMEngine:
         try:
             fed = previous.sampled.tokens if previous is not None else None
             out = self.runner.run(plan, want_hidden=self.speculator.needs_hidden(plan, chose), fed_tokens=fed)
-            plain = [(seq, row) for seq, row, count in out.rows if not seq.num_draft]
-            sampled = self._sample(out.logits, plain) if plain else None
         except Exception as exc:  # a failed forward fails the step's requests, not the engine
             log.exception("step failed")
             deltas += [self._fail(seq, f"internal error during the forward pass: {exc}") for seq, _ in plan]
             return None
+        plain = [(seq, row) for seq, row, count in out.rows if not seq.num_draft]
+        sampled = None
+        if plain:
+            try:
+                sampled = self._sample(out.logits, plain)
+            except Exception:  # whose fault? sample each alone, fail only those that fail, then the rest again
+                plain = self._without_failing(out.logits, plain, deltas)
+                try:
+                    sampled = self._sample(out.logits, plain) if plain else None
+                except Exception as exc:  # each row samples alone but not together: fail them all
+                    log.exception("step failed")
+                    deltas += [self._fail(seq, f"internal error during sampling: {exc}") for seq, _ in plain]
+                    plain, sampled = [], None
         computed = self.scheduler.mark_computed(plan)
         return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting, started)
+
+    def _without_failing(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]],
+                         deltas: list[StepDelta]) -> list[tuple[Sequence, int]]:
+        """After a batch failed to sample: try each row alone; fail the requests whose row fails
+        (their error delta goes to `deltas`) and return the others. A seeded request's generator
+        may have moved in the failed attempt; greedy requests are unaffected."""
+        kept = []
+        for seq, row in plain:
+            try:
+                self._sample(logits, [(seq, row)]).resolve()
+            except Exception as exc:
+                log.exception("request %s failed in the sampler", seq.request_id)
+                deltas.append(self._fail(seq, f"internal error during sampling: {exc}"))
+            else:
+                kept.append((seq, row))
+        return kept
 
     def _sample(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]]) -> SampledBatch:
         """Sample one token for each (sequence, logits row); the common all-rows case needs no gather,
         which on a 152k vocabulary is a copy of the whole logits tensor per step."""
+        if self.faults is not None:
+            for seq, _ in plain:
+                self.faults.check("sampler", seq)
         rows = [row for _, row in plain]
         if rows != list(range(logits.shape[0])):
             logits = logits[upload(rows, torch.long, logits.device)]
@@ -184,6 +216,8 @@ class LLMEngine:
     def _append(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> StepDelta:
         """Append tokens in order, stopping at the first that ends the request; one delta for all."""
         taken, text, reason = [], "", None
+        if self.faults is not None:
+            self.faults.check("detokenizer", seq)
         for token in tokens:
             self.scheduler.append(seq, token)
             taken.append(token)
