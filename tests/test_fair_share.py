@@ -239,7 +239,8 @@ def test_a_waiting_stream_is_told_its_place(server):
             async with http.stream("POST", f"{server.base_url}/completions", json=body,
                                    headers={"Authorization": "Bearer key-bob"}) as response:
                 async for line in response.aiter_lines():
-                    lines.append(line)
+                    if line:
+                        lines.append(line)
         for task in hold:
             task.cancel()
         await asyncio.gather(*hold, return_exceptions=True)
