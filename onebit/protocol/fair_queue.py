@@ -73,12 +73,17 @@ class FairQueue(Generic[T]):
         heapq.heappush(line.heap, (priority, order, item))
         self._where[id(item)] = key
 
+    @staticmethod
+    def _turn(line: UserLine[T]) -> tuple:
+        """Which waiting user goes next: least served, then fewer running, then its head's (priority, arrival)."""
+        return (line.served, line.running, line.heap[0][0], line.heap[0][1])
+
     def _best(self) -> UserLine[T] | None:
         best, best_key = None, None
         for line in self._users.values():
             if not line.heap:
                 continue
-            key = (line.served, line.running, line.heap[0][0], line.heap[0][1])
+            key = self._turn(line)
             if best_key is None or key < best_key:
                 best, best_key = line, key
         return best
@@ -162,7 +167,7 @@ class FairQueue(Generic[T]):
         mine = next(e for e in line.heap if e[2] is item)
         within = sum(1 for e in line.heap if e[:2] < mine[:2])
         waiting = [u for u in self._users.values() if u.heap]
-        rank = sum(1 for u in waiting if (u.served, u.running) < (line.served, line.running))
+        rank = sum(1 for u in waiting if self._turn(u) < self._turn(line))
         return within * len(waiting) + rank + 1
 
     def waiting_by_user(self) -> dict[str, int]:
