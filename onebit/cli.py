@@ -117,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="one first-come-first-served line for everyone, instead of sharing slots and "
                             "prefill fairly between users (API key name, else the `user` field)")
     serve.add_argument("--priority-preempt", action="store_true",
-                       help="a request with a lower `priority` value preempts a running one of the same user")
+                       help="inside the engine, a waiting request with a lower `priority` value preempts a running "
+                            "one of the same user (acts when the engine holds more requests than slots, e.g. "
+                            "--backend 'native?slots=N' with N above --parallel)")
     serve.add_argument("--props-show-path", action="store_true", help="/props shows the model's file path")
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
