@@ -262,3 +262,31 @@ def test_a_request_without_a_known_key_is_401(server):
     """The key file's keys are the only ones."""
     with pytest.raises(openai.AuthenticationError):
         sync_client(server, "key-mallory").completions.create(model="tiny", prompt="x", max_tokens=2)
+
+
+def test_priority_orders_one_users_waiting_requests(server):
+    """Alice's two waiting requests: the one with the lower `priority` value gets the next slot."""
+    async def main():
+        await idle(server)
+        alice = client(server, "key-alice")
+        done: list[str] = []
+
+        async def one(name, priority):
+            await alice.completions.create(model="tiny", prompt=name, max_tokens=5,
+                                           extra_body={"priority": priority, "ignore_eos": True})
+            done.append(name)
+
+        hold = [asyncio.create_task(alice.completions.create(model="tiny", prompt=f"hold {i}", **LONG))
+                for i in range(2)]
+        await wait_for(lambda: queue_view(server).get("alice", {}).get("running", 0) == 2, "slots taken")
+        later = asyncio.create_task(one("later", 5))
+        await wait_for(lambda: queue_view(server)["alice"]["waiting"] == 1, "first waiting")
+        sooner = asyncio.create_task(one("sooner", -1))
+        await wait_for(lambda: queue_view(server)["alice"]["waiting"] == 2, "both waiting")
+        hold[0].cancel()  # one slot frees; the other stays busy until the end
+        await asyncio.gather(later, sooner)
+        hold[1].cancel()
+        await asyncio.gather(*hold, return_exceptions=True)
+        return done
+
+    assert asyncio.run(main()) == ["sooner", "later"]
