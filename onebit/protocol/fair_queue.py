@@ -110,7 +110,15 @@ class FairQueue(Generic[T]):
         line = self._users[key]
         line.heap = [entry for entry in line.heap if entry[2] is not item]
         heapq.heapify(line.heap)
+        self._forget_if_idle(key)
         return True
+
+    def _forget_if_idle(self, key: str) -> None:
+        """Drop a user with nothing waiting or running whose service is not ahead of the virtual
+        time (coming back, it would start there anyway), so the table holds only users that matter."""
+        line = self._users.get(key)
+        if line is not None and not line.heap and not line.running and line.served <= self._virtual_time():
+            del self._users[key]
 
     def user_of(self, item: T) -> str | None:
         """The line `item` waits in, or None."""
@@ -147,8 +155,7 @@ class FairQueue(Generic[T]):
         if line is None:
             return
         line.running = max(0, line.running - 1)
-        if not line.heap and not line.running and line.served <= self._virtual_time():
-            del self._users[key]
+        self._forget_if_idle(key)
 
     def served(self, user: str | None) -> float:
         """The user's service count (virtual time)."""

@@ -35,29 +35,34 @@ class UserBook:
         self._requests: dict[str, str] = {}  # request id -> user, while it streams
         self._queued_at: dict[str, list[float]] = {}
 
-    def _get(self, user: str | None) -> UserCounts:
+    def _name(self, user: str | None) -> str:
+        """The name counts are kept under: the user's, or "other" once MAX_USERS names are known."""
         name = user or ANONYMOUS
+        return name if name in self.users or len(self.users) < MAX_USERS else OTHER
+
+    def _get(self, user: str | None) -> UserCounts:
+        name = self._name(user)
         counts = self.users.get(name)
         if counts is None:
-            if len(self.users) >= MAX_USERS:
-                name = OTHER
-                counts = self.users.get(OTHER)
-            if counts is None:
-                counts = self.users[name] = UserCounts()
+            counts = self.users[name] = UserCounts()
         return counts
 
     def joined_queue(self, user: str | None) -> None:
         """A request of the user started waiting."""
         self._get(user).waiting += 1
-        self._queued_at.setdefault(user or ANONYMOUS, []).append(time.monotonic())
+        self._queued_at.setdefault(self._name(user), []).append(time.monotonic())
 
     def left_queue(self, user: str | None) -> None:
-        """A request of the user stopped waiting (it got a slot or gave up)."""
+        """A request of the user stopped waiting (it got a slot or gave up); its wait is counted
+        from the user's oldest waiting request (one user's line is mostly first in, first out)."""
         counts = self._get(user)
         counts.waiting = max(0, counts.waiting - 1)
-        stamps = self._queued_at.get(user or ANONYMOUS)
+        name = self._name(user)
+        stamps = self._queued_at.get(name)
         if stamps:
             counts.wait_s += time.monotonic() - stamps.pop(0)
+            if not stamps:
+                del self._queued_at[name]
 
     def started(self, user: str | None) -> None:
         """A request of the user took a slot."""
