@@ -3,8 +3,9 @@
 Running decodes go first (one token each), then running prefills continue in chunks,
 then waiting sequences are admitted while slots, blocks and the token budget allow: the
 least-served user's first, in arrival order within a user (`fair_admission.py`; with one user
-this is first in, first out), and running sequences take the budget in the same fair order. When blocks run out, the most recently admitted sequence is preempted:
-its blocks are freed and it goes back to the head of the queue, to be recomputed.
+this is first in, first out), and running sequences take the budget in the same fair order.
+When blocks run out, the most recently admitted sequence is preempted: its blocks are freed
+and it goes back to the head of its user's line, to be recomputed.
 
 The scheduler also owns every change to a sequence's state around a step (computed
 tokens, appended tokens, rolled-back drafts, committed and freed blocks); the engine
