@@ -31,7 +31,8 @@ class Router:
     fewer than its limit; when all are full it waits, at most `max_queue` requests
     in all (beyond it: QueueFull). The line is shared fairly between users (least
     tokens served first, see `onebit.protocol.fair_queue`; `fair=False`: one FIFO line).
-    With one backend this is a plain admission gate; with a primary and a secondary it is issue 4's adaptive mode.
+    With one backend this is a plain admission gate; with a primary and a secondary it is
+    issue 4's adaptive mode.
 
     `overflow` says where requests go once the primary's limit is reached:
     "spill" (default) keeps filling the primary to its limit and sends only the excess on, right
