@@ -4,6 +4,7 @@ request, and text in a message never becomes a special token. Identity from the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import httpx
@@ -18,19 +19,30 @@ GREEDY = {"max_tokens": 24, "temperature": 0, "extra_body": {"ignore_eos": True}
 PROMPTS = {"u1": "one fish", "u2": "two fish", "u3": "red fish"}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    """A server whose engine injects faults for the users 'victim' and 'broken' (no API keys)."""
+@contextlib.contextmanager
+def faulty_server(model_dir, faults: str, *args: str):
+    """A server whose engine injects `faults` (ONEBIT_INJECT_FAULTS set only for its start)."""
     previous = os.environ.get("ONEBIT_INJECT_FAULTS")
-    os.environ["ONEBIT_INJECT_FAULTS"] = FAULTS
+    os.environ["ONEBIT_INJECT_FAULTS"] = faults
     try:
-        with running_server(tiny_model_dir, "--parallel", "4", "--ctx-size", "256", "--alias", "tiny") as srv:
-            yield srv
+        server = running_server(model_dir, "--parallel", "4", "--ctx-size", "256", "--alias", "tiny", *args)
+        srv = server.__enter__()
     finally:
         if previous is None:
             os.environ.pop("ONEBIT_INJECT_FAULTS", None)
         else:
             os.environ["ONEBIT_INJECT_FAULTS"] = previous
+    try:
+        yield srv
+    finally:
+        server.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    """Faults for the users 'victim' (sampler) and 'broken' (detokenizer); no API keys."""
+    with faulty_server(tiny_model_dir, FAULTS) as srv:
+        yield srv
 
 
 def aclient(server) -> openai.AsyncOpenAI:
@@ -64,6 +76,20 @@ def test_a_fault_in_one_request_ends_only_that_request(server, bad_user):
     # The server goes on serving that user's neighbours and the user too (a request without the fault).
     again = asyncio.run(run_users(server, {"u1": PROMPTS["u1"]}))
     assert again == {"u1": alone["u1"]}
+
+
+def test_a_drafter_fault_ends_only_its_request(tiny_model_dir):
+    """With n-gram drafting on every step, a request whose drafter fails ends with an error; the
+    three beside it produce what they produce alone."""
+    with faulty_server(tiny_model_dir, "drafter:victim:3", "--ngram", "--draft-policy", "always") as srv:
+        alone = asyncio.run(run_users(srv, PROMPTS))
+        together = asyncio.run(run_users(srv, {**PROMPTS, "victim": "blue fish"}))
+        log = srv.log()
+    failure = together.pop("victim")
+    assert isinstance(failure, openai.InternalServerError)
+    assert "drafting" in failure.response.json()["error"]["message"]
+    assert together == alone
+    assert "failed in the drafter" in log
 
 
 def test_a_stream_that_failed_does_not_look_finished(server):

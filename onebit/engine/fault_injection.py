@@ -2,7 +2,7 @@
 
 Off unless the environment variable ONEBIT_INJECT_FAULTS is set (tests set it on the server they
 start; nothing a client sends can turn it on). Its value is a comma-separated list of
-`PLACE:USER:AFTER`: the engine raises InjectedFault at PLACE ("sampler" or "detokenizer") for
+`PLACE:USER:AFTER`: the engine raises InjectedFault at PLACE ("sampler", "detokenizer" or "drafter") for
 every sequence of user USER that has at least AFTER output tokens.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from onebit.engine.sequence import Sequence
 
 ENV = "ONEBIT_INJECT_FAULTS"
-PLACES = ("sampler", "detokenizer")
+PLACES = ("sampler", "detokenizer", "drafter")
 
 
 class InjectedFault(RuntimeError):

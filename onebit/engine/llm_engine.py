@@ -50,6 +50,7 @@ class LLMEngine:
         self._inflight: LaunchedStep | None = None
         self._arrivals = itertools.count()
         self.faults = FaultInjector.from_env()  # None unless a test asks for faults
+        self.speculator.faults = self.faults
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
@@ -117,10 +118,13 @@ class LLMEngine:
             self.busy_s += time.perf_counter() - started
         return deltas
 
-    def _schedule(self, previous: LaunchedStep | None):
+    def _schedule(self, previous: LaunchedStep | None, deltas: list[StepDelta]):
         """Drafts (the speculator), placeholders for `previous`'s tokens (overlap), then the plan.
-        Returns (plan, drafting sequences, whether any sequence was chosen to draft)."""
+        Returns (plan, drafting sequences, whether any sequence was chosen to draft). A request
+        whose drafting failed is failed here (its error delta goes to `deltas`), the others go on."""
         drafting, chose = self.speculator.propose(self.scheduler)
+        for seq in self.speculator.failed:
+            deltas.append(self._fail(seq, "internal error while drafting"))
         if previous is not None:
             self.scheduler.add_placeholders(previous.plain)
         plan = self.scheduler.schedule()
@@ -131,7 +135,7 @@ class LLMEngine:
         """Schedule, forward and queue the sampling of one step; None when nothing runs (or it
         failed, whose deltas go to `deltas`)."""
         started = time.perf_counter()  # drafting counts: a draft model's forwards are part of a step's cost
-        plan, drafting, chose = self._schedule(previous)
+        plan, drafting, chose = self._schedule(previous, deltas)
         if not plan:
             return None
         decodes = sum(1 for seq, _ in plan if seq.num_computed_tokens > 0)
