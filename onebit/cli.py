@@ -108,8 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"], help=argparse.SUPPRESS)
     _add_backend_arguments(serve)
     serve.add_argument("--alias", help="model name clients use (default: directory name)")
-    serve.add_argument("--api-key", help="require this key on every API route")
+    serve.add_argument("--api-key", help="require this key on every API route (its user is named 'default')")
+    serve.add_argument("--api-key-file", metavar="FILE",
+                       help="named keys with limits, one per line: KEY NAME [max_concurrent=N] [max_queued=N] "
+                            "[tpm=N] (requests running or waiting, requests waiting, tokens per minute; "
+                            "over a limit: 429 with Retry-After); '#' starts a comment")
     serve.add_argument("--max-queue", type=int, default=1024, help="requests that may wait for a slot")
+    serve.add_argument("--max-prompts-per-request", type=_positive, default=64,
+                       help="prompts one /v1/completions request may carry (more: 400)")
+    serve.add_argument("--no-fair-share", action="store_true",
+                       help="one first-come-first-served line for everyone, instead of sharing slots and "
+                            "prefill fairly between users (API key name, else the `user` field)")
+    serve.add_argument("--priority-preempt", action="store_true",
+                       help="inside the engine, a waiting request with a lower `priority` value preempts a running "
+                            "one of the same user (acts when the engine holds more requests than slots, e.g. "
+                            "--backend 'native?slots=N' with N above --parallel)")
+    serve.add_argument("--props-show-path", action="store_true", help="/props shows the model's file path")
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub.add_parser("bench", help="measure tokens/s of a server (see `1bit bench --help`)", add_help=False)
@@ -246,6 +260,7 @@ def serve(args: argparse.Namespace) -> int:
                               enable_prefix_caching=not args.no_prefix_caching,
                               cuda_graphs=not args.no_cuda_graphs, overlap=args.overlap,
                               triton_gemv=not args.no_triton_gemv, quantize=args.quantize,
+                              fair_share=not args.no_fair_share, priority_preempt=args.priority_preempt,
                               load_format=args.load_format, speculative=speculative)
     except ValueError as error:
         return _fail(str(error))
@@ -258,7 +273,8 @@ def serve(args: argparse.Namespace) -> int:
         backends = build_backends(specs, slots, config, options)
     except ValueError as error:
         return _fail(str(error))
-    router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options))
+    router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options),
+                    fair=not args.no_fair_share)
     name, info = _model_identity(path, args.alias)
     failure: list[str] = []
 
@@ -266,9 +282,17 @@ def serve(args: argparse.Namespace) -> int:
         failure.append(message)
         server.request_exit()
 
+    from onebit.api.auth import build_keys
+    from onebit.api.state import ServePolicy
+
+    try:
+        keys = build_keys(args.api_key, args.api_key_file)
+    except (OSError, ValueError) as error:
+        return _fail(f"--api-key-file: {error}")
+    policy = ServePolicy(max_prompts_per_request=args.max_prompts_per_request, props_show_path=args.props_show_path)
     app = create_app(router, model_name=name, model_path=str(path), load_tokenizer=lambda: Tokenizer.from_dir(path),
-                     api_key=args.api_key, max_body_bytes=args.max_body_bytes, on_load_error=on_load_error,
-                     model_info=info)
+                     max_body_bytes=args.max_body_bytes, on_load_error=on_load_error, model_info=info,
+                     keys=keys, policy=policy)
     server = make_server(app, args.host, args.port, args.log_level)
     code = run_server(server)
     if failure:

@@ -10,11 +10,12 @@ from typing import Callable
 from fastapi import FastAPI
 
 from onebit._version import __version__
-from onebit.api import routes_chat, routes_completions, routes_info
+from onebit.api import routes_chat, routes_completions, routes_info, routes_queue
+from onebit.api.auth import KeyInfo
 from onebit.api.errors import install_error_handlers
 from onebit.api.metrics import Metrics
 from onebit.api.middleware import APIKeyMiddleware, BodyLimitMiddleware
-from onebit.api.state import ServerState
+from onebit.api.state import ServePolicy, ServerState
 from onebit.router import Router
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,15 @@ def begin_shutdown(app: FastAPI) -> None:
 
 def create_app(router: Router, *, model_name: str, model_path: str, load_tokenizer: Callable[[], object],
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None) -> FastAPI:
-    """Build the server app; the model loads after startup, so /health says 503 until then."""
+               on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None,
+               keys: dict[str, KeyInfo] | None = None, policy: ServePolicy | None = None) -> FastAPI:
+    """Build the server app; the model loads after startup, so /health says 503 until then.
+    `keys` are the named API keys (`onebit.api.auth`), besides the single `api_key`."""
+    keys = dict(keys or {})
+    if api_key:
+        keys.setdefault(api_key, KeyInfo("default"))
     state = ServerState(router=router, model_name=model_name, model_path=model_path, metrics=Metrics(router),
-                        model_info=model_info)
+                        model_info=model_info, policy=policy or ServePolicy())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -74,8 +80,9 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
     app.include_router(routes_info.router)
     app.include_router(routes_chat.router)
     app.include_router(routes_completions.router)
+    app.include_router(routes_queue.router)
     # Added last = outermost: the key is checked before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
-    if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if keys:
+        app.add_middleware(APIKeyMiddleware, keys=keys)
     return app

@@ -39,6 +39,16 @@ class TooLarge(RequestError):
     kind = "too_large"
 
 
+class RateLimited(RequestError):
+    """Over one of the key's limits; `retry_after` seconds is when trying again can succeed."""
+
+    kind = "rate_limited"
+
+    def __init__(self, message: str, retry_after: int, code: str | None = None):
+        super().__init__(message, None, code)
+        self.retry_after = max(1, int(retry_after))
+
+
 # kind -> (HTTP status, error type, default code)
 ERRORS: dict[str, tuple[int, str, str | None]] = {
     "invalid_request": (400, "invalid_request_error", "invalid_value"),
@@ -47,6 +57,7 @@ ERRORS: dict[str, tuple[int, str, str | None]] = {
     "not_found": (404, "not_found_error", "not_found"),
     "method_not_allowed": (405, "invalid_request_error", "method_not_allowed"),
     "too_large": (413, "invalid_request_error", "request_too_large"),
+    "rate_limited": (429, "rate_limit_error", "rate_limit_exceeded"),
     "cancelled": (499, "cancelled_error", "cancelled"),  # nginx's "client closed request": nobody reads it
     "internal": (500, "server_error", "internal_error"),
     "overloaded": (503, "unavailable_error", "queue_full"),
@@ -68,8 +79,10 @@ def error_body(error: RequestError) -> dict:
 
 
 def error_response(error: RequestError) -> JSONResponse:
-    """The error as an HTTP response."""
-    return JSONResponse(error_body(error), status_code=status_of(error))
+    """The error as an HTTP response (with `Retry-After` when the error says when to retry)."""
+    retry_after = getattr(error, "retry_after", None)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse(error_body(error), status_code=status_of(error), headers=headers)
 
 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "TextPart"})

@@ -9,8 +9,10 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from onebit.api.auth import KeyInfo
 from onebit.api.responses import Timings
 from onebit.api.state import ServerState
+from onebit.protocol.fair_queue import ANONYMOUS
 from onebit.protocol import GenerateRequest, InternalError, RequestError, SamplingParams, StepDelta
 from onebit.router import RouterError, Ticket
 
@@ -26,15 +28,18 @@ class Choice:
     params: SamplingParams
     request_id: str
     prompt_text: str | None = None
+    user: str = ANONYMOUS  # whose request (set at admission, `onebit.api.admission`)
+    priority: int = 0
+    key: KeyInfo | None = None
 
 
-def take_tickets(state: ServerState, count: int) -> list[Ticket]:
+def take_tickets(state: ServerState, count: int, user: str | None = None, priority: int = 0) -> list[Ticket]:
     """Reserve (or queue for) `count` slots now; all or nothing (the router's Overloaded when the
     queue is full, Unavailable when nothing can serve)."""
     tickets: list[Ticket] = []
     try:
         for _ in range(count):
-            tickets.append(state.router.ticket())
+            tickets.append(state.router.ticket(user=user, priority=priority))
     except RouterError:
         for ticket in tickets:
             ticket.close()
@@ -51,7 +56,8 @@ async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> Asyn
     """
     metrics = state.metrics
     arrival = time.monotonic()
-    request = GenerateRequest(choice.request_id, choice.prompt_token_ids, choice.params, choice.prompt_text)
+    request = GenerateRequest(choice.request_id, choice.prompt_token_ids, choice.params, choice.prompt_text,
+                              user=choice.user, priority=choice.priority)
     routed = state.router.stream(ticket, request)
     last = None
     finished = False
@@ -75,6 +81,7 @@ async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> Asyn
                     metrics.prompt_tokens.labels(name).inc(delta.num_prompt_tokens or len(choice.prompt_token_ids))
                     metrics.generation_tokens.labels(name).inc(delta.num_output_tokens)
                     metrics.e2e.labels(name).observe(now - arrival)
+                    state.limits.record(choice.user, choice.key, delta.num_output_tokens)
                     if reason in ("error", "abort"):
                         raise InternalError(delta.error or f"request {reason}ed by the engine")
                 yield delta

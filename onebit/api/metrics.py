@@ -5,6 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from onebit.api.user_metrics import UserCollector
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
@@ -98,6 +100,7 @@ class Metrics:
         self.e2e = Histogram("onebit:e2e_request_latency_seconds", "Request latency, arrival to last token",
                              ["backend"], buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_BackendCollector(router))
+        r.register(UserCollector(router))
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

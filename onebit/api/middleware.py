@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 
 from fastapi import HTTPException
 
+from onebit.api.auth import KeyInfo, match_key
 from onebit.api.errors import TooLarge, Unauthorized, error_body, status_of
 from onebit.protocol.errors import RequestError
 
@@ -28,24 +28,20 @@ async def _drain(receive) -> None:
 
 
 class APIKeyMiddleware:
-    """Answers 401 unless `Authorization: Bearer KEY` (or `x-api-key: KEY`) matches."""
+    """Answers 401 unless `Authorization: Bearer KEY` (or `x-api-key: KEY`) is one of `keys`; a known
+    key's KeyInfo goes into the request's state as `api_key` (whose user it is, its limits)."""
 
-    def __init__(self, app, api_key: str):
+    def __init__(self, app, keys: dict[str, KeyInfo]):
         self.app = app
-        self._key = api_key.encode()
-
-    def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        for name, value in headers:
-            if name == b"authorization" and value[:7].lower() == b"bearer ":
-                if hmac.compare_digest(value[7:].strip(), self._key):
-                    return True
-            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self._key):
-                return True
-        return False
+        self._keys = {key.encode(): info for key, info in keys.items()}
 
     async def __call__(self, scope, receive, send):
         """ASGI entry."""
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or self._authorized(scope["headers"]):
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            return await self.app(scope, receive, send)
+        info = match_key(self._keys, scope["headers"])
+        if info is not None:
+            scope.setdefault("state", {})["api_key"] = info
             return await self.app(scope, receive, send)
         await _drain(receive)
         await _send_error(send, Unauthorized("invalid or missing API key"))

@@ -17,7 +17,10 @@ from fastapi.responses import Response, StreamingResponse
 from onebit.api.errors import error_body
 from onebit.api.formatters import Collected, Formatter
 from onebit.api.formatting import SSE_DONE, SSE_HEADERS, ChunkWriter, sse
-from onebit.api.generation import Choice, TokenCounter, merge_choices, take_tickets
+from onebit.api.admission import admit
+from onebit.api.generation import Choice, TokenCounter, merge_choices
+from onebit.api.protocol import SamplingFields
+from onebit.api.queue_notice import queue_notices
 from onebit.api.state import ServerState
 from onebit.protocol import Cancelled, InternalError, RequestError
 from onebit.router import Ticket
@@ -26,10 +29,11 @@ log = logging.getLogger("onebit.api")
 
 
 async def serve(http: Request, state: ServerState, fmt: Formatter, choices: list[Choice], *, stream: bool,
-                include_usage: bool) -> Response:
-    """Take the choices' slots now (so a full queue is a 503 before any stream starts), then
-    stream their chunks as SSE or answer with the whole response."""
-    tickets = take_tickets(state, len(choices))
+                include_usage: bool, fields: SamplingFields | None = None) -> Response:
+    """Admit the request and take its slots now (so a full queue is a 503, a key over its limits
+    a 429, before any stream starts), then stream its chunks as SSE or answer with the whole
+    response. `fields` is the API request (its `user` and `priority`)."""
+    tickets = admit(http, state, choices, fields)
     if stream:
         events = stream_events(state, fmt, choices, tickets, include_usage)
         return StreamingResponse(guarded_sse(events, f"stream {fmt.rid}"), media_type="text/event-stream",
@@ -46,6 +50,8 @@ async def stream_events(state: ServerState, fmt: Formatter, choices: list[Choice
     counter = TokenCounter()
     out = ChunkWriter(fmt.chunk_type, fmt.rid, fmt.chunk_object, state.model_name, include_usage, len(choices),
                       counter)
+    async for comment in queue_notices(state.router, tickets):
+        yield comment
     for item in fmt.opening():
         yield out.chunk([item])
     async with contextlib.aclosing(merge_choices(state, choices, tickets)) as merged:

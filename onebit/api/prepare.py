@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from onebit.api.admission import check_prompt_count
 from onebit.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from onebit.api.state import ServerState
 from onebit.protocol import InvalidRequest, SamplingParams, check_n, check_prompt
@@ -25,16 +26,20 @@ def message_to_dict(message: ChatMessage) -> dict:
     return out
 
 
-def render_chat(state: ServerState, messages: list[ChatMessage], tools=None, template_kwargs=None) -> str:
-    """Apply the model's chat template; template failures are the client's 400."""
+def _template_call(call, param_messages: str = "messages"):
+    """Run a chat template call; template failures are the client's 400."""
     try:
-        return state.tokenizer.apply_chat_template([message_to_dict(m) for m in messages],
-                                                   add_generation_prompt=True, tools=tools,
-                                                   **(template_kwargs or {}))
+        return call()
     except ValueError as error:
-        raise InvalidRequest(f"cannot apply the chat template: {error}", "messages") from None
+        raise InvalidRequest(f"cannot apply the chat template: {error}", param_messages) from None
     except TypeError as error:  # e.g. a chat_template_kwargs key clashing with a parameter
         raise InvalidRequest(f"cannot apply the chat template: {error}", "chat_template_kwargs") from None
+
+
+def render_chat(state: ServerState, messages: list[ChatMessage], tools=None, template_kwargs=None) -> str:
+    """Apply the model's chat template (the prompt as text)."""
+    return _template_call(lambda: state.tokenizer.apply_chat_template(
+        [message_to_dict(m) for m in messages], add_generation_prompt=True, tools=tools, **(template_kwargs or {})))
 
 
 def check_ids(state: ServerState, ids: list[int], param: str) -> None:
@@ -44,9 +49,11 @@ def check_ids(state: ServerState, ids: list[int], param: str) -> None:
 
 
 def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> tuple[str, list[int]]:
-    """The rendered prompt text and its token ids."""
-    text = render_chat(state, request.messages, request.tools, request.chat_template_kwargs)
-    ids = state.tokenizer.encode(text, add_special_tokens=False)
+    """The rendered prompt text and its token ids; special-token strings inside message content are
+    tokenized as plain text (only the template makes special tokens)."""
+    text, ids = _template_call(lambda: state.tokenizer.chat_prompt_ids(
+        [message_to_dict(m) for m in request.messages], add_generation_prompt=True, tools=request.tools,
+        **(request.chat_template_kwargs or {})))
     return text, check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, "messages")
 
 
@@ -61,6 +68,7 @@ def completion_prompts(state: ServerState, request: CompletionRequest) -> list[l
         prompts = list(prompt)
     if not prompts:
         raise InvalidRequest("the prompt is empty", "prompt")
+    check_prompt_count(state, len(prompts))
     out = []
     for p in prompts:
         ids = state.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p)

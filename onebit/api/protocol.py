@@ -65,6 +65,7 @@ class SamplingFields(_Lenient):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    priority: int | None = None  # vLLM's: lower is sooner, among one user's requests
     ignore_eos: bool = False
     min_tokens: int = 0
     speculative: Speculative | None = None

@@ -16,7 +16,7 @@ from onebit.api.responses import ChatCompletionResponse
 
 router = APIRouter()
 
-ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500, 503)}
+ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 500, 503)}
 
 
 @router.post("/v1/chat/completions", response_model=None,
@@ -34,4 +34,5 @@ async def chat_completions(request: ChatCompletionRequest, http: Request):
     split = request.reasoning_format != "none"
     fmt = ChatFormatter(state, rid, choices, split, split and prompt_opens_reasoning(prompt_text))
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return await serve(http, state, fmt, choices, stream=request.stream, include_usage=include_usage)
+    return await serve(http, state, fmt, choices, stream=request.stream, include_usage=include_usage,
+                       fields=request)

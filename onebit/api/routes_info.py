@@ -71,12 +71,24 @@ async def slots(http: Request) -> list[dict]:
     return _state(http).router.slots()
 
 
+def _without_paths(info: dict) -> dict:
+    """A backend's /props facts with file paths cut to their last part (`--props-show-path` keeps them)."""
+    out = dict(info)
+    for key in ("model", "binary", "log"):
+        value = out.get(key)
+        if isinstance(value, str) and "/" in value and "://" not in value:
+            out[key] = value.rstrip("/").rsplit("/", 1)[-1]
+    return out
+
+
 @router.get("/props", responses=ERROR_RESPONSES)
 async def props(http: Request) -> dict:
     """Server and model properties, and each backend's kind, device, capacity, load and stats."""
     state = _state(http)
     router_ = state.router
     backends = router_.backends_info()
+    if not state.policy.props_show_path:
+        backends = [_without_paths(info) for info in backends]
     for info, route in zip(backends, router_.routes):
         stats = route.backend.stats()
         info["stats"] = {"num_running": stats.num_running, "num_waiting": stats.num_waiting,
@@ -85,7 +97,7 @@ async def props(http: Request) -> dict:
     template = getattr(state.tokenizer, "chat_template", None)
     return {
         "model_alias": state.model_name,
-        "model_path": state.model_path,
+        "model_path": state.model_path if state.policy.props_show_path else state.model_name,
         "model_info": state.model_info,
         "n_ctx": state.n_ctx,
         "total_slots": sum(r.limit for r in router_.routes),

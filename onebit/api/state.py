@@ -5,9 +5,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from onebit.api.limits import RateLimits
 from onebit.api.metrics import Metrics
 from onebit.protocol.errors import NotFound, Unavailable
 from onebit.router import Router
+
+
+@dataclass
+class ServePolicy:
+    """Serving rules the operator sets: how much one request may ask for, and what /props shows."""
+
+    max_prompts_per_request: int = 64
+    props_show_path: bool = False
 
 
 @dataclass
@@ -22,6 +31,8 @@ class ServerState:
     tokenizer: object | None = None
     n_ctx: int | None = None
     load_error: str | None = None
+    policy: ServePolicy = field(default_factory=ServePolicy)
+    limits: RateLimits = field(default_factory=RateLimits)
     created: int = field(default_factory=lambda: int(time.time()))
     _piece_cache: dict[int, str] = field(default_factory=dict)
 

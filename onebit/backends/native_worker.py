@@ -75,9 +75,9 @@ def serve_engine(engine, conn: Connection) -> None:
                 return
             kind = message[0]
             if kind == "add":
-                _, request_id, prompt_token_ids, params = message
+                _, request_id, prompt_token_ids, params, *who = message  # who: (user, priority)
                 try:
-                    engine.add_request(request_id, prompt_token_ids, params)
+                    engine.add_request(request_id, prompt_token_ids, params, *who)
                 except Exception as error:  # a bad request must never kill the worker
                     conn.send(("rejected", request_id, _rejection(error)))
             elif kind == "abort":

@@ -120,6 +120,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
              num_blocks, config.block_size, num_blocks * kv_block_bytes(cfg, config.block_size, dtype) / 2**20,
              ctx_size, config.parallel, "; overlapped steps" if overlap else "")
     parts = EngineParts(path, device, dtype, tokenizer, cfg, eos, ctx_size, per_block,
-                        Scheduler(blocks, config.parallel, config.max_batch_tokens), runner, sampler, speculator,
+                        Scheduler(blocks, config.parallel, config.max_batch_tokens, config.fair_share,
+                                  config.priority_preempt), runner, sampler, speculator,
                         OutputProcessor(tokenizer, eos), overlap)
     return LLMEngine(config, parts)

@@ -47,6 +47,8 @@ class EngineConfig:
     overlap: bool | None = None
     triton_gemv: bool = True
     quantize: str | None = None
+    fair_share: bool = True  # share slots and prefill between users by least service (False: FIFO)
+    priority_preempt: bool = False  # a waiting request of lower priority value preempts its user's running one
 
     def __post_init__(self) -> None:
         if self.parallel < 1:

@@ -15,6 +15,7 @@ import time
 import torch
 
 from onebit.engine.config import EngineConfig
+from onebit.engine.fault_injection import FaultInjector
 from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta, TokenLogprob
 from onebit.engine.parts import EngineParts, LaunchedStep
 from onebit.engine.sampler import SampledBatch
@@ -48,6 +49,8 @@ class LLMEngine:
         self._pending: list[StepDelta] = []
         self._inflight: LaunchedStep | None = None
         self._arrivals = itertools.count()
+        self.faults = FaultInjector.from_env()  # None unless a test asks for faults
+        self.speculator.faults = self.faults
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
@@ -57,14 +60,16 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raise InvalidRequest (ContextOverflow for a prompt too long) for bad input."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    user: str = "anonymous", priority: int = 0) -> None:
+        """Queue a request of `user` (lower `priority` first among that user's); raise InvalidRequest
+        (ContextOverflow for a prompt too long) for bad input."""
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         check_request(prompt_token_ids, params, self.model_config.vocab_size, self.ctx_size)
         n = len(prompt_token_ids)
         limit = self.ctx_size if params.max_tokens is None else min(self.ctx_size, n + params.max_tokens)
-        seq = Sequence(request_id, prompt_token_ids, params, limit, next(self._arrivals))
+        seq = Sequence(request_id, prompt_token_ids, params, limit, next(self._arrivals), user, priority)
         if params.seed is not None:
             seq.generator = self.sampler.make_generator(params.seed)
         self.outputs.start(seq)
@@ -113,10 +118,13 @@ class LLMEngine:
             self.busy_s += time.perf_counter() - started
         return deltas
 
-    def _schedule(self, previous: LaunchedStep | None):
+    def _schedule(self, previous: LaunchedStep | None, deltas: list[StepDelta]):
         """Drafts (the speculator), placeholders for `previous`'s tokens (overlap), then the plan.
-        Returns (plan, drafting sequences, whether any sequence was chosen to draft)."""
+        Returns (plan, drafting sequences, whether any sequence was chosen to draft). A request
+        whose drafting failed is failed here (its error delta goes to `deltas`), the others go on."""
         drafting, chose = self.speculator.propose(self.scheduler)
+        for seq in self.speculator.failed:
+            deltas.append(self._fail(seq, "internal error while drafting"))
         if previous is not None:
             self.scheduler.add_placeholders(previous.plain)
         plan = self.scheduler.schedule()
@@ -127,25 +135,55 @@ class LLMEngine:
         """Schedule, forward and queue the sampling of one step; None when nothing runs (or it
         failed, whose deltas go to `deltas`)."""
         started = time.perf_counter()  # drafting counts: a draft model's forwards are part of a step's cost
-        plan, drafting, chose = self._schedule(previous)
+        plan, drafting, chose = self._schedule(previous, deltas)
         if not plan:
             return None
         decodes = sum(1 for seq, _ in plan if seq.num_computed_tokens > 0)
         try:
             fed = previous.sampled.tokens if previous is not None else None
             out = self.runner.run(plan, want_hidden=self.speculator.needs_hidden(plan, chose), fed_tokens=fed)
-            plain = [(seq, row) for seq, row, count in out.rows if not seq.num_draft]
-            sampled = self._sample(out.logits, plain) if plain else None
         except Exception as exc:  # a failed forward fails the step's requests, not the engine
             log.exception("step failed")
             deltas += [self._fail(seq, f"internal error during the forward pass: {exc}") for seq, _ in plan]
             return None
+        plain = [(seq, row) for seq, row, count in out.rows if not seq.num_draft]
+        sampled = None
+        if plain:
+            try:
+                sampled = self._sample(out.logits, plain)
+            except Exception:  # whose fault? sample each alone, fail only those that fail, then the rest again
+                plain = self._without_failing(out.logits, plain, deltas)
+                try:
+                    sampled = self._sample(out.logits, plain) if plain else None
+                except Exception as exc:  # each row samples alone but not together: fail them all
+                    log.exception("step failed")
+                    deltas += [self._fail(seq, f"internal error during sampling: {exc}") for seq, _ in plain]
+                    plain, sampled = [], None
         computed = self.scheduler.mark_computed(plan)
         return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting, started)
+
+    def _without_failing(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]],
+                         deltas: list[StepDelta]) -> list[tuple[Sequence, int]]:
+        """After a batch failed to sample: try each row alone; fail the requests whose row fails
+        (their error delta goes to `deltas`) and return the others. A seeded request's generator
+        may have moved in the failed attempt; greedy requests are unaffected."""
+        kept = []
+        for seq, row in plain:
+            try:
+                self._sample(logits, [(seq, row)]).resolve()
+            except Exception as exc:
+                log.exception("request %s failed in the sampler", seq.request_id)
+                deltas.append(self._fail(seq, f"internal error during sampling: {exc}"))
+            else:
+                kept.append((seq, row))
+        return kept
 
     def _sample(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]]) -> SampledBatch:
         """Sample one token for each (sequence, logits row); the common all-rows case needs no gather,
         which on a 152k vocabulary is a copy of the whole logits tensor per step."""
+        if self.faults is not None:
+            for seq, _ in plain:
+                self.faults.check("sampler", seq)
         rows = [row for _, row in plain]
         if rows != list(range(logits.shape[0])):
             logits = logits[upload(rows, torch.long, logits.device)]
@@ -182,6 +220,8 @@ class LLMEngine:
     def _append(self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> StepDelta:
         """Append tokens in order, stopping at the first that ends the request; one delta for all."""
         taken, text, reason = [], "", None
+        if self.faults is not None:
+            self.faults.check("detokenizer", seq)
         for token in tokens:
             self.scheduler.append(seq, token)
             taken.append(token)

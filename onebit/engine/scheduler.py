@@ -1,9 +1,11 @@
 """Decides, at every step, which sequences run and how many tokens each computes.
 
 Running decodes go first (one token each), then running prefills continue in chunks,
-then waiting sequences are admitted in FIFO order while slots, blocks and the token
-budget allow. When blocks run out, the most recently admitted sequence is preempted:
-its blocks are freed and it goes back to the head of the queue, to be recomputed.
+then waiting sequences are admitted while slots, blocks and the token budget allow: the
+least-served user's first, in arrival order within a user (`fair_admission.py`; with one user
+this is first in, first out), and running sequences take the budget in the same fair order.
+When blocks run out, the most recently admitted sequence is preempted: its blocks are freed
+and it goes back to the head of its user's line, to be recomputed.
 
 The scheduler also owns every change to a sequence's state around a step (computed
 tokens, appended tokens, rolled-back drafts, committed and freed blocks); the engine
@@ -12,20 +14,21 @@ never touches the block manager itself.
 
 from __future__ import annotations
 
-from collections import deque
-
 from onebit.engine.block_manager import BlockManager
+from onebit.engine.fair_admission import WaitingLine
 from onebit.engine.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
     """Owns the waiting queue, the running set (at most `parallel`) and their slots."""
 
-    def __init__(self, blocks: BlockManager, parallel: int, max_batch_tokens: int):
+    def __init__(self, blocks: BlockManager, parallel: int, max_batch_tokens: int, fair: bool = True,
+                 priority_preempt: bool = False):
         self.blocks = blocks
         self.parallel = parallel
         self.max_batch_tokens = max(max_batch_tokens, parallel)
-        self.waiting: deque[Sequence] = deque()
+        self.priority_preempt = priority_preempt
+        self.waiting = WaitingLine(fair)
         self.running: list[Sequence] = []
         self.free_slots = list(range(parallel))
         self.num_preemptions = 0
@@ -106,6 +109,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         seq.drop_drafts()
         self.running.remove(seq)
+        self.waiting.stopped(seq)
         self.blocks.free_sequence(seq)
         self._release_slot(seq)
         seq.status = SequenceStatus.WAITING
@@ -117,11 +121,22 @@ class Scheduler:
         seq.drop_drafts()
         if seq in self.running:
             self.running.remove(seq)
+            self.waiting.stopped(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free_sequence(seq)
         self._release_slot(seq)
         seq.status = SequenceStatus.FINISHED
+
+    def _preempt_for_priority(self) -> None:
+        """With every slot taken, a waiting sequence preempts its user's running sequence of a
+        larger priority value (the latest admitted of them), which goes back to wait."""
+        if len(self.running) < self.parallel or not self.waiting:
+            return
+        head = self.waiting[0]
+        victims = [s for s in self.running if s.user == head.user and s.priority > head.priority]
+        if victims:
+            self._preempt(victims[-1])
 
     def _fit(self, seq: Sequence, want: int) -> int:
         """How many of `want` new tokens seq can get blocks for right now."""
@@ -132,8 +147,10 @@ class Scheduler:
         """The step's plan: (sequence, number of tokens to compute) pairs, decodes first."""
         budget = self.max_batch_tokens
         plan: dict[Sequence, int] = {}
+        if self.priority_preempt:
+            self._preempt_for_priority()
         preemptions_before = self.num_preemptions
-        for seq in list(self.running):
+        for seq in self.waiting.fair_order(self.running):
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
             want = min(seq.num_uncomputed, budget)
@@ -166,7 +183,9 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             seq.slot = self.free_slots.pop(0)
             self.running.append(seq)
+            self.waiting.started(seq)
             plan[seq] = n
             budget -= n
+        self.waiting.charge(plan.items())
         decodes = [(s, n) for s, n in plan.items() if n == 1]
         return decodes + [(s, n) for s, n in plan.items() if n > 1]

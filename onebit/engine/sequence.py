@@ -32,8 +32,10 @@ class Sequence:
     """A request's token list (prompt then output) and everything the engine tracks about it."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 max_total_tokens: int, arrival: int):
+                 max_total_tokens: int, arrival: int, user: str = "anonymous", priority: int = 0):
         self.request_id = request_id
+        self.user = user  # whose request: the scheduler shares slots and prefill fairly between users
+        self.priority = priority  # lower is sooner, among one user's requests
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params

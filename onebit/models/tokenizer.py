@@ -20,6 +20,7 @@ from onebit.models.chat_template import (CHATML_TEMPLATE, compile_template, norm
                                          render_template)
 from onebit.models.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from onebit.models.errors import ChatTemplateError, ModelLoadError
+from onebit.models.safe_prompt import MARK_BASE, escape_messages, split_marked, unescape
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -115,6 +116,36 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; special tokens written in the text are recognised as such."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @cached_property
+    def special_tokens(self) -> list[str]:
+        """The strings of the special tokens (those only a chat template may write)."""
+        return sorted({t.content for t in self._tok.get_added_tokens_decoder().values() if t.special and t.content})
+
+    @cached_property
+    def _plain_tok(self) -> tokenizers.Tokenizer:
+        tok = tokenizers.Tokenizer.from_str(self._tok.to_str())
+        tok.encode_special_tokens = True  # special-token strings in the text stay text
+        return tok
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text` with special-token strings in it tokenized as ordinary text."""
+        return self._plain_tok.encode(text, add_special_tokens=False).ids
+
+    def chat_prompt_ids(self, messages: list[dict], add_generation_prompt: bool = True,
+                        tools: list[dict] | None = None, **template_kwargs: Any) -> tuple[str, list[int]]:
+        """The rendered chat prompt (as text) and its token ids, where special tokens come only from
+        the template: special-token strings inside message content are tokenized as text."""
+        specials = self.special_tokens
+        marked = self.apply_chat_template(escape_messages(messages, specials), add_generation_prompt, tools,
+                                          **template_kwargs)
+        ids: list[int] = []
+        for piece, is_marker in split_marked(marked, len(specials)):
+            if is_marker:
+                ids += self.encode_plain(specials[ord(piece) - MARK_BASE])
+            else:
+                ids += self.encode(piece)
+        return unescape(marked, specials), ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; an incomplete UTF-8 sequence decodes to U+FFFD."""

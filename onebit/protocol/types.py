@@ -62,12 +62,18 @@ class SamplingParams:
 
 @dataclass
 class GenerateRequest:
-    """One generation request as the router hands it to a backend (already tokenized)."""
+    """One generation request as the router hands it to a backend (already tokenized).
+
+    `user` names whose request it is (an API key's name, the OpenAI `user` field, or "anonymous"):
+    slots and prefill are shared fairly between users. `priority` orders one user's requests
+    (lower is sooner, vLLM's convention)."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     prompt_text: str | None = None  # the same prompt as text, for peers that cannot take token ids
+    user: str = "anonymous"
+    priority: int = 0
 
 
 @dataclass

@@ -40,6 +40,9 @@ class RoutedStream:
     async def deltas(self) -> AsyncIterator[StepDelta]:
         """The request's deltas, ending with its finished one; every slot taken is released once."""
         ticket = self._ticket
+        request = self.request
+        users = self._router.users
+        users.bind(request.request_id, request.user)
         try:
             check_request(self.request.prompt_token_ids, self.request.params)
             while True:
@@ -48,12 +51,20 @@ class RoutedStream:
                 self.backend = lease.backend.name
                 route = lease.route
                 started = False
+                charged = 0
                 try:
                     async with contextlib.aclosing(lease.backend.generate(self.request)) as stream:
                         async for delta in stream:
-                            started = True
+                            if not started:
+                                started = True
+                                self._router.charge(request.user, len(request.prompt_token_ids))
+                            # Service counts the tokens streamed (the final count, for a peer that sends text only).
+                            n = len(delta.token_ids)
                             if delta.finished:
                                 route.completed += 1
+                                n = max(n, delta.num_output_tokens - charged)
+                            charged += n
+                            self._router.charge(request.user, n)
                             yield delta
                     return
                 except BackendError as error:
@@ -63,6 +74,7 @@ class RoutedStream:
                     log.warning("request %s: backend %s failed before streaming (%s); re-routing",
                                 self.request.request_id, self.backend, error)
                 ticket.close()
-                ticket = self._router.ticket(front=True)
+                ticket = self._router.ticket(front=True, user=request.user, priority=request.priority)
         finally:
+            users.unbind(request.request_id)
             ticket.close()

@@ -1,4 +1,4 @@
-"""Choose a backend and reserve one of its slots in one atomic step, or wait in FIFO order.
+"""Choose a backend and reserve one of its slots in one atomic step, or wait in a fair line.
 
 Everything that touches the counters runs on the event loop thread without an
 `await` between the check and the claim, so a burst of requests can never pile onto
@@ -8,28 +8,31 @@ one slot (the race the seed's first router had).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from typing import AsyncIterator
 
 from onebit.backends.base import Backend
 from onebit.protocol import GenerateRequest, StepDelta
+from onebit.protocol.fair_queue import FairQueue
 from onebit.router.errors import NoBackendAvailable, QueueFull, RouterClosed
 from onebit.router.routed_stream import RoutedStream
 from onebit.router.slots import Lease, Route, Ticket
 from onebit.router.supervisor import Supervisor
+from onebit.router.user_book import UserBook
 
 log = logging.getLogger(__name__)
 
 
 class Router:
-    """Spreads requests over backends in priority order, with a bounded FIFO queue.
+    """Spreads requests over backends in priority order, with a bounded waiting line.
 
     A request goes to the first backend (in list order) that is ready and holds
-    fewer than its limit; when all are full it waits in one FIFO queue of at most
-    `max_queue` requests (beyond it: QueueFull). With one backend this is a plain
-    admission gate; with a primary and a secondary it is issue 4's adaptive mode.
+    fewer than its limit; when all are full it waits, at most `max_queue` requests
+    in all (beyond it: QueueFull). The line is shared fairly between users (least
+    tokens served first, see `onebit.protocol.fair_queue`; `fair=False`: one FIFO line).
+    With one backend this is a plain admission gate; with a primary and a secondary it is
+    issue 4's adaptive mode.
 
     `overflow` says where requests go once the primary's limit is reached:
     "spill" (default) keeps filling the primary to its limit and sends only the excess on, right
@@ -43,7 +46,8 @@ class Router:
     """
 
     def __init__(self, backends: list[Backend], limits: list[int] | None = None, max_queue: int = 1024,
-                 supervisor: Supervisor | None | bool = True, max_attempts: int = 3, overflow: str = "spill"):
+                 supervisor: Supervisor | None | bool = True, max_attempts: int = 3, overflow: str = "spill",
+                 fair: bool = True):
         if not backends:
             raise ValueError("the router needs at least one backend")
         if overflow not in ("spill", "switch"):
@@ -56,7 +60,9 @@ class Router:
         self.max_queue = max_queue
         self.max_attempts = max_attempts
         self.supervisor = Supervisor() if supervisor is True else (supervisor or None)
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.fair = fair
+        self._waiters: FairQueue[asyncio.Future] = FairQueue(fair)
+        self.users = UserBook()
         self._closed = False
         self._started = False
         for route in self.routes:
@@ -126,7 +132,9 @@ class Router:
                 return route
         return None
 
-    def _release(self, route: Route) -> None:
+    def _release(self, route: Route, user: str | None = None) -> None:
+        self._waiters.ended(user)
+        self.users.ended(user)
         route.in_flight -= 1
         if route.in_flight < 0:  # a bug, never a client's doing: fail loudly
             route.in_flight = 0
@@ -134,21 +142,44 @@ class Router:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        """Hand free slots to waiters, oldest first."""
+        """Hand free slots to waiters, the least-served user's first."""
         while self._waiters:
-            if self._waiters[0].done():  # cancelled while waiting
-                self._waiters.popleft()
+            if self._waiters.peek().done():  # cancelled while waiting (Ticket.close removes it too)
+                self._leave(self._waiters.peek())
                 continue
             route = self._try_claim()
             if route is None:
                 return
-            self._waiters.popleft().set_result(Lease(self, route))
+            future = self._waiters.peek()
+            user = self._waiters.user_of(future)
+            self._leave(future)
+            future.set_result(self._lease(route, user))
+
+    def _lease(self, route: Route, user: str | None) -> Lease:
+        self._waiters.started(user)
+        self.users.started(user)
+        return Lease(self, route, user)
+
+    def _leave(self, future: asyncio.Future) -> None:
+        """Take a future out of the line (it got a slot, or gave up its place)."""
+        user = self._waiters.user_of(future)
+        if self._waiters.remove(future):
+            self.users.left_queue(user)
+
+    def charge(self, user: str | None, tokens: int) -> None:
+        """Count `tokens` served to `user`, for the fair share between users."""
+        self._waiters.charge(user, tokens)
+        self.users.charge(user, tokens)
+
+    def position(self, ticket: Ticket) -> int:
+        """The ticket's estimated place in line (0 once it holds a slot)."""
+        return self._waiters.position(ticket.future)
 
     def _serviceable(self) -> bool:
         return any(r.backend.state in ("ready", "loading") for r in self.routes)
 
-    def ticket(self, front: bool = False) -> Ticket:
-        """Claim a free slot now, or join the FIFO queue, without awaiting.
+    def ticket(self, front: bool = False, user: str | None = None, priority: int = 0) -> Ticket:
+        """Claim a free slot now, or join the line (in `user`'s place, by `priority` within it), without awaiting.
 
         Raises RouterClosed, NoBackendAvailable or QueueFull at once, so an API can
         answer 503 before it starts a streaming response. `front=True` is for a
@@ -163,22 +194,20 @@ class Router:
         if front or not self.queue_size:
             route = self._try_claim()
             if route is not None:
-                future.set_result(Lease(self, route))
-                return Ticket(future)
-        if front:
-            self._waiters.appendleft(future)
-            return Ticket(future)
-        if self.queue_size >= self.max_queue:
+                future.set_result(self._lease(route, user))
+                return Ticket(future, self._leave)
+        if not front and self.queue_size >= self.max_queue:
             raise QueueFull(f"all slots are busy and {self.max_queue} requests are waiting")
-        self._waiters.append(future)
-        return Ticket(future)
+        self._waiters.push(future, user, priority, front=front)
+        self.users.joined_queue(user)
+        return Ticket(future, self._leave)
 
     def stream(self, ticket: Ticket, request: GenerateRequest) -> RoutedStream:
         """The request's deltas from whichever backend serves it, re-routed on an early failure."""
         return RoutedStream(self, ticket, request, self.max_attempts)
 
     async def acquire(self) -> Lease:
-        """Reserve a slot, waiting in FIFO order when all are taken."""
+        """Reserve a slot, waiting in line when all are taken."""
         ticket = self.ticket()
         try:
             lease = await ticket.wait()
@@ -207,7 +236,8 @@ class Router:
 
     def _fail_waiters(self, error: Exception) -> None:
         while self._waiters:
-            future = self._waiters.popleft()
+            future = self._waiters.peek()
+            self._leave(future)
             if not future.done():
                 future.set_exception(error)
 
@@ -231,4 +261,10 @@ class Router:
 
     def slots(self) -> list[dict]:
         """Every slot of every backend, in /slots shape."""
-        return [slot.to_json() for r in self.routes for slot in r.backend.slots()]
+        out = []
+        for route in self.routes:
+            for slot in route.backend.slots():
+                entry = slot.to_json()
+                entry["user"] = self.users.user_of_request(entry.get("id_task"))
+                out.append(entry)
+        return out

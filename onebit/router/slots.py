@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from onebit.backends.base import Backend
 
@@ -32,9 +32,10 @@ class Route:
 class Lease:
     """One reserved slot on one backend; released exactly once."""
 
-    def __init__(self, router: "Router", route: Route):
+    def __init__(self, router: "Router", route: Route, user: str | None = None):
         self._router = router
         self.route = route
+        self.user = user
         self.released = False
 
     @property
@@ -46,7 +47,7 @@ class Lease:
         """Give the slot back (a second call does nothing)."""
         if not self.released:
             self.released = True
-            self._router._release(self.route)
+            self._router._release(self.route, self.user)
 
 
 class Ticket:
@@ -56,13 +57,24 @@ class Ticket:
     Dropping an unclosed ticket closes it, so a response that never starts leaks nothing.
     """
 
-    def __init__(self, future: asyncio.Future):
+    def __init__(self, future: asyncio.Future, on_leave: Callable[[asyncio.Future], None] | None = None):
         self._future = future
+        self._on_leave = on_leave  # takes the future out of the router's line
         self._closed = False
 
     async def wait(self) -> Lease:
         """The reserved slot, once it is ours."""
         return await self._future
+
+    @property
+    def done(self) -> bool:
+        """True once the ticket holds a slot (or failed, or was closed): it no longer waits."""
+        return self._future.done()
+
+    @property
+    def future(self) -> asyncio.Future:
+        """What `wait()` awaits, for `asyncio.wait` over several tickets (do not await it to take the lease)."""
+        return self._future
 
     def hand_over(self) -> None:
         """The caller now owns the lease it got from `wait()` and releases it itself."""
@@ -74,11 +86,13 @@ class Ticket:
             return
         self._closed = True
         future = self._future
-        if future.done():
-            if not future.cancelled() and future.exception() is None:
+        if future.done() and not future.cancelled():
+            if future.exception() is None:
                 future.result().release()
-        else:
-            future.cancel()
+            return
+        future.cancel()  # still waiting, or its waiter was cancelled: leave the line
+        if self._on_leave is not None:
+            self._on_leave(future)
 
     def __del__(self):
         if not self._closed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -11,6 +12,8 @@ from onebit.engine.sequence import Sequence
 from onebit.engine.spec.drafter import Drafter
 from onebit.engine.spec.policy import DraftPolicy, draft_budget
 from onebit.engine.spec.verify import verify
+
+log = logging.getLogger("onebit.engine")
 
 
 class Speculator:
@@ -24,12 +27,37 @@ class Speculator:
         self.stats = SpecStats()
         self.generator = generator  # for unseeded sampled requests' verification
         self.step_k = 0
+        self.faults = None  # the engine's test-only FaultInjector, if any
+        self.failed: list[Sequence] = []  # sequences whose drafting failed in the last propose()
+
+    def _draft(self, chosen: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[int]]]:
+        """The drafter's proposals; when the batch fails, each sequence alone, and the ones that
+        still fail go to `self.failed` (the engine fails those requests only)."""
+        def propose(batch):
+            if self.faults is not None:
+                for seq, _ in batch:
+                    self.faults.check("drafter", seq)
+            return list(self.drafter.propose(batch))
+
+        try:
+            return propose(chosen)
+        except Exception:
+            log.exception("drafting failed; drafting each request alone")
+        out = []
+        for seq, k in chosen:
+            try:
+                out += propose([(seq, k)])
+            except Exception:
+                log.exception("request %s failed in the drafter", seq.request_id)
+                self.failed.append(seq)
+        return out
 
     def propose(self, scheduler) -> tuple[list[Sequence], bool]:
         """Append drafts to running decodes when the policy says drafting pays for this batch,
         with blocks reserved through the scheduler. Returns the drafting sequences and whether
         any sequence was chosen to draft (the MTP head then wants this step's states)."""
         self.step_k = 0
+        self.failed = []
         if self.policy is None:
             return [], False
         decoding = scheduler.decoding()
@@ -42,7 +70,7 @@ class Speculator:
             if k and scheduler.reserve(seq, seq.num_tokens + k):
                 chosen.append((seq, k))
         drafting = []
-        for seq, drafts in self.drafter.propose(chosen):
+        for seq, drafts in self._draft(chosen):
             if drafts:
                 seq.token_ids.extend(drafts)
                 seq.num_draft = len(drafts)
