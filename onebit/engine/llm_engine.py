@@ -15,6 +15,7 @@ import time
 import torch
 
 from onebit.engine.config import EngineConfig
+from onebit.engine.grammar import GrammarCompiler
 from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta, TokenLogprob
 from onebit.engine.parts import EngineParts, LaunchedStep
 from onebit.engine.sampler import SampledBatch
@@ -48,6 +49,7 @@ class LLMEngine:
         self._pending: list[StepDelta] = []
         self._inflight: LaunchedStep | None = None
         self._arrivals = itertools.count()
+        self.grammar_compiler: GrammarCompiler | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
@@ -67,9 +69,17 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_token_ids, params, limit, next(self._arrivals))
         if params.seed is not None:
             seq.generator = self.sampler.make_generator(params.seed)
+        if params.grammar is not None:
+            seq.grammar = self._grammars().start(params.grammar)
         self.outputs.start(seq)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    def _grammars(self) -> GrammarCompiler:
+        """The grammar compiler, made at the first constrained request (it reads the whole vocabulary)."""
+        if self.grammar_compiler is None:
+            self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        return self.grammar_compiler
 
     def abort(self, request_id: str) -> None:
         """Stop a request in any state; its final delta comes from the next step. Unknown ids are ignored."""
@@ -184,6 +194,8 @@ class LLMEngine:
         taken, text, reason = [], "", None
         for token in tokens:
             self.scheduler.append(seq, token)
+            if seq.grammar is not None:
+                seq.grammar.accept(token)  # GrammarFailed fails this request only (see _guarded)
             taken.append(token)
             piece, reason = self.outputs.process(seq, token)
             text += piece

@@ -1,0 +1,54 @@
+"""The step's grammar mask: every constrained row's allowed tokens computed in parallel on the
+host (llguidance's executor), sent as one bitmask and applied to the logits in one operation."""
+
+from __future__ import annotations
+
+import llguidance
+import numpy as np
+import torch
+
+from onebit.engine.grammar.state import GrammarState
+
+
+class GrammarMasker:
+    """Masks the logits rows of constrained requests to the tokens their grammars allow."""
+
+    def __init__(self, vocab_size: int, device: torch.device, threads: int | None = None):
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        self.device = device
+        self.executor = llguidance.LLExecutor(threads)
+        self.shifts = torch.arange(32, dtype=torch.int32, device=device)
+
+    def fill(self, states: list[GrammarState]) -> np.ndarray:
+        """One row of 32-bit words per state, bit t set when token t is allowed. A failed matcher's row
+        allows everything: its request fails when its token is accepted, and no other row with it."""
+        bits = np.full((len(states), self.words), -1, dtype=np.int32)
+        live = [(state.matcher, i) for i, state in enumerate(states) if not state.failed]
+        if live:
+            self.executor.unsafe_compute_mask_ptr(live, bits.ctypes.data, self.words * 4, len(states))
+        return bits
+
+    def allowed(self, bits: np.ndarray) -> torch.Tensor:
+        """The bitmask unpacked on the device to booleans [rows, vocab]."""
+        words = torch.from_numpy(bits)
+        if self.device.type == "cuda":
+            words = words.pin_memory().to(self.device, non_blocking=True)
+        unpacked = (words.unsqueeze(-1) >> self.shifts) & 1
+        return unpacked.view(len(bits), -1)[:, :self.vocab_size].bool()
+
+    def apply(self, logits: torch.Tensor, states: list[GrammarState | None]) -> torch.Tensor:
+        """`logits` [rows, vocab] with disallowed tokens at -inf for every row that has a state
+        (a new tensor when any row is constrained; the input itself otherwise)."""
+        rows = [i for i, s in enumerate(states) if s is not None]
+        if not rows:
+            return logits
+        allowed = self.allowed(self.fill([states[i] for i in rows]))
+        width = logits.shape[-1]
+        if allowed.shape[-1] < width:  # a model whose logits are wider than its tokenizer
+            allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[-1]), value=False)
+        if len(rows) == logits.shape[0]:
+            return logits.masked_fill(~allowed[:, :width], float("-inf"))
+        full = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
+        full[torch.tensor(rows, device=logits.device)] = allowed[:, :width]
+        return logits.masked_fill(~full, float("-inf"))
