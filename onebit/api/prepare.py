@@ -95,7 +95,7 @@ def reject_unsupported(request: SamplingFields) -> None:
             raise InvalidRequest(f"{name} is not supported{hint}", name)
     if request.best_of is not None and request.best_of != request.n:
         raise InvalidRequest("best_of is not supported (only best_of equal to n)", "best_of")
-    if request.modalities is not None and list(request.modalities) != ["text"]:
+    if request.modalities is not None and request.modalities != ["text"]:
         raise InvalidRequest('only the "text" modality is supported', "modalities")
 
 

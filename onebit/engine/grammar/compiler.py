@@ -61,7 +61,10 @@ class GrammarCompiler:
 
     def _compile(self, spec: GrammarSpec) -> llguidance.LLMatcher:
         text = grammar_text(spec)
-        problem = llguidance.LLMatcher.validate_grammar(text, self.tokenizer)
+        try:
+            problem = llguidance.LLMatcher.validate_grammar(text, self.tokenizer)
+        except Exception as error:  # the library's own exception types; any of them is a bad grammar
+            problem = str(error) or type(error).__name__
         if problem:
             raise InvalidRequest(f"invalid {spec.kind.replace('_', ' ')}: {problem}", spec.param)
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
