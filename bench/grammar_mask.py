@@ -4,11 +4,13 @@
 
 Each row follows its own JSON schema matcher: per step the masks of all rows are computed on the
 host in one parallel call (GrammarMasker.fill), then sent to the device, unpacked and applied to a
-[rows, vocab] logits tensor in one operation (GrammarMasker.allowed + masked_fill, as the sampler
+[rows, vocab] logits tensor in one operation (GrammarMasker.allowed + torch.where, as the sampler
 does). Each row then takes a random allowed token, so the matchers move through the grammar as in
 serving (a matcher that finishes starts over). Prints the median milliseconds per step of each part.
-The model directory only supplies the tokenizer (default: the built-in model, 8k vocabulary; mask
-cost grows with the vocabulary, so pass a 150k-vocabulary model's directory for real figures).
+The model directory only supplies the tokenizer (default: the built-in model, 8k vocabulary). Mask
+cost grows with the vocabulary: `--vocab 151936` builds a synthetic byte-level tokenizer of that
+size instead (random pieces of 1-12 characters over letters, digits, spaces and JSON punctuation),
+a stand-in for a Qwen-size vocabulary when no such model is at hand.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import statistics
 import time
 
 import numpy as np
+import tokenizers
 import torch
 
 from onebit.engine.grammar import GrammarCompiler, GrammarMasker
 from onebit.models.default_model import default_model_dir
-from onebit.models.tokenizer import Tokenizer
+from onebit.models.tokenizer import Tokenizer, byte_alphabet
 from onebit.protocol.grammar import GrammarSpec
 
 SCHEMA = {
@@ -39,6 +42,23 @@ SCHEMA = {
     "required": ["name", "age", "tags", "home"],
     "additionalProperties": False,
 }
+
+
+def synthetic_tokenizer(size: int, seed: int = 0) -> Tokenizer:
+    """A byte-level BPE tokenizer of `size` tokens: the 256 bytes, random multi-character pieces, and
+    an end token."""
+    rng = np.random.default_rng(seed)
+    alphabet = byte_alphabet()
+    chars = [alphabet[b] for b in b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-.,:{}[]\"'"]
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    while len(vocab) < size - 1:
+        piece = "".join(rng.choice(chars, size=int(rng.integers(2, 13))))
+        vocab.setdefault(piece, len(vocab))
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.add_special_tokens(["<|end|>"])
+    return Tokenizer(tok, eos_token="<|end|>")
 
 
 def _sync(device: torch.device) -> None:
@@ -57,8 +77,7 @@ def measure(compiler: GrammarCompiler, masker: GrammarMasker, rows: int, steps: 
         t0 = time.perf_counter()
         bits = masker.fill(states)
         t1 = time.perf_counter()
-        allowed = masker.allowed(bits)
-        masked = logits.masked_fill(~allowed, float("-inf"))
+        masked = torch.where(masker.allowed(bits), logits, masker.minus_inf)
         _sync(masker.device)
         t2 = time.perf_counter()
         del masked
@@ -86,12 +105,16 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a model directory (its tokenizer); default: the built-in model")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rows", default="1,8,64")
+    ap.add_argument("--vocab", type=int, default=None, help="a synthetic tokenizer of this many tokens")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    tokenizer = Tokenizer.from_dir(args.model or default_model_dir())
+    if args.vocab:
+        tokenizer = synthetic_tokenizer(args.vocab)
+    else:
+        tokenizer = Tokenizer.from_dir(args.model or default_model_dir())
     vocab = tokenizer.vocab_size
     compiler = GrammarCompiler(tokenizer, vocab, tokenizer.eos_token_ids)
     masker = GrammarMasker(vocab, device)

@@ -19,7 +19,7 @@ SCHEMA = {"type": "object",
                          "xs": {"type": "array", "items": {"type": "boolean"}, "maxItems": 4}},
           "required": ["k", "n", "xs"], "additionalProperties": False}
 SPEC = GrammarSpec("json_schema", json.dumps(SCHEMA))
-PROMPTS = ["hello there", "the weather is", "one two three", "a b"]
+PROMPTS = ["hello there", "one two one two one two one two", "the weather is", "a b a b a b a b a b"]  # free rows repeat: n-grams draft
 
 
 def _params() -> list[SamplingParams]:

@@ -13,7 +13,7 @@ python3 - <<'PY' > /tmp/onebit-device-versions.txt
 from importlib.metadata import version
 for name in ["fastapi", "starlette", "uvicorn", "pydantic", "pydantic_core", "annotated-types",
              "typing-inspection", "gguf",
-             "opentelemetry-api", "annotated-doc", "httptools"]:
+             "opentelemetry-api", "annotated-doc", "httptools", "llguidance"]:
     try:
         print(f"{name}=={version(name)}")
     except Exception:

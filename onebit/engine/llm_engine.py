@@ -15,7 +15,6 @@ import time
 import torch
 
 from onebit.engine.config import EngineConfig
-from onebit.engine.grammar import GrammarCompiler
 from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta, TokenLogprob
 from onebit.engine.parts import EngineParts, LaunchedStep
 from onebit.engine.sampler import SampledBatch
@@ -49,7 +48,7 @@ class LLMEngine:
         self._pending: list[StepDelta] = []
         self._inflight: LaunchedStep | None = None
         self._arrivals = itertools.count()
-        self.grammar_compiler: GrammarCompiler | None = None
+        self.grammar_compiler = None  # see _grammars()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
@@ -75,9 +74,11 @@ class LLMEngine:
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
-    def _grammars(self) -> GrammarCompiler:
-        """The grammar compiler, made at the first constrained request (it reads the whole vocabulary)."""
+    def _grammars(self):
+        """The GrammarCompiler, made at the first constrained request (it reads the whole vocabulary;
+        the grammar library loads only when used)."""
         if self.grammar_compiler is None:
+            from onebit.engine.grammar import GrammarCompiler
             self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         return self.grammar_compiler
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from onebit.engine.grammar import GrammarMasker
 from onebit.engine.outputs import TokenLogprob
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import Download, upload
@@ -109,7 +108,7 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
-        self.masker: GrammarMasker | None = None  # made at the first constrained request
+        self.masker = None  # a GrammarMasker, made at the first constrained request
 
     def make_generator(self, seed: int) -> torch.Generator:
         """A generator on the sampling device for one seeded request."""
@@ -133,6 +132,7 @@ class Sampler:
             apply_penalties(logits, seqs)
         if any(s.grammar is not None for s in seqs):
             if self.masker is None:
+                from onebit.engine.grammar import GrammarMasker  # the grammar library loads only when used
                 self.masker = GrammarMasker(logits.shape[-1], logits.device)
             logits = self.masker.apply(logits, [s.grammar for s in seqs])
         tokens = logits.argmax(dim=-1)

@@ -19,6 +19,7 @@ class GrammarMasker:
         self.device = device
         self.executor = llguidance.LLExecutor(threads)
         self.shifts = torch.arange(32, dtype=torch.int32, device=device)
+        self.minus_inf = torch.tensor(float("-inf"), device=device)
 
     def fill(self, states: list[GrammarState]) -> np.ndarray:
         """One row of 32-bit words per state, bit t set when token t is allowed. A failed matcher's row
@@ -30,10 +31,12 @@ class GrammarMasker:
         return bits
 
     def allowed(self, bits: np.ndarray) -> torch.Tensor:
-        """The bitmask unpacked on the device to booleans [rows, vocab]."""
-        words = torch.from_numpy(bits)
-        if self.device.type == "cuda":
-            words = words.pin_memory().to(self.device, non_blocking=True)
+        """The bitmask as booleans [rows, vocab] on the device: unpacked there on a GPU (only the
+        bits cross the bus), by numpy's unpackbits on a CPU (many times faster than torch's shifts)."""
+        if self.device.type != "cuda":
+            unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size]
+            return torch.from_numpy(unpacked.view(np.bool_))
+        words = torch.from_numpy(bits).pin_memory().to(self.device, non_blocking=True)
         unpacked = (words.unsqueeze(-1) >> self.shifts) & 1
         return unpacked.view(len(bits), -1)[:, :self.vocab_size].bool()
 
@@ -47,8 +50,8 @@ class GrammarMasker:
         width = logits.shape[-1]
         if allowed.shape[-1] < width:  # a model whose logits are wider than its tokenizer
             allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[-1]), value=False)
-        if len(rows) == logits.shape[0]:
-            return logits.masked_fill(~allowed[:, :width], float("-inf"))
-        full = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
-        full[torch.tensor(rows, device=logits.device)] = allowed[:, :width]
-        return logits.masked_fill(~full, float("-inf"))
+        if len(rows) < logits.shape[0]:  # free rows allow every token
+            full = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
+            full[torch.tensor(rows, device=logits.device)] = allowed[:, :width]
+            allowed = full
+        return torch.where(allowed[:, :width], logits, self.minus_inf)
