@@ -35,35 +35,58 @@ def test_parse(fmt, text, content, names):
         assert isinstance(json.loads(call.arguments), dict)
 
 
+def _assemble(pieces) -> list[tuple[str, str]]:
+    """(name, arguments) per call index from stream pieces; ids come once, first."""
+    calls: dict[int, list] = {}
+    for p in pieces:
+        if p.id is not None:
+            assert p.index not in calls
+            calls[p.index] = [p.name, ""]
+        calls[p.index][1] += p.arguments
+    return [tuple(calls[i]) for i in sorted(calls)]
+
+
 @pytest.mark.parametrize("fmt, text", [(HermesFormat(), HERMES), (Llama3Format(), LLAMA), (MistralFormat(), MISTRAL),
                                        (HermesFormat(), "plain <tool text"), (Llama3Format(), "  plain")])
 @pytest.mark.parametrize("piece", [1, 3, 7])
 def test_stream_in_pieces_equals_whole(fmt, text, piece):
     whole = ToolCallStream(fmt)
-    whole_content, whole_calls = whole.feed(text, True)
+    whole_content, whole_pieces = whole.feed(text, True)
     stream = ToolCallStream(fmt)
-    content, calls = "", []
-    pieces = [text[i:i + piece] for i in range(0, len(text), piece)]
-    for i, p in enumerate(pieces):
-        c, new = stream.feed(p, i == len(pieces) - 1)
+    content, got = "", []
+    chunks = [text[i:i + piece] for i in range(0, len(text), piece)]
+    for i, chunk in enumerate(chunks):
+        c, new = stream.feed(chunk, i == len(chunks) - 1)
         content += c
-        calls += new
+        got += new
     assert content == whole_content
-    assert [(i, c) for i, _, c in calls] == [(i, c) for i, _, c in whole_calls]
+    assert _assemble(got) == _assemble(whole_pieces) == [(c.name, c.arguments) for _, c in whole.calls]
+    assert [c for _, c in stream.calls] == [c for _, c in whole.calls]
 
 
-def test_hermes_stream_releases_each_call_when_it_closes():
+def test_hermes_streams_arguments_in_pieces_as_generated():
+    stream = ToolCallStream(HermesFormat())
+    pieces = []
+    for i in range(len(HERMES)):
+        pieces += stream.feed(HERMES[i], i == len(HERMES) - 1)[1]
+    first = [p for p in pieces if p.index == 0]
+    assert first[0].name == "get_weather" and first[0].id.startswith("call_")
+    assert len(first) > 5  # the arguments came character by character, not whole
+    assert "".join(p.arguments for p in first) == '{"city": "Paris"}'
+
+
+def test_hermes_stream_closes_each_call_when_its_block_closes():
     stream = ToolCallStream(HermesFormat())
     first_end = HERMES.index("</tool_call>") + len("</tool_call>")
-    content, calls = stream.feed(HERMES[:first_end], False)
-    assert content == "Let me check.\n" and [c.name for _, _, c in calls] == ["get_weather"]
-    _, calls = stream.feed(HERMES[first_end:], True)
-    assert [(i, c.name) for i, _, c in calls] == [(1, "add")]
+    content, _ = stream.feed(HERMES[:first_end], False)
+    assert content == "Let me check.\n" and [c.name for _, c in stream.calls] == ["get_weather"]
+    _, pieces = stream.feed(HERMES[first_end:], True)
+    assert _assemble(pieces) == [("add", '{"a": 1, "b": 2}')] and {p.index for p in pieces} == {1}
 
 
 def test_parallel_false_keeps_the_first_call():
-    _, calls = ToolCallStream(MistralFormat(), parallel=False).feed(MISTRAL, True)
-    assert [c.name for _, _, c in calls] == ["get_weather"]
+    _, pieces = ToolCallStream(MistralFormat(), parallel=False).feed(MISTRAL, True)
+    assert _assemble(pieces) == [("get_weather", '{"city": "Paris"}')]
 
 
 def test_format_is_chosen_from_the_template():

@@ -111,12 +111,14 @@ class ChatFormatter(Formatter):
         """Content without tool-call text, and the calls it completed as stream deltas."""
         if not self.tools:
             return content, []
-        content, calls = self.calls[index].feed(content, final)
+        content, pieces = self.calls[index].feed(content, final)
         deltas = []
-        for i, call_id, call in calls:  # a call's header, then its arguments (OpenAI sends them in pieces)
-            deltas.append(ToolCallDelta(index=i, id=call_id, type="function",
-                                        function=FunctionCallDelta(name=call.name, arguments="")))
-            deltas.append(ToolCallDelta(index=i, function=FunctionCallDelta(arguments=call.arguments)))
+        for p in pieces:  # a call's opening (id, type, name), then its arguments in pieces, as OpenAI sends them
+            if p.id is not None:
+                deltas.append(ToolCallDelta(index=p.index, id=p.id, type="function",
+                                            function=FunctionCallDelta(name=p.name, arguments=p.arguments)))
+            else:
+                deltas.append(ToolCallDelta(index=p.index, function=FunctionCallDelta(arguments=p.arguments)))
         return content, deltas
 
     def _finish_reason(self, index: int, reason: str | None) -> str | None:

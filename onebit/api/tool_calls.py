@@ -85,27 +85,76 @@ def plan_tools(state: ServerState, request: ChatCompletionRequest) -> ToolPlan:
     return plan
 
 
-def call_id() -> str:
+def new_call_id() -> str:
     """A fresh tool call id, as OpenAI writes them."""
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass
+class CallPiece:
+    """A piece of tool call `index` for a stream: the first carries its id and name, the others
+    only more of its arguments (the pieces' arguments concatenate to the whole)."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass
 class ToolCallStream:
     """Splits one choice's content into plain text and tool calls as it arrives. Text before a call's
-    marker streams at once; from the marker on it is held and each call is released as soon as it is
-    complete (at the end for formats whose calls only end with the message). Output that does not
-    parse as calls is released as text at the end."""
+    marker streams at once; from the marker on it is held. Where the format tells a call's name before
+    the call ends (Hermes), the call opens then and its arguments follow in pieces as they are
+    generated; otherwise each call is released whole when complete (at the end for formats whose
+    calls only end with the message). Output that does not parse as calls is released as text at the end."""
 
     format: ToolFormat
     parallel: bool = True
-    calls: list[tuple[str, ParsedCall]] = field(default_factory=list)  # (id, call) released so far
+    calls: list[tuple[str, ParsedCall]] = field(default_factory=list)  # (id, call) complete so far
     _pending: str = ""
     _held: str | None = None  # from the marker on
     _sent_text: bool = False
+    _open: list = field(default_factory=list)  # [id, arguments sent] of the call being streamed
 
-    def feed(self, text: str, final: bool) -> tuple[str, list[tuple[int, str, ParsedCall]]]:
-        """(plain text to send, newly complete calls as (index, id, call))."""
+    def _limit(self) -> int:
+        return 1_000_000 if self.parallel else 1
+
+    def _close_calls(self, parsed: list[ParsedCall]) -> list[CallPiece]:
+        """Pieces finishing the calls newly complete in `parsed` (the open one's remaining arguments)."""
+        pieces = []
+        for call in parsed[len(self.calls):self._limit()]:
+            index = len(self.calls)
+            if self._open:
+                call_id, sent = self._open
+                self._open = []
+                rest = call.arguments[len(sent):] if call.arguments.startswith(sent) else ""
+                if rest:
+                    pieces.append(CallPiece(index, None, None, rest))
+            else:
+                call_id = new_call_id()
+                pieces += [CallPiece(index, call_id, call.name, ""), CallPiece(index, None, None, call.arguments)]
+            self.calls.append((call_id, call))
+        return pieces
+
+    def _stream_open_call(self) -> list[CallPiece]:
+        """Pieces of the call being generated: its opening, then arguments as they become certain."""
+        found = self.format.open_call(self._held)
+        if found is None or len(self.calls) >= self._limit():
+            return []
+        name, args = found
+        pieces = []
+        if not self._open:
+            self._open = [new_call_id(), ""]
+            pieces.append(CallPiece(len(self.calls), self._open[0], name, ""))
+        sent = self._open[1]
+        if len(args) > len(sent) and args.startswith(sent):
+            pieces.append(CallPiece(len(self.calls), None, None, args[len(sent):]))
+            self._open[1] = args
+        return pieces
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[CallPiece]]:
+        """(plain text to send, tool call pieces to send)."""
         content = ""
         if self._held is None:
             text = self._pending + text
@@ -120,15 +169,12 @@ class ToolCallStream:
             content, self._held = text[:at], text[at:]
         else:
             self._held += text
-        new = []
+        pieces = []
         if final or self.format.complete(self._held):
             _, parsed = self.format.parse(self._held)
-            if not self.parallel:
-                parsed = parsed[:1]
-            for call in parsed[len(self.calls):]:
-                entry = (call_id(), call)
-                new.append((len(self.calls), *entry))
-                self.calls.append(entry)
-            if final and not parsed:
+            pieces += self._close_calls(parsed)
+            if final and not parsed and not self.calls and not self._open:
                 content += self._held
-        return content, new
+        if not final:
+            pieces += self._stream_open_call()
+        return content, pieces

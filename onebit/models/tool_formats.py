@@ -79,6 +79,12 @@ class ToolFormat:
         gives the same calls as parsing the whole output would."""
         raise NotImplementedError
 
+    def open_call(self, text: str) -> tuple[str, str] | None:
+        """For a call begun but not closed at the end of `text`: (its name, the part of its arguments
+        that is certain so far), once the name is known; None otherwise or where the format cannot
+        tell before the call ends."""
+        return None
+
     def grammar(self, tools: list[dict], parallel: bool, token_ref: Callable[[str], str]) -> str:
         """A Lark grammar whose every output is one call (several when `parallel`) to one of `tools`;
         `token_ref` writes a marker as the grammar must (a special token by id)."""
@@ -91,6 +97,21 @@ class HermesFormat(ToolFormat):
     name = "hermes"
     marker = "<tool_call>"
     _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+    # A call as the template teaches it: the name first, then the arguments, then the closing brace.
+    _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+    def _raw_call(self, body: str) -> ParsedCall | None:
+        """A name-first call with its arguments exactly as written (what a stream sent), else None."""
+        head = self._HEAD.match(body)
+        if head is None:
+            return None
+        try:
+            _, end = _DECODER.raw_decode(body, head.end())
+        except json.JSONDecodeError:
+            return None
+        if body[end:].strip() != "}":
+            return None
+        return ParsedCall(json.loads(head.group(1)), body[head.end():end])
 
     def parse(self, text):
         start = text.find(self.marker)
@@ -98,17 +119,34 @@ class HermesFormat(ToolFormat):
             return text, []
         calls = []
         for body in self._BLOCK.findall(text[start:]):
-            try:
-                call = _call_object(json.loads(body))
-            except json.JSONDecodeError:
-                call = None
+            call = self._raw_call(body)
+            if call is None:
+                try:
+                    call = _call_object(json.loads(body))
+                except json.JSONDecodeError:
+                    call = None
             if call is None:
                 return text, []
             calls.append(call)
         return (text[:start].rstrip(), calls) if calls else (text, [])
 
+    def open_call(self, text):
+        start = text.rfind(self.marker)
+        if start < 0 or text.find("</tool_call>", start) >= 0:
+            return None
+        body = text[start + len(self.marker):]
+        head = self._HEAD.match(body)
+        if head is None:
+            return None
+        args = body[head.end():]
+        try:
+            _, end = _DECODER.raw_decode(args)
+            return json.loads(head.group(1)), args[:end]  # complete: what follows is the closing brace
+        except json.JSONDecodeError:
+            return json.loads(head.group(1)), args.rstrip()  # unfinished: all of it is arguments
+
     def complete(self, text):
-        return text.count("<tool_call>") == text.count("</tool_call>")
+        return True  # a closed block never changes and parse() reads closed blocks only
 
     def grammar(self, tools, parallel, token_ref):
         one = f'{token_ref("<tool_call>")} "\\n" call_json "\\n" {token_ref("</tool_call>")}'
