@@ -142,6 +142,8 @@ def test_json_object_is_an_object_when_it_ends(clients):
     ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"store": True}, "store"),
 ])
 def test_bad_constraints_are_400_naming_the_field(clients, extra, param):
     with pytest.raises(openai.BadRequestError) as info:

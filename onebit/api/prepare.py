@@ -84,7 +84,8 @@ def completion_prompt_texts(request: CompletionRequest) -> list[str | None]:
     return [p if isinstance(p, str) else None for p in prompt]
 
 
-UNSUPPORTED = ("prediction", "audio", "functions", "function_call", "web_search_options")
+UNSUPPORTED = ("prediction", "audio", "functions", "function_call", "web_search_options", "reasoning_effort",
+               "verbosity")
 
 
 def reject_unsupported(request: SamplingFields) -> None:
@@ -95,6 +96,8 @@ def reject_unsupported(request: SamplingFields) -> None:
             raise InvalidRequest(f"{name} is not supported{hint}", name)
     if request.best_of is not None and request.best_of != request.n:
         raise InvalidRequest("best_of is not supported (only best_of equal to n)", "best_of")
+    if request.store:
+        raise InvalidRequest("store is not supported: completions are not stored", "store")
     if request.modalities is not None and request.modalities != ["text"]:
         raise InvalidRequest('only the "text" modality is supported', "modalities")
 

@@ -79,6 +79,9 @@ class SamplingFields(_Lenient):
     functions: Any = None
     function_call: Any = None
     web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    store: Any = None
 
 
 class ChatCompletionRequest(SamplingFields):
