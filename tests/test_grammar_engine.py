@@ -89,3 +89,13 @@ def test_a_grammar_failure_fails_only_its_request(plain):
     assert finished["broken"].finish_reason == "error" and "rejected" in finished["broken"].error
     assert finished["fine"].finish_reason == "stop" and finished["fine"].num_output_tokens > 0
     assert engine.scheduler.blocks.num_free == engine.scheduler.blocks.num_blocks
+
+
+def test_prefix_cache_hit_gives_the_same_constrained_output(plain):
+    llm = plain[0]
+    prompt = list(range(10, 60))  # three full blocks of 16 tokens: cached after the first request
+    params = SamplingParams(seed=9, max_tokens=120, grammar=SPEC)
+    first, second = llm.generate([prompt], params)[0], llm.generate([prompt], params)[0]
+    assert second.num_cached_tokens >= 32
+    assert second.token_ids == first.token_ids and second.finish_reason == "stop"
+    jsonschema.validate(json.loads(second.text), SCHEMA)
