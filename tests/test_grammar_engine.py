@@ -1,6 +1,7 @@
 """Grammar-constrained sampling inside the engine: outputs match their schema with overlapped steps
-and with speculative decoding (constrained rows neither overlap nor draft, so their tokens are those
-of plain steps), compiled grammars are cached, and a grammar failure fails only its request."""
+(constrained rows do not overlap, so their tokens are those of plain steps) and with speculative
+decoding (drafts are checked against the grammar: greedy output equals plain steps'), compiled
+grammars are cached, and a grammar failure fails only its request."""
 
 from __future__ import annotations
 
@@ -54,14 +55,21 @@ def test_overlapped_steps_give_the_same_tokens(tiny_model_dir, plain):
     assert _run(overlapped) == plain[1]
 
 
-def test_speculative_decoding_gives_the_same_tokens_to_constrained_rows(tiny_model_dir, plain):
+def test_speculative_decoding_checks_drafts_against_the_grammar(tiny_model_dir, plain):
+    greedy = [SamplingParams(temperature=0.0, max_tokens=120, grammar=SPEC) for _ in PROMPTS]
+    expected = [(o.token_ids, o.finish_reason) for o in plain[0].generate(PROMPTS, greedy)]
     spec = LLM(str(tiny_model_dir), device="cpu", parallel=4,
                speculative={"method": "ngram", "policy": "always", "draft_max": 3})
-    outputs = _run(spec)
-    # constrained rows never draft: exactly the plain tokens (free rows are sampled speculatively,
-    # equal in distribution only)
-    assert [outputs[i] for i in (0, 2)] == [plain[1][i] for i in (0, 2)]
-    assert spec.engine.spec_proposed > 0  # the free rows did draft
+    got = [(o.token_ids, o.finish_reason) for o in spec.generate(PROMPTS, greedy)]
+    assert got == expected  # greedy: verification keeps exactly the tokens plain steps choose
+    assert spec.engine.spec_proposed > 0  # constrained rows drafted (they are the only rows here)
+    for tokens, reason in got:
+        assert reason == "stop"
+        jsonschema.validate(json.loads(spec.tokenizer.decode(tokens)), SCHEMA)
+    sampled = spec.generate(PROMPTS, _params())  # seeded sampling with drafts: still valid
+    for i in (0, 2):
+        assert sampled[i].finish_reason == "stop"
+        jsonschema.validate(json.loads(sampled[i].text), SCHEMA)
 
 
 def test_a_bad_grammar_is_refused_at_admission(plain):

@@ -30,6 +30,27 @@ class GrammarMasker:
             self.executor.unsafe_compute_mask_ptr(live, bits.ctypes.data, self.words * 4, len(states))
         return bits
 
+    def mask_drafts(self, logits: torch.Tensor, state: GrammarState, drafts: list[int]) -> tuple[torch.Tensor, int]:
+        """For speculative verification: (the verification rows `logits` [len(drafts) + 1, vocab] masked
+        position by position along the drafts the grammar allows, how many drafts it allows). Rows past
+        the first disallowed draft are left out; the state is left where it was."""
+        matcher = state.matcher
+        valid = matcher.validate_tokens(drafts) if drafts else 0
+        bits = np.full((valid + 1, self.words), -1, dtype=np.int32)
+        for i in range(valid + 1):
+            if not state.failed:
+                matcher.unsafe_compute_mask_ptr(bits[i:].ctypes.data, self.words * 4)
+            if i < valid:
+                matcher.consume_token(drafts[i])
+        if valid:
+            matcher.rollback(valid)
+        rows = logits[:valid + 1]
+        allowed = self.allowed(bits)
+        width = rows.shape[-1]
+        if allowed.shape[-1] < width:
+            allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[-1]), value=False)
+        return torch.where(allowed[:, :width], rows, self.minus_inf), valid
+
     def allowed(self, bits: np.ndarray) -> torch.Tensor:
         """The bitmask as booleans [rows, vocab] on the device: unpacked there on a GPU (only the
         bits cross the bus), by numpy's unpackbits on a CPU (many times faster than torch's shifts)."""

@@ -24,6 +24,7 @@ class Speculator:
         self.stats = SpecStats()
         self.generator = generator  # for unseeded sampled requests' verification
         self.step_k = 0
+        self.masker = None  # a GrammarMasker for constrained requests' verification
 
     def propose(self, scheduler) -> tuple[list[Sequence], bool]:
         """Append drafts to running decodes when the policy says drafting pays for this batch,
@@ -64,12 +65,23 @@ class Speculator:
         """Check seq's drafts against its logits rows and count; returns (the tokens to append:
         the kept drafts, then the target's own next token; how many drafts were kept)."""
         drafts = seq.token_ids[seq.num_tokens - seq.num_draft:]
-        kept, bonus = verify(logits, seq, drafts, self.generator)
+        if seq.grammar is not None:  # drafts the grammar rejects are rejected; every row is masked
+            logits, valid = self._grammar_masker(logits).mask_drafts(logits.float(), seq.grammar, drafts)
+            kept, bonus = verify(logits, seq, drafts[:valid], self.generator)
+        else:
+            kept, bonus = verify(logits, seq, drafts, self.generator)
         self.stats.record_verification(len(drafts), kept)
         seq.spec.drafted += len(drafts)
         seq.spec.accepted += kept
         self.policy.record_acceptance(len(drafts), kept)
         return drafts[:kept] + [bonus], kept
+
+    def _grammar_masker(self, logits: torch.Tensor):
+        """The GrammarMasker for verification rows, made at the first constrained verification."""
+        if self.masker is None:
+            from onebit.engine.grammar import GrammarMasker  # the grammar library loads only when used
+            self.masker = GrammarMasker(logits.shape[-1], logits.device)
+        return self.masker
 
     def observe(self, plan, out, computed, decodes: int, drafted: bool, verified: bool, started: float) -> None:
         """After a step's tokens are final: let the drafter learn from it, count it, and time it."""
