@@ -13,7 +13,9 @@ from onebit.api.generation import Choice, TokenCounter
 from onebit.api.reasoning import ReasoningSplitter
 from onebit.api.responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                   ChatCompletionResponse, ChatDelta, CompletionChoice, CompletionChunk,
-                                  CompletionChunkChoice, CompletionResponse)
+                                  CompletionChunkChoice, CompletionResponse, FunctionCall, FunctionCallDelta,
+                                  ToolCall, ToolCallDelta)
+from onebit.api.tool_calls import ToolCallStream, ToolPlan
 from onebit.api.state import ServerState
 from onebit.protocol import StepDelta
 
@@ -94,12 +96,35 @@ class ChatFormatter(Formatter):
     chunk_type = ChatCompletionChunk
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, state: ServerState, rid: str, choices: list[Choice], split: bool, in_reasoning: bool):
+    def __init__(self, state: ServerState, rid: str, choices: list[Choice], split: bool, in_reasoning: bool,
+                 tools: ToolPlan | None = None):
         super().__init__(state, rid, choices)
         self.split = split
         self.in_reasoning = in_reasoning
         self.logprobs = choices[0].params.logprobs is not None
         self.splitters = {c.index: ReasoningSplitter(in_reasoning) for c in choices}
+        self.tools = tools if tools is not None and tools.format is not None else None
+        self.calls = {c.index: ToolCallStream(self.tools.format, self.tools.parallel) for c in choices} \
+            if self.tools else {}
+
+    def _tool_split(self, index: int, content: str, final: bool) -> tuple[str, list[ToolCallDelta]]:
+        """Content without tool-call text, and the calls it completed as stream deltas."""
+        if not self.tools:
+            return content, []
+        content, pieces = self.calls[index].feed(content, final)
+        deltas = []
+        for p in pieces:  # a call's opening (id, type, name), then its arguments in pieces, as OpenAI sends them
+            if p.id is not None:
+                deltas.append(ToolCallDelta(index=p.index, id=p.id, type="function",
+                                            function=FunctionCallDelta(name=p.name, arguments=p.arguments)))
+            else:
+                deltas.append(ToolCallDelta(index=p.index, function=FunctionCallDelta(arguments=p.arguments)))
+        return content, deltas
+
+    def _finish_reason(self, index: int, reason: str | None) -> str | None:
+        if reason == "stop" and self.tools and self.calls[index].calls:
+            return "tool_calls"
+        return reason
 
     def opening(self) -> list:
         """The assistant role, one chunk per choice."""
@@ -115,11 +140,14 @@ class ChatFormatter(Formatter):
                 reasoning, content = reasoning + r, content + c
         else:
             reasoning, content = "", delta.text
+        content, calls = self._tool_split(index, content, delta.finished)
         body = {}
         if reasoning:
             body["reasoning_content"] = reasoning
-        if content or (not reasoning and delta.logprobs):
+        if content or (not reasoning and not calls and delta.logprobs):
             body["content"] = content
+        if calls:
+            body["tool_calls"] = calls
         lp = chat_logprobs(self.state, delta.logprobs) if self.logprobs and delta.logprobs else None
         if not body and not lp:
             return None
@@ -127,7 +155,8 @@ class ChatFormatter(Formatter):
 
     def finish(self, index: int, delta: StepDelta) -> ChatChunkChoice:
         """An empty delta with the finish reason."""
-        return ChatChunkChoice(index=index, delta=ChatDelta(), logprobs=None, finish_reason=delta.finish_reason)
+        return ChatChunkChoice(index=index, delta=ChatDelta(), logprobs=None,
+                               finish_reason=self._finish_reason(index, delta.finish_reason))
 
     def response(self, collected: Collected) -> ChatCompletionResponse:
         """The chat.completion object."""
@@ -135,11 +164,16 @@ class ChatFormatter(Formatter):
         for c in self.choices:
             text = "".join(collected.texts[c.index])
             reasoning, content = _split(text, self.in_reasoning) if self.split else (None, text)
-            message = AssistantMessage(role="assistant", content=content)
+            content, calls = self._tool_split(c.index, content, True)
+            message = AssistantMessage(role="assistant", content=content or (None if calls else content))
             if reasoning is not None:
                 message.reasoning_content = reasoning
+            if calls:
+                message.tool_calls = [ToolCall(id=call_id, type="function", function=FunctionCall(
+                    name=call.name, arguments=call.arguments)) for call_id, call in self.calls[c.index].calls]
             lp = chat_logprobs(self.state, collected.logprobs[c.index]) if c.params.logprobs is not None else None
-            out.append(ChatChoice(index=c.index, message=message, logprobs=lp, finish_reason=collected.finish[c.index]))
+            out.append(ChatChoice(index=c.index, message=message, logprobs=lp,
+                                  finish_reason=self._finish_reason(c.index, collected.finish[c.index])))
         return ChatCompletionResponse(choices=out, **collected.head(self.state, self.rid, "chat.completion",
                                                                      self.prompt_tokens()))
 
@@ -150,12 +184,25 @@ class CompletionFormatter(Formatter):
     chunk_type = CompletionChunk
     chunk_object = "text_completion"
 
-    def __init__(self, state: ServerState, rid: str, choices: list[Choice], n: int, return_token_ids: bool):
+    def __init__(self, state: ServerState, rid: str, choices: list[Choice], n: int, return_token_ids: bool,
+                 echo: bool = False):
         super().__init__(state, rid, choices)
         self.n = n
         self.return_token_ids = return_token_ids
         self.logprobs = choices[0].params.logprobs is not None
         self.offsets = {c.index: 0 for c in choices}
+        self.echo = {c.index: self._prompt_text(c) for c in choices} if echo else {}
+
+    def _prompt_text(self, choice: Choice) -> str:
+        """The prompt as text, for `echo` (decoded where the client sent token ids)."""
+        if choice.prompt_text is not None:
+            return choice.prompt_text
+        return self.state.tokenizer.decode(choice.prompt_token_ids, skip_special_tokens=False)
+
+    def opening(self) -> list:
+        """With `echo`, each choice's prompt text before its first token."""
+        return [CompletionChunkChoice(index=i, text=text, logprobs=None, finish_reason=None)
+                for i, text in self.echo.items()]
 
     def prompt_tokens(self) -> int:
         """Every prompt counts once, however many choices it has."""
@@ -184,7 +231,8 @@ class CompletionFormatter(Formatter):
         for c in self.choices:
             lp = (completion_logprobs(self.state, collected.logprobs[c.index], 0)
                   if c.params.logprobs is not None else None)
-            out.append(CompletionChoice(index=c.index, text="".join(collected.texts[c.index]), logprobs=lp,
+            text = self.echo.get(c.index, "") + "".join(collected.texts[c.index])
+            out.append(CompletionChoice(index=c.index, text=text, logprobs=lp,
                                         finish_reason=collected.finish[c.index]))
         return CompletionResponse(choices=out, **collected.head(self.state, self.rid, "text_completion",
                                                                 self.prompt_tokens()))

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from onebit.api.admission import check_prompt_count
+from onebit.api.fim import fim_prompt
 from onebit.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from onebit.api.state import ServerState
+from onebit.api.structured import output_grammar
+from onebit.protocol.grammar import GrammarSpec
 from onebit.protocol import InvalidRequest, SamplingParams, check_n, check_prompt
 from onebit.protocol.validate import check_int, check_logprobs, check_token
 
@@ -48,11 +51,12 @@ def check_ids(state: ServerState, ids: list[int], param: str) -> None:
         check_token(token, state.tokenizer.vocab_size, param)
 
 
-def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> tuple[str, list[int]]:
-    """The rendered prompt text and its token ids; special-token strings inside message content are
-    tokenized as plain text (only the template makes special tokens)."""
+def chat_prompt(state: ServerState, request: ChatCompletionRequest, tools: list[dict] | None = None
+                ) -> tuple[str, list[int]]:
+    """The rendered prompt text (showing `tools`) and its token ids; special-token strings inside
+    message content are tokenized as plain text (only the template makes special tokens)."""
     text, ids = _template_call(lambda: state.tokenizer.chat_prompt_ids(
-        [message_to_dict(m) for m in request.messages], add_generation_prompt=True, tools=request.tools,
+        [message_to_dict(m) for m in request.messages], add_generation_prompt=True, tools=tools,
         **(request.chat_template_kwargs or {})))
     return text, check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, "messages")
 
@@ -72,6 +76,8 @@ def completion_prompts(state: ServerState, request: CompletionRequest) -> list[l
     out = []
     for p in prompts:
         ids = state.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p)
+        if request.suffix is not None:
+            ids = fim_prompt(state.tokenizer, ids, request.suffix)
         out.append(check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, "prompt"))
     return out
 
@@ -86,11 +92,37 @@ def completion_prompt_texts(request: CompletionRequest) -> list[str | None]:
     return [p if isinstance(p, str) else None for p in prompt]
 
 
+UNSUPPORTED = ("prediction", "audio", "functions", "function_call", "web_search_options", "reasoning_effort",
+               "verbosity")
+
+
+def reject_unsupported(request: SamplingFields) -> None:
+    """400 naming the first field sent that this server cannot honour (never silently ignored)."""
+    for name in UNSUPPORTED:
+        if getattr(request, name) is not None:
+            hint = "; use tools and tool_choice" if name.startswith("function") else ""
+            raise InvalidRequest(f"{name} is not supported{hint}", name)
+    if request.best_of is not None and request.best_of != request.n:
+        raise InvalidRequest("best_of is not supported (only best_of equal to n)", "best_of")
+    if request.store:
+        raise InvalidRequest("store is not supported: completions are not stored", "store")
+    if request.modalities is not None and request.modalities != ["text"]:
+        raise InvalidRequest('only the "text" modality is supported', "modalities")
+
+
 def sampling_params(state: ServerState, request: SamplingFields, max_tokens: int | None,
-                    logprobs: int | None, renames: dict[str, str] | None = None) -> list[SamplingParams]:
+                    logprobs: int | None, renames: dict[str, str] | None = None,
+                    grammar: GrammarSpec | None = None) -> list[SamplingParams]:
     """One SamplingParams per choice (`n` of them, seeds seed, seed+1, ...), every field checked by the
-    shared validation; `renames` maps a SamplingParams field to the request field it came from."""
+    shared validation; `renames` maps a SamplingParams field to the request field it came from.
+    `grammar` (tool calls) or else the request's own output constraint applies to every choice."""
     check_n(request.n)
+    reject_unsupported(request)
+    response_grammar = output_grammar(request)
+    if grammar is not None and response_grammar is not None:
+        raise InvalidRequest("tool_choice required or named cannot be combined with " + response_grammar.param,
+                             "tool_choice")
+    grammar = grammar or response_grammar
     stop = request.stop
     try:
         base = SamplingParams(
@@ -109,6 +141,7 @@ def sampling_params(state: ServerState, request: SamplingFields, max_tokens: int
             logit_bias=request.logit_bias or {},
             logprobs=logprobs,
             draft_max=request.speculative.n_max if request.speculative else None,
+            grammar=grammar,
         )
         base.validate(state.tokenizer.vocab_size)
     except InvalidRequest as error:
@@ -122,8 +155,10 @@ def sampling_params(state: ServerState, request: SamplingFields, max_tokens: int
             for i in range(request.n)]
 
 
-def chat_sampling_params(state: ServerState, request: ChatCompletionRequest) -> list[SamplingParams]:
-    """SamplingParams for a chat request (max_completion_tokens wins over max_tokens)."""
+def chat_sampling_params(state: ServerState, request: ChatCompletionRequest,
+                         tool_grammar: GrammarSpec | None = None) -> list[SamplingParams]:
+    """SamplingParams for a chat request (max_completion_tokens wins over max_tokens); `tool_grammar`
+    forces a tool call."""
     renames = {"logprobs": "top_logprobs"}
     max_tokens = request.max_tokens
     if request.max_completion_tokens is not None:
@@ -133,11 +168,13 @@ def chat_sampling_params(state: ServerState, request: ChatCompletionRequest) -> 
         renames["max_tokens"] = "max_completion_tokens"
     check_logprobs(request.top_logprobs, "top_logprobs")
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    return sampling_params(state, request, max_tokens, logprobs, renames)
+    return sampling_params(state, request, max_tokens, logprobs, renames, tool_grammar)
 
 
 def completion_sampling_params(state: ServerState, request: CompletionRequest) -> list[SamplingParams]:
     """SamplingParams for a text completion request."""
-    if request.echo:
-        raise InvalidRequest("echo is not supported", "echo")
+    if request.echo and request.logprobs is not None:
+        raise InvalidRequest("echo with logprobs is not supported (the prompt's logprobs are not computed)", "echo")
+    if request.echo and request.suffix is not None:
+        raise InvalidRequest("echo cannot be combined with suffix", "echo")
     return sampling_params(state, request, request.max_tokens, request.logprobs)

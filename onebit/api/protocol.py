@@ -69,6 +69,20 @@ class SamplingFields(_Lenient):
     ignore_eos: bool = False
     min_tokens: int = 0
     speculative: Speculative | None = None
+    response_format: Any = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    json_schema: Any = None  # llama-server: constrain the output to this schema
+    grammar: Any = None  # llama-server: a GBNF grammar the output must match
+    # OpenAI fields this server cannot honour: named here so that sending one is a 400, not ignored
+    best_of: Any = None
+    prediction: Any = None
+    audio: Any = None
+    modalities: Any = None
+    functions: Any = None
+    function_call: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    store: Any = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -80,6 +94,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: str | None = None
 
@@ -91,6 +106,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
+    suffix: str | None = None  # fill-in-the-middle: the text after the completion
     return_token_ids: bool = False  # vLLM's extension: streamed choices carry their `token_ids`
 
 

@@ -62,12 +62,44 @@ class CompletionLogprobs(_Response):
     text_offset: list[int]
 
 
+class FunctionCall(_Response):
+    """The function a tool call invokes: its name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(_Response):
+    """One tool call of the generated message."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class FunctionCallDelta(_Response):
+    """A stream's piece of a function call (`arguments` pieces concatenate)."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Response):
+    """A stream's piece of tool call `index` (id, type and name come in its first piece)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class AssistantMessage(_Response):
     """The generated message; `reasoning_content` holds a split-out `<think>` block."""
 
     role: Literal["assistant"]
     content: str | None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(_Response):
@@ -118,6 +150,7 @@ class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(_Response):

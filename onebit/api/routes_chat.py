@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from fastapi import APIRouter, Request
@@ -13,6 +14,7 @@ from onebit.api.prepare import chat_prompt, chat_sampling_params
 from onebit.api.protocol import ChatCompletionRequest, ErrorResponse
 from onebit.api.reasoning import prompt_opens_reasoning
 from onebit.api.responses import ChatCompletionResponse
+from onebit.api.tool_calls import plan_tools
 
 router = APIRouter()
 
@@ -27,12 +29,15 @@ async def chat_completions(request: ChatCompletionRequest, http: Request):
     state = http.app.state.server
     state.require_ready()
     state.check_model(request.model)
-    prompt_text, ids = chat_prompt(state, request)
-    params = chat_sampling_params(state, request)
+    tools = plan_tools(state, request)
+    prompt_text, ids = chat_prompt(state, request, tools.tools)
+    params = chat_sampling_params(state, request, tools.grammar)
+    if tools.format is not None and tools.format.name == "mistral":  # its [TOOL_CALLS] marker is a special token
+        params = [dataclasses.replace(p, skip_special_tokens=False) for p in params]
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     choices = [Choice(i, ids, p, f"{rid}-{i}", prompt_text) for i, p in enumerate(params)]
     split = request.reasoning_format != "none"
-    fmt = ChatFormatter(state, rid, choices, split, split and prompt_opens_reasoning(prompt_text))
+    fmt = ChatFormatter(state, rid, choices, split, split and prompt_opens_reasoning(prompt_text), tools)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return await serve(http, state, fmt, choices, stream=request.stream, include_usage=include_usage,
                        fields=request)

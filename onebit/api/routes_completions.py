@@ -27,12 +27,14 @@ async def completions(request: CompletionRequest, http: Request):
     state.check_model(request.model)
     prompts = completion_prompts(state, request)
     texts = completion_prompt_texts(request)
+    if request.suffix is not None:  # the prompt sent is the FIM prompt, not the text the client sent
+        texts = [None] * len(texts)
     params = completion_sampling_params(state, request)
     rid = f"cmpl-{uuid.uuid4().hex}"
     n = len(params)
     choices = [Choice(p * n + j, ids, sp, f"{rid}-{p * n + j}", texts[p])
                for p, ids in enumerate(prompts) for j, sp in enumerate(params)]
-    fmt = CompletionFormatter(state, rid, choices, n, request.return_token_ids)
+    fmt = CompletionFormatter(state, rid, choices, n, request.return_token_ids, request.echo)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return await serve(http, state, fmt, choices, stream=request.stream, include_usage=include_usage,
                        fields=request)

@@ -52,7 +52,22 @@ def completion_body(request: GenerateRequest, model: str | None, prompt_mode: st
         body["logprobs"] = p.logprobs
     if not p.skip_special_tokens:
         body["skip_special_tokens"] = False
+    if p.grammar is not None:
+        body.update(_grammar_fields(p))
     return body
+
+
+def _grammar_fields(p: SamplingParams) -> dict:
+    """The output constraint in llama-server's fields (which 1bit takes too); a 400 for kinds it lacks."""
+    g = p.grammar
+    if g.kind == "json_schema":
+        return {"json_schema": json.loads(g.text)}
+    if g.kind == "json_object":
+        return {"json_schema": {"type": "object"}}
+    if g.kind == "gbnf":
+        return {"grammar": g.text}
+    raise InvalidRequest(f"this backend cannot constrain output by {g.kind} (tool_choice required or named)",
+                         g.param)
 
 
 def error_from_body(status: int, raw: bytes | str, started: bool = False) -> RequestError:

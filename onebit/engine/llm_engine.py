@@ -51,6 +51,7 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.faults = FaultInjector.from_env()  # None unless a test asks for faults
         self.speculator.faults = self.faults
+        self.grammar_compiler = None  # see _grammars()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "LLMEngine":
@@ -72,9 +73,19 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_token_ids, params, limit, next(self._arrivals), user, priority)
         if params.seed is not None:
             seq.generator = self.sampler.make_generator(params.seed)
+        if params.grammar is not None:
+            seq.grammar = self._grammars().start(params.grammar)
         self.outputs.start(seq)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    def _grammars(self):
+        """The GrammarCompiler, made at the first constrained request (it reads the whole vocabulary;
+        the grammar library loads only when used)."""
+        if self.grammar_compiler is None:
+            from onebit.engine.grammar import GrammarCompiler
+            self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        return self.grammar_compiler
 
     def abort(self, request_id: str) -> None:
         """Stop a request in any state; its final delta comes from the next step. Unknown ids are ignored."""
@@ -224,6 +235,8 @@ class LLMEngine:
             self.faults.check("detokenizer", seq)
         for token in tokens:
             self.scheduler.append(seq, token)
+            if seq.grammar is not None:
+                seq.grammar.accept(token)  # GrammarFailed fails this request only (see _guarded)
             taken.append(token)
             piece, reason = self.outputs.process(seq, token)
             text += piece

@@ -22,7 +22,8 @@ class OutputProcessor:
 
     def process(self, seq: Sequence, token: int) -> tuple[str, str | None]:
         """The text that `token` (just appended to seq) releases, and the finish reason it causes:
-        "stop" (an end token, a stop token or a stop string), "length" (the limit), or None."""
+        "stop" (an end token, a stop token, a stop string or a complete grammar), "length" (the
+        limit), or None."""
         p = seq.params
         reason = None
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
@@ -30,7 +31,10 @@ class OutputProcessor:
             piece = seq.detokenizer.flush()
         else:
             piece = seq.detokenizer.add([token])
-            if seq.num_tokens >= seq.max_total_tokens:
+            if seq.grammar is not None and seq.grammar.done:  # the constrained output is complete
+                reason = "stop"
+                piece += seq.detokenizer.flush()
+            elif seq.num_tokens >= seq.max_total_tokens:
                 reason = "length"
                 piece += seq.detokenizer.flush()
         if seq.stop_matcher is not None:

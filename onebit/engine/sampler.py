@@ -1,6 +1,7 @@
 """Turns a step's logits into tokens, each row by its own request's parameters.
 
-Order: logit_bias, penalties and min_tokens masks act on the raw logits; then
+Order: logit_bias, penalties and min_tokens masks act on the raw logits, then the grammar mask of
+the constrained rows (one batched mask, engine/grammar/mask.py); then
 temperature, top-k, top-p and min-p shape the distribution; a token is drawn by an
 exponential race (argmax of p / E with E ~ Exp(1)), whose noise for a seeded request
 comes from that request's own generator, so a seed gives the same tokens whatever
@@ -107,6 +108,7 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.masker = None  # a GrammarMasker, made at the first constrained request
 
     def make_generator(self, seed: int) -> torch.Generator:
         """A generator on the sampling device for one seeded request."""
@@ -128,6 +130,11 @@ class Sampler:
             logits = logits.clone()
             apply_bias_and_bans(logits, seqs, self.eos_token_ids)
             apply_penalties(logits, seqs)
+        if any(s.grammar is not None for s in seqs):
+            if self.masker is None:
+                from onebit.engine.grammar import GrammarMasker  # the grammar library loads only when used
+                self.masker = GrammarMasker(logits.shape[-1], logits.device)
+            logits = self.masker.apply(logits, [s.grammar for s in seqs])
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if sampled:

@@ -171,6 +171,10 @@ class Tokenizer:
             table.append(bytes(byte_of[ch] for ch in piece))
         return table
 
+    def backend_json(self) -> str:
+        """The whole tokenizer as `tokenizer.json` text (what grammar libraries load)."""
+        return self._tok.to_str()
+
     def id_to_token(self, i: int) -> str | None:
         """The vocabulary string of token `i` (byte-level form), None when out of range."""
         return self._tok.id_to_token(i)

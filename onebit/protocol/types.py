@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from onebit.protocol.grammar import GrammarSpec
 from onebit.protocol.validate import check_sampling
 
 
@@ -18,6 +19,7 @@ class SamplingParams:
     "until the context is full". logprobs None returns no log-probabilities; an
     integer n returns the sampled token's logprob plus the top-n alternatives. draft_max caps
     speculative drafts for this request (llama.cpp's "speculative": {"n_max": N}; 0 = off).
+    grammar constrains every sampled token (see onebit.protocol.grammar).
     """
 
     temperature: float = 1.0
@@ -37,6 +39,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     draft_max: int | None = None
+    grammar: GrammarSpec | None = None  # output constraint (response_format, json_schema, grammar, tools)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from onebit.protocol.errors import ContextOverflow, InvalidRequest
+from onebit.protocol.grammar import check_grammar
 
 if TYPE_CHECKING:
     from onebit.protocol.types import SamplingParams
@@ -106,6 +107,11 @@ def check_sampling(p: SamplingParams, vocab_size: int | None = None) -> None:
     for token in p.stop_token_ids:
         check_token(token, vocab_size, "stop_token_ids")
     p.logit_bias = logit_bias(p.logit_bias, vocab_size)
+    check_grammar(p.grammar)
+    if p.grammar is not None and (p.ignore_eos or p.min_tokens):
+        # the grammar decides where the output ends; a ban on ending would leave no token to sample
+        raise InvalidRequest("ignore_eos and min_tokens cannot be combined with a grammar or schema",
+                             "ignore_eos" if p.ignore_eos else "min_tokens")
 
 
 def check_prompt(ids, vocab_size: int | None, n_ctx: int | None, param: str = "prompt") -> list[int]:

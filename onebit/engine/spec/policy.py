@@ -6,7 +6,8 @@ from onebit.engine.sequence import Sequence
 
 
 def can_draft(seq: Sequence) -> bool:
-    """Requests whose sampling depends on per-position state (penalties, bias, bans, logprobs) never draft."""
+    """Requests whose sampling depends on per-position state (penalties, bias, bans, logprobs) never
+    draft. A grammar's per-position masks are applied in verification (Speculator.verify)."""
     p = seq.params
     return not (p.has_penalties or p.logit_bias or p.logprobs is not None
                 or seq.num_output_tokens < p.min_tokens)

@@ -29,6 +29,7 @@ class Speculator:
         self.step_k = 0
         self.faults = None  # the engine's test-only FaultInjector, if any
         self.failed: list[Sequence] = []  # sequences whose drafting failed in the last propose()
+        self.masker = None  # a GrammarMasker for constrained requests' verification
 
     def _draft(self, chosen: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[int]]]:
         """The drafter's proposals; when the batch fails, each sequence alone, and the ones that
@@ -92,12 +93,23 @@ class Speculator:
         """Check seq's drafts against its logits rows and count; returns (the tokens to append:
         the kept drafts, then the target's own next token; how many drafts were kept)."""
         drafts = seq.token_ids[seq.num_tokens - seq.num_draft:]
-        kept, bonus = verify(logits, seq, drafts, self.generator)
+        if seq.grammar is not None:  # drafts the grammar rejects are rejected; every row is masked
+            logits, valid = self._grammar_masker(logits).mask_drafts(logits.float(), seq.grammar, drafts)
+            kept, bonus = verify(logits, seq, drafts[:valid], self.generator)
+        else:
+            kept, bonus = verify(logits, seq, drafts, self.generator)
         self.stats.record_verification(len(drafts), kept)
         seq.spec.drafted += len(drafts)
         seq.spec.accepted += kept
         self.policy.record_acceptance(len(drafts), kept)
         return drafts[:kept] + [bonus], kept
+
+    def _grammar_masker(self, logits: torch.Tensor):
+        """The GrammarMasker for verification rows, made at the first constrained verification."""
+        if self.masker is None:
+            from onebit.engine.grammar import GrammarMasker  # the grammar library loads only when used
+            self.masker = GrammarMasker(logits.shape[-1], logits.device)
+        return self.masker
 
     def observe(self, plan, out, computed, decodes: int, drafted: bool, verified: bool, started: float) -> None:
         """After a step's tokens are final: let the drafter learn from it, count it, and time it."""
