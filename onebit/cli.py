@@ -39,9 +39,9 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
                        help="a primary with --adaptive-at slots, overflow to a secondary with --adaptive-slots; "
                             "without --backend: two native backends on --device")
     group.add_argument("--adaptive-at", type=_positive, default=None, metavar="N",
-                       help="requests the primary holds before the overflow goes on (default: --parallel)")
+                       help="requests the primary holds before the overflow goes on (none: --parallel)")
     group.add_argument("--adaptive-slots", type=_positive, default=16, metavar="K",
-                       help="slots of every backend after the first (default 16)")
+                       help="slots of every backend after the first")
     # --mtp / --ngram / --draft-model apply to the primary only (backends/factory.py).
     group.add_argument("--backend", action="append", default=None, metavar="SPEC",
                        help="repeatable, first = primary: native, native:cpu, native:cuda, native:cuda:N, "
@@ -53,16 +53,36 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--llama-server", default=None, metavar="PATH",
                        help="serve the GGUF -m through this llama-server build (with --adaptive: two of them)")
     group.add_argument("--backend-timeout", type=float, default=30.0, metavar="S",
-                       help="seconds without an answer before a backend counts as hung (default 30)")
+                       help="seconds without an answer before a backend counts as hung")
+
+
+def _add_dropin_arguments(serve: argparse.ArgumentParser) -> None:
+    """The llama-server options clients and scripts expect."""
+    serve.add_argument("--alias", action="append", default=None, metavar="NAME",
+                       help="model name clients see, repeatable or comma-separated (none: the directory name, "
+                            "the GGUF file's name, or the Hugging Face id); with one model served any name "
+                            "is accepted")
+    serve.add_argument("--chat-template", default=None, metavar="NAME",
+                       help="use a built-in chat template instead of the model's: chatml, llama3 or mistral")
+    serve.add_argument("--chat-template-file", default=None, metavar="FILE",
+                       help="use this jinja chat template instead of the model's (rendered in the sandbox)")
+    serve.add_argument("--jinja", action="store_true",
+                       help="accepted for llama-server compatibility: chat templates are always jinja here")
+    serve.add_argument("--reasoning-format", default="auto", choices=["auto", "none", "deepseek", "deepseek-legacy"],
+                       help="none: leave <think> text in the content; otherwise split it into "
+                            "reasoning_content (a request's reasoning_format wins)")
+    serve.add_argument("--cors-origins", default="", metavar="ORIGINS",
+                       help="comma-separated origins browsers may call the API from, or * (empty: none)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand but `bench` (which parses its own)."""
     parser = argparse.ArgumentParser(prog="1bit", description="One GPU, many users: an OpenAI-compatible server.")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the OpenAI-compatible server")
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible server",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     serve.add_argument("-m", "--model", help="model directory, .gguf file (or a directory holding one), or cached "
-                                             "Hugging Face id, optionally ID:QUANT to pick a GGUF (default: built-in)")
+                                             "Hugging Face id, optionally ID:QUANT to pick a GGUF (none: the built-in model)")
     serve.add_argument("--gguf-file", default=None, metavar="NAME",
                        help="which GGUF file of the -m directory or cached repository to serve")
     serve.add_argument("--host", default="127.0.0.1")
@@ -81,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "row count uses a Triton kernel where one measured faster at start-up)")
     serve.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                        help="prepare and queue each step while the GPU still runs the one before (hides the "
-                            "host's share of a step; default: on with CUDA, off on the CPU)")
+                            "host's share of a step; none: on with CUDA, off on the CPU)")
     spec = serve.add_argument_group("speculative decoding (drafts verified losslessly; the engine drafts "
                                     "only while measured step times say it pays)")
     spec.add_argument("--mtp", nargs="?", const="", default=None, metavar="PATH",
@@ -92,11 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="draft with a smaller model that has the same tokenizer (a directory or cached "
                            "Hugging Face id, like -m); its KV cache shares the KV budget")
     spec.add_argument("--mtp-max", "--draft-max", dest="draft_max", type=_positive, default=3,
-                      help="most drafted tokens per step (default 3)")
+                      help="most drafted tokens per step")
     spec.add_argument("--mtp-p-min", type=float, default=0.0, metavar="P",
-                      help="draft a token only while the MTP head gives it at least probability P (default 0)")
+                      help="draft a token only while the MTP head gives it at least probability P ")
     spec.add_argument("--draft-policy", choices=["auto", "always"], default="auto",
-                      help="auto: draft only while measured step times say it pays (default); always: draft "
+                      help="auto: draft only while measured step times say it pays; always: draft "
                            "--draft-max tokens on every step, as llama.cpp does")
     # Benchmark-only switches, hidden from --help (bench/README.md documents them): the oracle
     # drafter, a measuring instrument (onebit/bench/oracle.py), and random weights of a model's shape.
@@ -104,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--draft-record", default=None, help=argparse.SUPPRESS)
     serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"], help=argparse.SUPPRESS)
     _add_backend_arguments(serve)
-    serve.add_argument("--alias", help="model name clients use (default: directory name)")
+    _add_dropin_arguments(serve)
     serve.add_argument("--api-key", help="require this key on every API route")
     serve.add_argument("--max-queue", type=int, default=1024, help="requests that may wait for a slot")
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
@@ -193,14 +213,28 @@ def _backend_specs(args: argparse.Namespace):
     return specs, slots
 
 
+def _aliases(values: list[str] | None) -> list[str]:
+    """Every --alias (repeatable, each comma-separated) in order."""
+    return [name.strip() for value in values or [] for name in value.split(",") if name.strip()]
+
+
+def _hf_repo_id(path) -> str | None:
+    """`org/name` for a snapshot directory of the Hugging Face cache (models--org--name/snapshots/HASH)."""
+    repo = path.parent.parent.name
+    if path.parent.name == "snapshots" and repo.startswith("models--") and "--" in repo[len("models--"):]:
+        return repo[len("models--"):].replace("--", "/", 1)
+    return None
+
+
 def _model_identity(path, alias: str | None) -> tuple[str, dict | None]:
-    """The served model name (a GGUF file's name without .gguf) and, for GGUF, its file and quantization."""
+    """The served model name (a GGUF file's name without .gguf, a cached model's repository id) and,
+    for GGUF, its file and quantization."""
     from onebit.models.gguf import is_gguf
     from onebit.models.gguf.files import model_name
     from onebit.models.gguf.load import gguf_info
 
     if not is_gguf(path):
-        return alias or path.name, None
+        return alias or _hf_repo_id(path) or path.name, None
     return alias or model_name(path), gguf_info(path)
 
 
@@ -255,17 +289,27 @@ def serve(args: argparse.Namespace) -> int:
         backends = build_backends(specs, slots, config, options)
     except ValueError as error:
         return _fail(str(error))
+    from onebit.api.cors import parse_origins
+    from onebit.models.builtin_templates import chosen_template, with_template
+
+    try:
+        template = chosen_template(args.chat_template, args.chat_template_file)
+    except ValueError as error:
+        return _fail(str(error))
+    aliases = _aliases(args.alias)
     router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options))
-    name, info = _model_identity(path, args.alias)
+    name, info = _model_identity(path, aliases[0] if aliases else None)
     failure: list[str] = []
 
     def on_load_error(message: str) -> None:
         failure.append(message)
         server.request_exit()
 
-    app = create_app(router, model_name=name, model_path=str(path), load_tokenizer=lambda: Tokenizer.from_dir(path),
+    app = create_app(router, model_name=name, model_path=str(path),
+                     load_tokenizer=lambda: with_template(Tokenizer.from_dir(path), template),
                      api_key=args.api_key, max_body_bytes=args.max_body_bytes, on_load_error=on_load_error,
-                     model_info=info)
+                     model_info=info, aliases=tuple(aliases[1:]), cors_origins=parse_origins(args.cors_origins),
+                     reasoning_format=args.reasoning_format)
     server = make_server(app, args.host, args.port, args.log_level)
     code = run_server(server)
     if failure:

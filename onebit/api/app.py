@@ -10,7 +10,8 @@ from typing import Callable
 from fastapi import FastAPI
 
 from onebit._version import __version__
-from onebit.api import routes_chat, routes_completions, routes_info
+from onebit.api import routes_chat, routes_completions, routes_info, routes_llama
+from onebit.api.cors import add_cors
 from onebit.api.errors import install_error_handlers
 from onebit.api.metrics import Metrics
 from onebit.api.middleware import APIKeyMiddleware, BodyLimitMiddleware
@@ -51,10 +52,13 @@ def begin_shutdown(app: FastAPI) -> None:
 
 def create_app(router: Router, *, model_name: str, model_path: str, load_tokenizer: Callable[[], object],
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None) -> FastAPI:
+               on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None,
+               aliases: tuple[str, ...] = (), cors_origins: list[str] | None = None,
+               reasoning_format: str = "auto") -> FastAPI:
     """Build the server app; the model loads after startup, so /health says 503 until then."""
     state = ServerState(router=router, model_name=model_name, model_path=model_path, metrics=Metrics(router),
-                        model_info=model_info)
+                        model_info=model_info, aliases=tuple(aliases), reasoning_format=reasoning_format,
+                        system_fingerprint=f"fp_1bit_{__version__}")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -74,8 +78,10 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
     app.include_router(routes_info.router)
     app.include_router(routes_chat.router)
     app.include_router(routes_completions.router)
+    app.include_router(routes_llama.router)
     # Added last = outermost: the key is checked before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    add_cors(app, cors_origins)  # outermost: a preflight is answered before the key check, nothing else is
     return app

@@ -45,7 +45,7 @@ async def stream_events(state: ServerState, fmt: Formatter, choices: list[Choice
     """The SSE chunks of every choice as their deltas arrive, then the usage chunk if asked for."""
     counter = TokenCounter()
     out = ChunkWriter(fmt.chunk_type, fmt.rid, fmt.chunk_object, state.model_name, include_usage, len(choices),
-                      counter)
+                      counter, state.system_fingerprint)
     for item in fmt.opening():
         yield out.chunk([item])
     async with contextlib.aclosing(merge_choices(state, choices, tickets)) as merged:
@@ -55,7 +55,7 @@ async def stream_events(state: ServerState, fmt: Formatter, choices: list[Choice
                 yield out.chunk([item])
             if delta.finished:
                 yield out.finish(fmt.finish(index, delta))
-    if (last := out.usage(fmt.prompt_tokens())) is not None:
+    if (last := out.usage(fmt.prompt_tokens(), fmt.cached_tokens(counter))) is not None:
         yield last
 
 

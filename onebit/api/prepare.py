@@ -10,13 +10,15 @@ from onebit.protocol import InvalidRequest, SamplingParams, check_n, check_promp
 from onebit.protocol.validate import check_int, check_logprobs, check_token
 
 _SEED_MASK = 2**63 - 1
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
 
 def message_to_dict(message: ChatMessage) -> dict:
-    """A message as chat templates expect it (text parts joined into one string)."""
+    """A message as chat templates expect it (text parts joined into one string by a blank line, as
+    llama-server joins them)."""
     content = message.content
     if isinstance(content, list):
-        content = "".join(part.text for part in content)
+        content = "\n\n".join(part.text for part in content)
     out = {"role": message.role, "content": content if content is not None else ""}
     for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
         value = getattr(message, key)
@@ -25,12 +27,24 @@ def message_to_dict(message: ChatMessage) -> dict:
     return out
 
 
-def render_chat(state: ServerState, messages: list[ChatMessage], tools=None, template_kwargs=None) -> str:
-    """Apply the model's chat template; template failures are the client's 400."""
+def render_chat(state: ServerState, messages: list[ChatMessage], tools=None, template_kwargs=None,
+                add_generation_prompt: bool = True) -> str:
+    """Apply the model's chat template; template failures are the client's 400.
+
+    A conversation ending in an assistant message asks for that message to be continued (prefill):
+    the turns before it are rendered with the generation prompt and its text is appended, as
+    llama-server does. Two assistant messages at the end are a 400."""
+    dicts = [message_to_dict(m) for m in messages]
+    prefill = None
+    if add_generation_prompt and dicts[-1]["role"] == "assistant":
+        if len(dicts) > 1 and dicts[-2]["role"] == "assistant":
+            raise InvalidRequest("Cannot have 2 or more assistant messages at the end of the list.", "messages")
+        if not dicts[-1].get("tool_calls"):
+            prefill = dicts.pop()["content"]
     try:
-        return state.tokenizer.apply_chat_template([message_to_dict(m) for m in messages],
-                                                   add_generation_prompt=True, tools=tools,
-                                                   **(template_kwargs or {}))
+        text = state.tokenizer.apply_chat_template(dicts, add_generation_prompt=add_generation_prompt,
+                                                   tools=tools, **(template_kwargs or {}))
+        return text if prefill is None else text + prefill
     except ValueError as error:
         raise InvalidRequest(f"cannot apply the chat template: {error}", "messages") from None
     except TypeError as error:  # e.g. a chat_template_kwargs key clashing with a parameter
@@ -123,13 +137,27 @@ def chat_sampling_params(state: ServerState, request: ChatCompletionRequest) -> 
             check_int("max_tokens", max_tokens, 1)
         max_tokens = request.max_completion_tokens
         renames["max_tokens"] = "max_completion_tokens"
+    elif max_tokens is None and request.n_predict is not None:
+        max_tokens = n_predict_tokens(request.n_predict)
+        renames["max_tokens"] = "n_predict"
     check_logprobs(request.top_logprobs, "top_logprobs")
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return sampling_params(state, request, max_tokens, logprobs, renames)
 
 
 def completion_sampling_params(state: ServerState, request: CompletionRequest) -> list[SamplingParams]:
-    """SamplingParams for a text completion request."""
+    """SamplingParams for a text completion request (16 tokens unless max_tokens or n_predict says)."""
     if request.echo:
         raise InvalidRequest("echo is not supported", "echo")
-    return sampling_params(state, request, request.max_tokens, request.logprobs)
+    renames = {}
+    max_tokens = request.max_tokens
+    if max_tokens is None and request.n_predict is not None:
+        max_tokens, renames = n_predict_tokens(request.n_predict), {"max_tokens": "n_predict"}
+    elif max_tokens is None:
+        max_tokens = DEFAULT_COMPLETION_TOKENS
+    return sampling_params(state, request, max_tokens, request.logprobs, renames)
+
+
+def n_predict_tokens(n_predict: int) -> int | None:
+    """llama.cpp's `n_predict` as a max_tokens: a negative value means no limit."""
+    return None if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict < 0 else n_predict

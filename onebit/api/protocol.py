@@ -68,6 +68,7 @@ class SamplingFields(_Lenient):
     ignore_eos: bool = False
     min_tokens: int = 0
     speculative: Speculative | None = None
+    n_predict: int | None = None  # llama.cpp's name for max_tokens (-1: no limit)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -87,7 +88,7 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions: prompt as a string, strings, token ids, or lists of token ids."""
 
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = None  # 16 unless n_predict says otherwise
     logprobs: int | None = None
     echo: bool = False
     return_token_ids: bool = False  # vLLM's extension: streamed choices carry their `token_ids`
@@ -113,6 +114,7 @@ class ApplyTemplateRequest(_Lenient):
     messages: list[ChatMessage] = Field(..., min_length=1)
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
 
 
 # ---- responses (completions and their chunks: onebit/api/responses.py) ----
@@ -141,6 +143,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str
     max_model_len: int | None = None
+    aliases: list[str] | None = None  # every name given with --alias, when several were
     meta: dict[str, Any] | None = None  # the model file: for GGUF its name and quantization type
 
 
