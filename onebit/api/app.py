@@ -10,7 +10,7 @@ from typing import Callable
 from fastapi import FastAPI
 
 from onebit._version import __version__
-from onebit.api import routes_chat, routes_completions, routes_info, routes_llama
+from onebit.api import anthropic, routes_chat, routes_completions, routes_info, routes_llama, routes_responses
 from onebit.api.cors import add_cors
 from onebit.api.errors import install_error_handlers
 from onebit.api.metrics import Metrics
@@ -79,6 +79,8 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
     app.include_router(routes_chat.router)
     app.include_router(routes_completions.router)
     app.include_router(routes_llama.router)
+    app.include_router(anthropic.router)
+    app.include_router(routes_responses.router)
     # Added last = outermost: the key is checked before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
