@@ -85,10 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                                              "Hugging Face id, optionally ID:QUANT to pick a GGUF (none: the built-in model)")
     serve.add_argument("--gguf-file", default=None, metavar="NAME",
                        help="which GGUF file of the -m directory or cached repository to serve")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
     serve.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights and activations dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
     serve.add_argument("--ctx-size", type=_positive, default=None, help="context size in tokens")
     serve.add_argument("--parallel", type=_positive, default=4, help="slots decoding together")
     serve.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV pool size, e.g. 2G")
@@ -127,8 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dropin_arguments(serve)
     serve.add_argument("--api-key", help="require this key on every API route")
     serve.add_argument("--max-queue", type=int, default=1024, help="requests that may wait for a slot")
-    serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20,
+                       help="largest request body in bytes (e.g. 8M); larger is a 413")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="how much the server logs")
     sub.add_parser("bench", help="measure tokens/s of a server (see `1bit bench --help`)", add_help=False)
     sub.add_parser("llama-server", help="build llama-server to serve through (`1bit llama-server --help`)",
                    add_help=False)
@@ -257,8 +260,12 @@ def serve(args: argparse.Namespace) -> int:
     from onebit.models.errors import ModelLoadError
     from onebit.models.tokenizer import Tokenizer
 
+    from onebit.api.cors import parse_origins
+    from onebit.models.builtin_templates import chosen_template, with_template
+
     try:
         path = _model_path(args)
+        template = chosen_template(args.chat_template, args.chat_template_file)
     except (ModelLoadError, ValueError) as error:
         return _fail(str(error))
     from onebit.api.app import create_app
@@ -287,13 +294,6 @@ def serve(args: argparse.Namespace) -> int:
     try:
         specs, slots = _backend_specs(args)
         backends = build_backends(specs, slots, config, options)
-    except ValueError as error:
-        return _fail(str(error))
-    from onebit.api.cors import parse_origins
-    from onebit.models.builtin_templates import chosen_template, with_template
-
-    try:
-        template = chosen_template(args.chat_template, args.chat_template_file)
     except ValueError as error:
         return _fail(str(error))
     aliases = _aliases(args.alias)
