@@ -235,3 +235,10 @@ def test_help_shows_every_default():
     options = [a for a in serve._actions if a.option_strings and a.help != "==SUPPRESS==" and a.dest != "help"]
     assert len(blocks) == len(options) > 30
     assert [b for b in blocks if "(default:" not in b] == []
+
+
+def test_reasoning_is_split_by_default(server):
+    messages = MESSAGES + [{"role": "assistant", "content": "<think>"}]
+    out = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 4, "temperature": 0,
+                                                "ignore_eos": True}).json()
+    assert out["choices"][0]["message"]["reasoning_content"]  # the prompt opened a <think> block
