@@ -76,3 +76,33 @@ def test_peer_cached_tokens_reach_the_final_delta():
     llama = StreamState("s")
     parse_chunk(llama, {"choices": [{"text": "x", "finish_reason": "stop"}], "timings": {"cache_n": 7}})
     assert final_delta(llama, 9).num_cached_tokens == 7
+
+
+class _FimTokenizer:
+    """A stand-in tokenizer with Qwen-style FIM tokens: one id per character, specials above 1000."""
+
+    vocab_size = 1003
+    SPECIAL = {"<|fim_prefix|>": 1000, "<|fim_suffix|>": 1001, "<|fim_middle|>": 1002}
+
+    def token_to_id(self, text):
+        return self.SPECIAL.get(text)
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 1000 for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        names = {v: k for k, v in self.SPECIAL.items()}
+        return "".join(names.get(i, chr(i)) for i in ids)
+
+
+def test_infill_prompt_order():
+    from types import SimpleNamespace
+
+    from onebit.api.llama_request import InfillRequest, fim_prompt
+
+    state = SimpleNamespace(tokenizer=_FimTokenizer(), n_ctx=512)
+    request = InfillRequest(input_prefix="def f(", input_suffix="):", prompt="x",
+                            input_extra=[{"filename": "a.py", "text": "y = 1\n"}])
+    ids, text = fim_prompt(state, request)
+    assert text == "<|fim_prefix|>a.py\ny = 1\ndef f(<|fim_suffix|>):<|fim_middle|>x"
+    assert ids[0] == 1000 and ids.count(1001) == 1 and ids.count(1002) == 1

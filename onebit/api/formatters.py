@@ -124,7 +124,7 @@ class ChatFormatter(Formatter):
         body = {}
         if reasoning:
             body["reasoning_content"] = reasoning
-        if content or (not reasoning and delta.logprobs):
+        if content:  # never an empty content delta: clients take "" as a (blank) piece of the message
             body["content"] = content
         lp = chat_logprobs(self.state, delta.logprobs) if self.logprobs and delta.logprobs else None
         if not body and not lp:
