@@ -22,7 +22,7 @@ class LlamaCompletionRequest(SamplingFields):
     prompt: Any = None
     n_probs: int = 0
     cache_prompt: bool = True  # prefix caching is server-wide: accepted, always on
-    id_slot: int = -1
+    id_slot: int = -1  # checked against the slots and echoed; the router still picks the slot
     return_tokens: bool = False
     repeat_penalty: float | None = None
 
