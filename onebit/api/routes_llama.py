@@ -42,6 +42,7 @@ class _Result:
         self.finish: str | None = None
 
     def add(self, delta: StepDelta) -> None:
+        """Take in one delta."""
         self.text.append(delta.text)
         self.tokens.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs or [])
