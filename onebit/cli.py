@@ -9,6 +9,8 @@ import re
 import sys
 from pathlib import Path
 
+from onebit.cli_dropin import add_dropin_arguments, aliases_of, hf_repo_id
+
 DEFAULT_PORT = 8000
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -54,25 +56,6 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
                        help="serve the GGUF -m through this llama-server build (with --adaptive: two of them)")
     group.add_argument("--backend-timeout", type=float, default=30.0, metavar="S",
                        help="seconds without an answer before a backend counts as hung")
-
-
-def _add_dropin_arguments(serve: argparse.ArgumentParser) -> None:
-    """The llama-server options clients and scripts expect."""
-    serve.add_argument("--alias", action="append", default=None, metavar="NAME",
-                       help="model name clients see, repeatable or comma-separated (none: the directory name, "
-                            "the GGUF file's name, or the Hugging Face id); with one model served any name "
-                            "is accepted")
-    serve.add_argument("--chat-template", default=None, metavar="NAME",
-                       help="use a built-in chat template instead of the model's: chatml, llama3 or mistral")
-    serve.add_argument("--chat-template-file", default=None, metavar="FILE",
-                       help="use this jinja chat template instead of the model's (rendered in the sandbox)")
-    serve.add_argument("--jinja", action="store_true",
-                       help="accepted for llama-server compatibility: chat templates are always jinja here")
-    serve.add_argument("--reasoning-format", default="auto", choices=["auto", "none", "deepseek", "deepseek-legacy"],
-                       help="none: leave <think> text in the content; otherwise split it into "
-                            "reasoning_content (a request's reasoning_format wins)")
-    serve.add_argument("--cors-origins", default="", metavar="ORIGINS",
-                       help="comma-separated origins browsers may call the API from, or * (empty: none)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--draft-record", default=None, help=argparse.SUPPRESS)
     serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"], help=argparse.SUPPRESS)
     _add_backend_arguments(serve)
-    _add_dropin_arguments(serve)
+    add_dropin_arguments(serve)
     serve.add_argument("--api-key", help="require this key on every API route")
     serve.add_argument("--max-queue", type=int, default=1024, help="requests that may wait for a slot")
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20,
@@ -216,19 +199,6 @@ def _backend_specs(args: argparse.Namespace):
     return specs, slots
 
 
-def _aliases(values: list[str] | None) -> list[str]:
-    """Every --alias (repeatable, each comma-separated) in order."""
-    return [name.strip() for value in values or [] for name in value.split(",") if name.strip()]
-
-
-def _hf_repo_id(path) -> str | None:
-    """`org/name` for a snapshot directory of the Hugging Face cache (models--org--name/snapshots/HASH)."""
-    repo = path.parent.parent.name
-    if path.parent.name == "snapshots" and repo.startswith("models--") and "--" in repo[len("models--"):]:
-        return repo[len("models--"):].replace("--", "/", 1)
-    return None
-
-
 def _model_identity(path, alias: str | None) -> tuple[str, dict | None]:
     """The served model name (a GGUF file's name without .gguf, a cached model's repository id) and,
     for GGUF, its file and quantization."""
@@ -237,7 +207,7 @@ def _model_identity(path, alias: str | None) -> tuple[str, dict | None]:
     from onebit.models.gguf.load import gguf_info
 
     if not is_gguf(path):
-        return alias or _hf_repo_id(path) or path.name, None
+        return alias or hf_repo_id(path) or path.name, None
     return alias or model_name(path), gguf_info(path)
 
 
@@ -262,6 +232,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from onebit.api.cors import parse_origins
     from onebit.models.builtin_templates import chosen_template, with_template
+    from onebit.models.pooling_config import model_pooling
 
     try:
         path = _model_path(args)
@@ -296,7 +267,7 @@ def serve(args: argparse.Namespace) -> int:
         backends = build_backends(specs, slots, config, options)
     except ValueError as error:
         return _fail(str(error))
-    aliases = _aliases(args.alias)
+    aliases = aliases_of(args.alias)
     router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options))
     name, info = _model_identity(path, aliases[0] if aliases else None)
     failure: list[str] = []
@@ -309,7 +280,8 @@ def serve(args: argparse.Namespace) -> int:
                      load_tokenizer=lambda: with_template(Tokenizer.from_dir(path), template),
                      api_key=args.api_key, max_body_bytes=args.max_body_bytes, on_load_error=on_load_error,
                      model_info=info, aliases=tuple(aliases[1:]), cors_origins=parse_origins(args.cors_origins),
-                     reasoning_format=args.reasoning_format)
+                     reasoning_format=args.reasoning_format,
+                     embedding_pooling=(args.pooling or model_pooling(path)) if args.embedding else None)
     server = make_server(app, args.host, args.port, args.log_level)
     code = run_server(server)
     if failure:

@@ -242,3 +242,8 @@ def test_reasoning_is_split_by_default(server):
     out = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 4, "temperature": 0,
                                                 "ignore_eos": True}).json()
     assert out["choices"][0]["message"]["reasoning_content"]  # the prompt opened a <think> block
+
+
+def test_embeddings_need_the_embedding_option(server):
+    r = post(server, "/v1/embeddings", {"input": "hello"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "not_supported"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from onebit.backends.remote_protocol import StreamState, final_delta, parse_chunk
-from onebit.cli import _aliases, _hf_repo_id, main
+from onebit.cli import main
+from onebit.cli_dropin import aliases_of, hf_repo_id
 from onebit.models.builtin_templates import BUILTIN_TEMPLATES, chosen_template
 from onebit.models.chat_template import compile_template, render_template
 from onebit.models.errors import ChatTemplateError
@@ -59,12 +60,12 @@ def test_bad_template_option_ends_serve_with_a_message(capsys, tiny_model_dir):
     assert "--chat-template 'nope'" in capsys.readouterr().err
 
 
-def test_cached_model_names_and_aliases(tmp_path):
+def test_cached_model_names_andaliases_of(tmp_path):
     snapshot = tmp_path / "models--org--name-v2" / "snapshots" / "abc123"
-    assert _hf_repo_id(snapshot) == "org/name-v2"
-    assert _hf_repo_id(tmp_path / "plain-dir") is None
-    assert _aliases(["a", "b,c", " d , "]) == ["a", "b", "c", "d"]
-    assert _aliases(None) == []
+    assert hf_repo_id(snapshot) == "org/name-v2"
+    assert hf_repo_id(tmp_path / "plain-dir") is None
+    assert aliases_of(["a", "b,c", " d , "]) == ["a", "b", "c", "d"]
+    assert aliases_of(None) == []
 
 
 def test_peer_cached_tokens_reach_the_final_delta():

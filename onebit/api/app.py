@@ -10,7 +10,8 @@ from typing import Callable
 from fastapi import FastAPI
 
 from onebit._version import __version__
-from onebit.api import anthropic, routes_chat, routes_completions, routes_info, routes_llama, routes_responses
+from onebit.api import (anthropic, routes_chat, routes_completions, routes_embeddings, routes_info, routes_llama,
+                        routes_responses)
 from onebit.api.cors import add_cors
 from onebit.api.errors import install_error_handlers
 from onebit.api.metrics import Metrics
@@ -54,11 +55,11 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None,
                aliases: tuple[str, ...] = (), cors_origins: list[str] | None = None,
-               reasoning_format: str = "auto") -> FastAPI:
+               reasoning_format: str = "auto", embedding_pooling: str | None = None) -> FastAPI:
     """Build the server app; the model loads after startup, so /health says 503 until then."""
     state = ServerState(router=router, model_name=model_name, model_path=model_path, metrics=Metrics(router),
                         model_info=model_info, aliases=tuple(aliases), reasoning_format=reasoning_format,
-                        system_fingerprint=f"fp_1bit_{__version__}")
+                        system_fingerprint=f"fp_1bit_{__version__}", embedding_pooling=embedding_pooling)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -81,6 +82,7 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
     app.include_router(routes_llama.router)
     app.include_router(anthropic.router)
     app.include_router(routes_responses.router)
+    app.include_router(routes_embeddings.router)
     # Added last = outermost: the key is checked before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:

@@ -23,6 +23,7 @@ class ServerState:
     strict_model_names: bool = False  # one model served: any `model` value is accepted, as llama-server does
     reasoning_format: str = "auto"  # --reasoning-format: the default of a request's `reasoning_format`
     system_fingerprint: str = "fp_1bit"
+    embedding_pooling: str | None = None  # --embedding: how /v1/embeddings pools (None: not served)
     tokenizer: object | None = None
     n_ctx: int | None = None
     load_error: str | None = None
