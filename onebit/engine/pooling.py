@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from onebit.engine.sampling_params import InvalidParameter
+
 POOLING_KINDS = ("mean", "last", "cls")
 
 
@@ -14,7 +16,7 @@ class Pooler:
 
     def __init__(self, kind: str, num_prompt_tokens: int):
         if kind not in POOLING_KINDS:
-            raise ValueError(f"pooling must be one of {', '.join(POOLING_KINDS)}")
+            raise InvalidParameter(f"pooling must be one of {', '.join(POOLING_KINDS)}", "pooling")
         self.kind = kind
         self.n = num_prompt_tokens
         self.upto = 0  # positions [0, upto) are pooled
