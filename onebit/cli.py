@@ -9,6 +9,8 @@ import re
 import sys
 from pathlib import Path
 
+from onebit.cli_dropin import add_dropin_arguments, aliases_of, hf_repo_id
+
 DEFAULT_PORT = 8000
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -39,9 +41,9 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
                        help="a primary with --adaptive-at slots, overflow to a secondary with --adaptive-slots; "
                             "without --backend: two native backends on --device")
     group.add_argument("--adaptive-at", type=_positive, default=None, metavar="N",
-                       help="requests the primary holds before the overflow goes on (default: --parallel)")
+                       help="requests the primary holds before the overflow goes on (none: --parallel)")
     group.add_argument("--adaptive-slots", type=_positive, default=16, metavar="K",
-                       help="slots of every backend after the first (default 16)")
+                       help="slots of every backend after the first")
     # --mtp / --ngram / --draft-model apply to the primary only (backends/factory.py).
     group.add_argument("--backend", action="append", default=None, metavar="SPEC",
                        help="repeatable, first = primary: native, native:cpu, native:cuda, native:cuda:N, "
@@ -53,22 +55,24 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--llama-server", default=None, metavar="PATH",
                        help="serve the GGUF -m through this llama-server build (with --adaptive: two of them)")
     group.add_argument("--backend-timeout", type=float, default=30.0, metavar="S",
-                       help="seconds without an answer before a backend counts as hung (default 30)")
+                       help="seconds without an answer before a backend counts as hung")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand but `bench` (which parses its own)."""
     parser = argparse.ArgumentParser(prog="1bit", description="One GPU, many users: an OpenAI-compatible server.")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the OpenAI-compatible server")
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible server",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     serve.add_argument("-m", "--model", help="model directory, .gguf file (or a directory holding one), or cached "
-                                             "Hugging Face id, optionally ID:QUANT to pick a GGUF (default: built-in)")
+                                             "Hugging Face id, optionally ID:QUANT to pick a GGUF (none: the built-in model)")
     serve.add_argument("--gguf-file", default=None, metavar="NAME",
                        help="which GGUF file of the -m directory or cached repository to serve")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
     serve.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights and activations dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
     serve.add_argument("--quantize", default=None, choices=["fp8"],
                        help="quantize the decoder's linear layers after loading: fp8 = e4m3 weights with one scale "
                             "per output channel (half the bytes of bf16; default: none)")
@@ -84,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "row count uses a Triton kernel where one measured faster at start-up)")
     serve.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                        help="prepare and queue each step while the GPU still runs the one before (hides the "
-                            "host's share of a step; default: on with CUDA, off on the CPU)")
+                            "host's share of a step; none: on with CUDA, off on the CPU)")
     spec = serve.add_argument_group("speculative decoding (drafts verified losslessly; the engine drafts "
                                     "only while measured step times say it pays)")
     spec.add_argument("--mtp", nargs="?", const="", default=None, metavar="PATH",
@@ -95,11 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="draft with a smaller model that has the same tokenizer (a directory or cached "
                            "Hugging Face id, like -m); its KV cache shares the KV budget")
     spec.add_argument("--mtp-max", "--draft-max", dest="draft_max", type=_positive, default=3,
-                      help="most drafted tokens per step (default 3)")
+                      help="most drafted tokens per step")
     spec.add_argument("--mtp-p-min", type=float, default=0.0, metavar="P",
-                      help="draft a token only while the MTP head gives it at least probability P (default 0)")
+                      help="draft a token only while the MTP head gives it at least probability P ")
     spec.add_argument("--draft-policy", choices=["auto", "always"], default="auto",
-                      help="auto: draft only while measured step times say it pays (default); always: draft "
+                      help="auto: draft only while measured step times say it pays; always: draft "
                            "--draft-max tokens on every step, as llama.cpp does")
     # Benchmark-only switches, hidden from --help (bench/README.md documents them): the oracle
     # drafter, a measuring instrument (onebit/bench/oracle.py), and random weights of a model's shape.
@@ -107,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--draft-record", default=None, help=argparse.SUPPRESS)
     serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"], help=argparse.SUPPRESS)
     _add_backend_arguments(serve)
-    serve.add_argument("--alias", help="model name clients use (default: directory name)")
+    add_dropin_arguments(serve)
     serve.add_argument("--api-key", help="require this key on every API route (its user is named 'default')")
     serve.add_argument("--api-key-file", metavar="FILE",
                        help="named keys with limits, one per line: KEY NAME [max_concurrent=N] [max_queued=N] "
@@ -124,8 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "one of the same user (acts when the engine holds more requests than slots, e.g. "
                             "--backend 'native?slots=N' with N above --parallel)")
     serve.add_argument("--props-show-path", action="store_true", help="/props shows the model's file path")
-    serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20,
+                       help="largest request body in bytes (e.g. 8M); larger is a 413")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="how much the server logs")
     sub.add_parser("bench", help="measure tokens/s of a server (see `1bit bench --help`)", add_help=False)
     sub.add_parser("llama-server", help="build llama-server to serve through (`1bit llama-server --help`)",
                    add_help=False)
@@ -211,13 +217,14 @@ def _backend_specs(args: argparse.Namespace):
 
 
 def _model_identity(path, alias: str | None) -> tuple[str, dict | None]:
-    """The served model name (a GGUF file's name without .gguf) and, for GGUF, its file and quantization."""
+    """The served model name (a GGUF file's name without .gguf, a cached model's repository id) and,
+    for GGUF, its file and quantization."""
     from onebit.models.gguf import is_gguf
     from onebit.models.gguf.files import model_name
     from onebit.models.gguf.load import gguf_info
 
     if not is_gguf(path):
-        return alias or path.name, None
+        return alias or hf_repo_id(path) or path.name, None
     return alias or model_name(path), gguf_info(path)
 
 
@@ -240,8 +247,13 @@ def serve(args: argparse.Namespace) -> int:
     from onebit.models.errors import ModelLoadError
     from onebit.models.tokenizer import Tokenizer
 
+    from onebit.api.cors import parse_origins
+    from onebit.models.builtin_templates import chosen_template, with_template
+    from onebit.models.pooling_config import model_pooling
+
     try:
         path = _model_path(args)
+        template = chosen_template(args.chat_template, args.chat_template_file)
     except (ModelLoadError, ValueError) as error:
         return _fail(str(error))
     from onebit.api.app import create_app
@@ -273,9 +285,10 @@ def serve(args: argparse.Namespace) -> int:
         backends = build_backends(specs, slots, config, options)
     except ValueError as error:
         return _fail(str(error))
+    aliases = aliases_of(args.alias)
     router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options),
                     fair=not args.no_fair_share)
-    name, info = _model_identity(path, args.alias)
+    name, info = _model_identity(path, aliases[0] if aliases else None)
     failure: list[str] = []
 
     def on_load_error(message: str) -> None:
@@ -290,9 +303,12 @@ def serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         return _fail(f"--api-key-file: {error}")
     policy = ServePolicy(max_prompts_per_request=args.max_prompts_per_request, props_show_path=args.props_show_path)
-    app = create_app(router, model_name=name, model_path=str(path), load_tokenizer=lambda: Tokenizer.from_dir(path),
+    app = create_app(router, model_name=name, model_path=str(path),
+                     load_tokenizer=lambda: with_template(Tokenizer.from_dir(path), template),
                      max_body_bytes=args.max_body_bytes, on_load_error=on_load_error, model_info=info,
-                     keys=keys, policy=policy)
+                     keys=keys, policy=policy, aliases=tuple(aliases[1:]),
+                     cors_origins=parse_origins(args.cors_origins), reasoning_format=args.reasoning_format,
+                     embedding_pooling=(args.pooling or model_pooling(path)) if args.embedding else None)
     server = make_server(app, args.host, args.port, args.log_level)
     code = run_server(server)
     if failure:

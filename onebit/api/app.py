@@ -10,8 +10,10 @@ from typing import Callable
 from fastapi import FastAPI
 
 from onebit._version import __version__
-from onebit.api import routes_chat, routes_completions, routes_info, routes_queue
+from onebit.api import (anthropic, routes_chat, routes_completions, routes_embeddings, routes_info, routes_llama,
+                        routes_queue, routes_responses)
 from onebit.api.auth import KeyInfo
+from onebit.api.cors import add_cors
 from onebit.api.errors import install_error_handlers
 from onebit.api.metrics import Metrics
 from onebit.api.middleware import APIKeyMiddleware, BodyLimitMiddleware
@@ -53,14 +55,18 @@ def begin_shutdown(app: FastAPI) -> None:
 def create_app(router: Router, *, model_name: str, model_path: str, load_tokenizer: Callable[[], object],
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None,
-               keys: dict[str, KeyInfo] | None = None, policy: ServePolicy | None = None) -> FastAPI:
+               keys: dict[str, KeyInfo] | None = None, policy: ServePolicy | None = None,
+               aliases: tuple[str, ...] = (), cors_origins: list[str] | None = None,
+               reasoning_format: str = "auto", embedding_pooling: str | None = None) -> FastAPI:
     """Build the server app; the model loads after startup, so /health says 503 until then.
     `keys` are the named API keys (`onebit.api.auth`), besides the single `api_key`."""
     keys = dict(keys or {})
     if api_key:
         keys.setdefault(api_key, KeyInfo("default"))
     state = ServerState(router=router, model_name=model_name, model_path=model_path, metrics=Metrics(router),
-                        model_info=model_info, policy=policy or ServePolicy())
+                        model_info=model_info, policy=policy or ServePolicy(), aliases=tuple(aliases),
+                        reasoning_format=reasoning_format, system_fingerprint=f"fp_1bit_{__version__}",
+                        embedding_pooling=embedding_pooling)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -81,8 +87,13 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
     app.include_router(routes_chat.router)
     app.include_router(routes_completions.router)
     app.include_router(routes_queue.router)
+    app.include_router(routes_llama.router)
+    app.include_router(anthropic.router)
+    app.include_router(routes_responses.router)
+    app.include_router(routes_embeddings.router)
     # Added last = outermost: the key is checked before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if keys:
         app.add_middleware(APIKeyMiddleware, keys=keys)
+    add_cors(app, cors_origins)  # outermost: a preflight is answered before the key check, nothing else is
     return app

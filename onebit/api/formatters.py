@@ -39,13 +39,11 @@ class Collected:
         if delta.finished:
             self.finish[index] = delta.finish_reason
 
-    def head(self, state: ServerState, rid: str, obj: str, prompt_tokens: int) -> dict:
+    def head(self, state: ServerState, rid: str, obj: str, prompt_tokens: int, cached_tokens: int = 0) -> dict:
         """The fields every whole response has besides its choices."""
-        fields = {"id": rid, "object": obj, "created": int(time.time()), "model": state.model_name,
-                  "usage": usage(prompt_tokens, self.counts.total)}
-        if timings := self.counts.timings():
-            fields["timings"] = timings
-        return fields
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": state.model_name,
+                "system_fingerprint": state.system_fingerprint,
+                "usage": usage(prompt_tokens, self.counts.total, cached_tokens), "timings": self.counts.timings()}
 
 
 class Formatter:
@@ -59,9 +57,17 @@ class Formatter:
         self.rid = rid
         self.choices = choices
 
+    def prompt_choices(self) -> list[Choice]:
+        """The choices whose prompts `usage` counts (every choice of one prompt shares it)."""
+        return self.choices[:1]
+
     def prompt_tokens(self) -> int:
-        """Prompt tokens for `usage` (every choice of one prompt shares it)."""
-        return len(self.choices[0].prompt_token_ids)
+        """Prompt tokens for `usage`."""
+        return sum(len(c.prompt_token_ids) for c in self.prompt_choices())
+
+    def cached_tokens(self, counter: TokenCounter) -> int:
+        """Of `prompt_tokens`, those the engine found in its prefix cache."""
+        return counter.cached(c.index for c in self.prompt_choices())
 
     def opening(self) -> list:
         """Chunk items sent before any token."""
@@ -128,7 +134,7 @@ class ChatFormatter(Formatter):
 
     def opening(self) -> list:
         """The assistant role, one chunk per choice."""
-        return [ChatChunkChoice(index=c.index, delta=ChatDelta(role="assistant", content=""), logprobs=None,
+        return [ChatChunkChoice(index=c.index, delta=ChatDelta(role="assistant", content=None), logprobs=None,
                                 finish_reason=None) for c in self.choices]
 
     def piece(self, index: int, delta: StepDelta) -> ChatChunkChoice | None:
@@ -144,7 +150,7 @@ class ChatFormatter(Formatter):
         body = {}
         if reasoning:
             body["reasoning_content"] = reasoning
-        if content or (not reasoning and not calls and delta.logprobs):
+        if content:  # never an empty content delta: clients take "" as a (blank) piece of the message
             body["content"] = content
         if calls:
             body["tool_calls"] = calls
@@ -175,7 +181,8 @@ class ChatFormatter(Formatter):
             out.append(ChatChoice(index=c.index, message=message, logprobs=lp,
                                   finish_reason=self._finish_reason(c.index, collected.finish[c.index])))
         return ChatCompletionResponse(choices=out, **collected.head(self.state, self.rid, "chat.completion",
-                                                                     self.prompt_tokens()))
+                                                                     self.prompt_tokens(),
+                                                                     self.cached_tokens(collected.counts)))
 
 
 class CompletionFormatter(Formatter):
@@ -204,9 +211,9 @@ class CompletionFormatter(Formatter):
         return [CompletionChunkChoice(index=i, text=text, logprobs=None, finish_reason=None)
                 for i, text in self.echo.items()]
 
-    def prompt_tokens(self) -> int:
+    def prompt_choices(self) -> list[Choice]:
         """Every prompt counts once, however many choices it has."""
-        return sum(len(c.prompt_token_ids) for c in self.choices[::self.n])
+        return self.choices[::self.n]
 
     def piece(self, index: int, delta: StepDelta) -> CompletionChunkChoice | None:
         """The delta's text (with its logprobs and token ids when asked for)."""
@@ -235,4 +242,5 @@ class CompletionFormatter(Formatter):
             out.append(CompletionChoice(index=c.index, text=text, logprobs=lp,
                                         finish_reason=collected.finish[c.index]))
         return CompletionResponse(choices=out, **collected.head(self.state, self.rid, "text_completion",
-                                                                self.prompt_tokens()))
+                                                                self.prompt_tokens(),
+                                                                self.cached_tokens(collected.counts)))

@@ -7,16 +7,17 @@ import time
 
 from pydantic import BaseModel
 
-from onebit.api.responses import (ChatLogprobs, CompletionLogprobs, TokenLogprobs, TopLogprob, Timings,
-                                  Usage)
+from onebit.api.responses import (ChatLogprobs, CompletionLogprobs, PromptTokensDetails, TokenLogprobs,
+                                  TopLogprob, Timings, Usage)
 from onebit.api.state import ServerState
 from onebit.protocol import TokenLogprob
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
-    """The `usage` object."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+    """The `usage` object (`prompt_tokens_details.cached_tokens`: prefix-cache hits)."""
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
+                 total_tokens=prompt_tokens + completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
 
 
 def sse(payload: BaseModel | dict) -> str:
@@ -65,9 +66,10 @@ class ChunkWriter:
     when there is one."""
 
     def __init__(self, chunk_type: type[BaseModel], rid: str, obj: str, model: str, include_usage: bool,
-                 choices: int, counter):
+                 choices: int, counter, system_fingerprint: str | None = None):
         self.chunk_type = chunk_type
-        self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
+        self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+                     "system_fingerprint": system_fingerprint}
         self.include_usage = include_usage
         self.unfinished = choices
         self.counter = counter  # a TokenCounter: completion tokens and draft counts so far
@@ -88,11 +90,11 @@ class ChunkWriter:
         last = not self.unfinished and not self.include_usage
         return self.chunk([item], self.counter.timings() if last else None)
 
-    def usage(self, prompt_tokens: int) -> str | None:
+    def usage(self, prompt_tokens: int, cached_tokens: int = 0) -> str | None:
         """The final usage chunk when the client asked for one (stream_options.include_usage)."""
         if not self.include_usage:
             return None
-        fields = {**self.head, "choices": [], "usage": usage(prompt_tokens, self.counter.total)}
+        fields = {**self.head, "choices": [], "usage": usage(prompt_tokens, self.counter.total, cached_tokens)}
         if timings := self.counter.timings():
             fields["timings"] = timings
         return sse(self.chunk_type(**fields))

@@ -99,14 +99,19 @@ async def run_choice(state: ServerState, choice: Choice, ticket: Ticket) -> Asyn
 
 class TokenCounter:
     """Completion tokens per choice: the ids streamed, or the backend's own final count when larger.
-    Also the drafted and accepted tokens per choice, for the response's `timings`.
+    Also per choice the prompt tokens the engine evaluated and found in its prefix cache, the drafted
+    and accepted tokens, and when the first and last tokens came: the response's `timings`.
 
     A peer that streams text without token ids still reports how many it generated.
     """
 
     def __init__(self):
+        self._start = time.monotonic()
         self._counts: dict[int, int] = {}
         self._drafts: dict[int, tuple[int, int]] = {}
+        self._prompts: dict[int, tuple[int, int]] = {}  # index -> (prompt tokens, of which cached)
+        self._first: float | None = None
+        self._last: float | None = None
 
     def add(self, index: int, delta: StepDelta) -> None:
         """Count one delta of choice `index`."""
@@ -115,18 +120,51 @@ class TokenCounter:
             count = max(count, delta.num_output_tokens)
         self._counts[index] = count
         self._drafts[index] = (delta.num_draft_tokens, delta.num_accepted_tokens)  # running totals
+        if delta.num_prompt_tokens:
+            self._prompts[index] = (delta.num_prompt_tokens, delta.num_cached_tokens)
+        now = time.monotonic()
+        if self._first is None and (delta.token_ids or delta.text or delta.finished):
+            self._first = now
+        self._last = now
 
     @property
     def total(self) -> int:
         """Completion tokens over all choices."""
         return sum(self._counts.values())
 
-    def timings(self) -> Timings | None:
-        """llama.cpp's `timings` draft fields over all choices, or None when nothing was drafted."""
-        drafted = sum(d for d, _ in self._drafts.values())
-        if not drafted:
-            return None
-        return Timings(draft_n=drafted, draft_n_accepted=sum(a for _, a in self._drafts.values()))
+    def count(self, index: int) -> int:
+        """Completion tokens of one choice."""
+        return self._counts.get(index, 0)
+
+    def cached(self, indices) -> int:
+        """Prompt tokens of these choices that the engine found in its prefix cache."""
+        return sum(self._prompts.get(i, (0, 0))[1] for i in indices)
+
+    def timings(self, indices=None) -> Timings:
+        """llama.cpp's `timings` over these choices (default: all): prompt and generation counts and
+        milliseconds, and the draft fields when something was drafted."""
+        indices = list(self._counts) if indices is None else list(indices)
+        prompt = sum(self._prompts.get(i, (0, 0))[0] for i in indices)
+        cached = self.cached(indices)
+        predicted = sum(self._counts.get(i, 0) for i in indices)
+        now = time.monotonic()
+        first = self._first if self._first is not None else now
+        prompt_ms = (first - self._start) * 1000.0
+        predicted_ms = ((self._last or now) - first) * 1000.0
+        timings = Timings(cache_n=cached, prompt_n=prompt - cached, prompt_ms=prompt_ms,
+                          prompt_per_token_ms=prompt_ms / max(prompt - cached, 1),
+                          prompt_per_second=_per_second(prompt - cached, prompt_ms), predicted_n=predicted,
+                          predicted_ms=predicted_ms, predicted_per_token_ms=predicted_ms / max(predicted, 1),
+                          predicted_per_second=_per_second(predicted, predicted_ms))
+        drafted = sum(self._drafts.get(i, (0, 0))[0] for i in indices)
+        if drafted:
+            timings.draft_n = drafted
+            timings.draft_n_accepted = sum(self._drafts.get(i, (0, 0))[1] for i in indices)
+        return timings
+
+
+def _per_second(count: int, ms: float) -> float:
+    return count * 1000.0 / ms if ms > 0 else 0.0
 
 
 async def merge_choices(state: ServerState, choices: list[Choice],

@@ -49,7 +49,7 @@ async def stream_events(state: ServerState, fmt: Formatter, choices: list[Choice
     """The SSE chunks of every choice as their deltas arrive, then the usage chunk if asked for."""
     counter = TokenCounter()
     out = ChunkWriter(fmt.chunk_type, fmt.rid, fmt.chunk_object, state.model_name, include_usage, len(choices),
-                      counter)
+                      counter, state.system_fingerprint)
     async for comment in queue_notices(state.router, tickets):
         yield comment
     for item in fmt.opening():
@@ -61,7 +61,7 @@ async def stream_events(state: ServerState, fmt: Formatter, choices: list[Choice
                 yield out.chunk([item])
             if delta.finished:
                 yield out.finish(fmt.finish(index, delta))
-    if (last := out.usage(fmt.prompt_tokens())) is not None:
+    if (last := out.usage(fmt.prompt_tokens(), fmt.cached_tokens(counter))) is not None:
         yield last
 
 

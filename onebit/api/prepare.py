@@ -14,13 +14,15 @@ from onebit.protocol import InvalidRequest, SamplingParams, check_n, check_promp
 from onebit.protocol.validate import check_int, check_logprobs, check_token
 
 _SEED_MASK = 2**63 - 1
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 
 
 def message_to_dict(message: ChatMessage) -> dict:
-    """A message as chat templates expect it (text parts joined into one string)."""
+    """A message as chat templates expect it (text parts joined into one string by a blank line, as
+    llama-server joins them)."""
     content = message.content
     if isinstance(content, list):
-        content = "".join(part.text for part in content)
+        content = "\n\n".join(part.text for part in content)
     out = {"role": message.role, "content": content if content is not None else ""}
     for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
         value = getattr(message, key)
@@ -39,10 +41,26 @@ def _template_call(call, param_messages: str = "messages"):
         raise InvalidRequest(f"cannot apply the chat template: {error}", "chat_template_kwargs") from None
 
 
-def render_chat(state: ServerState, messages: list[ChatMessage], tools=None, template_kwargs=None) -> str:
-    """Apply the model's chat template (the prompt as text)."""
-    return _template_call(lambda: state.tokenizer.apply_chat_template(
-        [message_to_dict(m) for m in messages], add_generation_prompt=True, tools=tools, **(template_kwargs or {})))
+def _split_prefill(messages: list[ChatMessage], add_generation_prompt: bool) -> tuple[list[dict], str | None]:
+    """The messages as template dicts, and the text of a final assistant message to continue (prefill),
+    as llama-server does: the turns before it get the generation prompt and its text follows. Two
+    assistant messages at the end are a 400."""
+    dicts = [message_to_dict(m) for m in messages]
+    if add_generation_prompt and dicts and dicts[-1]["role"] == "assistant":
+        if len(dicts) > 1 and dicts[-2]["role"] == "assistant":
+            raise InvalidRequest("Cannot have 2 or more assistant messages at the end of the list.", "messages")
+        if not dicts[-1].get("tool_calls"):
+            return dicts[:-1], dicts[-1]["content"]
+    return dicts, None
+
+
+def render_chat(state: ServerState, messages: list[ChatMessage], tools=None, template_kwargs=None,
+                add_generation_prompt: bool = True) -> str:
+    """Apply the model's chat template (the prompt as text), continuing a final assistant message."""
+    dicts, prefill = _split_prefill(messages, add_generation_prompt)
+    text = _template_call(lambda: state.tokenizer.apply_chat_template(
+        dicts, add_generation_prompt=add_generation_prompt, tools=tools, **(template_kwargs or {})))
+    return text if prefill is None else text + prefill
 
 
 def check_ids(state: ServerState, ids: list[int], param: str) -> None:
@@ -54,10 +72,13 @@ def check_ids(state: ServerState, ids: list[int], param: str) -> None:
 def chat_prompt(state: ServerState, request: ChatCompletionRequest, tools: list[dict] | None = None
                 ) -> tuple[str, list[int]]:
     """The rendered prompt text (showing `tools`) and its token ids; special-token strings inside
-    message content are tokenized as plain text (only the template makes special tokens)."""
+    message content are tokenized as plain text (only the template makes special tokens). A final
+    assistant message is continued (see `_split_prefill`)."""
+    dicts, prefill = _split_prefill(request.messages, True)
     text, ids = _template_call(lambda: state.tokenizer.chat_prompt_ids(
-        [message_to_dict(m) for m in request.messages], add_generation_prompt=True, tools=tools,
-        **(request.chat_template_kwargs or {})))
+        dicts, add_generation_prompt=True, tools=tools, **(request.chat_template_kwargs or {})))
+    if prefill:  # the continued message is the client's text: no special tokens in it either
+        text, ids = text + prefill, ids + state.tokenizer.encode_plain(prefill)
     return text, check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, "messages")
 
 
@@ -166,15 +187,29 @@ def chat_sampling_params(state: ServerState, request: ChatCompletionRequest,
             check_int("max_tokens", max_tokens, 1)
         max_tokens = request.max_completion_tokens
         renames["max_tokens"] = "max_completion_tokens"
+    elif max_tokens is None and request.n_predict is not None:
+        max_tokens = n_predict_tokens(request.n_predict)
+        renames["max_tokens"] = "n_predict"
     check_logprobs(request.top_logprobs, "top_logprobs")
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     return sampling_params(state, request, max_tokens, logprobs, renames, tool_grammar)
 
 
 def completion_sampling_params(state: ServerState, request: CompletionRequest) -> list[SamplingParams]:
-    """SamplingParams for a text completion request."""
+    """SamplingParams for a text completion request (16 tokens unless max_tokens or n_predict says)."""
     if request.echo and request.logprobs is not None:
         raise InvalidRequest("echo with logprobs is not supported (the prompt's logprobs are not computed)", "echo")
     if request.echo and request.suffix is not None:
         raise InvalidRequest("echo cannot be combined with suffix", "echo")
-    return sampling_params(state, request, request.max_tokens, request.logprobs)
+    renames = {}
+    max_tokens = request.max_tokens
+    if max_tokens is None and request.n_predict is not None:
+        max_tokens, renames = n_predict_tokens(request.n_predict), {"max_tokens": "n_predict"}
+    elif max_tokens is None:
+        max_tokens = DEFAULT_COMPLETION_TOKENS
+    return sampling_params(state, request, max_tokens, request.logprobs, renames)
+
+
+def n_predict_tokens(n_predict: int) -> int | None:
+    """llama.cpp's `n_predict` as a max_tokens: a negative value means no limit."""
+    return None if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict < 0 else n_predict

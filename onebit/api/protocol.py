@@ -83,6 +83,7 @@ class SamplingFields(_Lenient):
     reasoning_effort: Any = None
     verbosity: Any = None
     store: Any = None
+    n_predict: int | None = None  # llama.cpp's name for max_tokens (-1: no limit)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -103,7 +104,7 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions: prompt as a string, strings, token ids, or lists of token ids."""
 
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = None  # 16 unless n_predict says otherwise
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None  # fill-in-the-middle: the text after the completion
@@ -130,6 +131,7 @@ class ApplyTemplateRequest(_Lenient):
     messages: list[ChatMessage] = Field(..., min_length=1)
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
 
 
 # ---- responses (completions and their chunks: onebit/api/responses.py) ----
@@ -158,6 +160,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str
     max_model_len: int | None = None
+    aliases: list[str] | None = None  # every name given with --alias, when several were
     meta: dict[str, Any] | None = None  # the model file: for GGUF its name and quantization type
 
 

@@ -17,20 +17,37 @@ class _Response(BaseModel):
         return self.model_dump_json(exclude_unset=True)
 
 
+class PromptTokensDetails(_Response):
+    """`usage.prompt_tokens_details`: prompt tokens served from the prefix cache."""
+
+    cached_tokens: int
+
+
 class Usage(_Response):
     """Token counts of one response."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class Timings(_Response):
-    """llama.cpp's `timings`, with the fields this server fills: the response's speculative decoding
-    (present only when it drafted)."""
+    """llama.cpp's `timings`: prompt tokens evaluated (`prompt_n`, the cached ones in `cache_n`) and
+    tokens generated (`predicted_n`) with their milliseconds, as the client measured them from the
+    server side; `draft_n`/`draft_n_accepted` only when the response drafted."""
 
-    draft_n: int
-    draft_n_accepted: int
+    cache_n: int | None = None
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    prompt_per_token_ms: float | None = None
+    prompt_per_second: float | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None
+    predicted_per_token_ms: float | None = None
+    predicted_per_second: float | None = None
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
 
 
 class TopLogprob(_Response):
@@ -118,6 +135,7 @@ class ChatCompletionResponse(_Response):
     object: Literal["chat.completion"]
     created: int
     model: str
+    system_fingerprint: str | None = None
     choices: list[ChatChoice]
     usage: Usage
     timings: Timings | None = None
@@ -139,6 +157,7 @@ class CompletionResponse(_Response):
     object: Literal["text_completion"]
     created: int
     model: str
+    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
     usage: Usage
     timings: Timings | None = None
@@ -179,6 +198,7 @@ class ChatCompletionChunk(_Response):
     object: Literal["chat.completion.chunk"]
     created: int
     model: str
+    system_fingerprint: str | None = None
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     timings: Timings | None = None
@@ -191,6 +211,7 @@ class CompletionChunk(_Response):
     object: Literal["text_completion"]
     created: int
     model: str
+    system_fingerprint: str | None = None
     choices: list[CompletionChunkChoice]
     usage: Usage | None = None
     timings: Timings | None = None

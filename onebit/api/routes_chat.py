@@ -24,6 +24,7 @@ ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 41
 @router.post("/v1/chat/completions", response_model=None,
              responses={200: {"model": ChatCompletionResponse, "content": {"text/event-stream": {}}},
                         **ERROR_RESPONSES})
+@router.post("/chat/completions", response_model=None, include_in_schema=False)  # base_url without /v1
 async def chat_completions(request: ChatCompletionRequest, http: Request):
     """Chat completion: a JSON response, or an SSE stream with `stream: true`."""
     state = http.app.state.server
@@ -36,7 +37,7 @@ async def chat_completions(request: ChatCompletionRequest, http: Request):
         params = [dataclasses.replace(p, skip_special_tokens=False) for p in params]
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     choices = [Choice(i, ids, p, f"{rid}-{i}", prompt_text) for i, p in enumerate(params)]
-    split = request.reasoning_format != "none"
+    split = (request.reasoning_format or state.reasoning_format) != "none"
     fmt = ChatFormatter(state, rid, choices, split, split and prompt_opens_reasoning(prompt_text), tools)
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return await serve(http, state, fmt, choices, stream=request.stream, include_usage=include_usage,

@@ -20,6 +20,7 @@ router = APIRouter()
 @router.post("/v1/completions", response_model=None,
              responses={200: {"model": CompletionResponse, "content": {"text/event-stream": {}}},
                         **ERROR_RESPONSES})
+@router.post("/completions", response_model=None, include_in_schema=False)  # base_url without /v1
 async def completions(request: CompletionRequest, http: Request):
     """Text completion: a JSON response, or an SSE stream with `stream: true`."""
     state = http.app.state.server

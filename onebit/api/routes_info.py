@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from onebit.api.llama_fields import default_generation_settings
 from onebit.api.prepare import check_ids, render_chat
 from onebit.api.protocol import (ApplyTemplateRequest, ApplyTemplateResponse, DetokenizeRequest,
                                  DetokenizeResponse, HealthResponse, ModelList, TokenizeRequest,
@@ -29,12 +30,15 @@ async def health(http: Request):
 
 
 @router.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
+@router.get("/models", response_model=ModelList, include_in_schema=False)  # base_url without /v1
 async def models(http: Request):
-    """The one model this server serves, with its context length."""
+    """The one model this server serves, with its context length (and its further --alias names)."""
     state = _state(http)
-    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
-                                         "owned_by": "onebit", "max_model_len": state.n_ctx,
-                                         "meta": state.model_info}]}
+    card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "onebit",
+            "max_model_len": state.n_ctx, "meta": state.model_info}
+    if state.aliases:
+        card["aliases"] = [state.model_name, *state.aliases]
+    return {"object": "list", "data": [card]}
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
@@ -62,13 +66,15 @@ async def apply_template(request: ApplyTemplateRequest, http: Request):
     """The prompt the chat template renders for these messages."""
     state = _state(http)
     state.require_ready()
-    return {"prompt": render_chat(state, request.messages, request.tools, request.chat_template_kwargs)}
+    return {"prompt": render_chat(state, request.messages, request.tools, request.chat_template_kwargs,
+                                  request.add_generation_prompt)}
 
 
 @router.get("/slots", responses=ERROR_RESPONSES)
 async def slots(http: Request) -> list[dict]:
     """One object per slot of every backend (llama-server's shape plus `backend`)."""
-    return _state(http).router.slots()
+    state = _state(http)
+    return [{**slot, "n_ctx": slot.get("n_ctx") or state.n_ctx} for slot in state.router.slots()]
 
 
 def _without_paths(info: dict) -> dict:
@@ -105,7 +111,7 @@ async def props(http: Request) -> dict:
         "queue_size": router_.queue_size,
         "max_queue": router_.max_queue,
         "chat_template": template if isinstance(template, str) else None,
-        "default_generation_settings": {"n_ctx": state.n_ctx},
+        "default_generation_settings": default_generation_settings(state),
         "backends": backends,
     }
 

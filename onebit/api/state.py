@@ -28,6 +28,11 @@ class ServerState:
     model_path: str
     metrics: Metrics
     model_info: dict | None = None  # e.g. {"format": "gguf", "file": ..., "quantization": ...}
+    aliases: tuple[str, ...] = ()  # further names given with a repeated --alias
+    strict_model_names: bool = False  # one model served: any `model` value is accepted, as llama-server does
+    reasoning_format: str = "auto"  # --reasoning-format: the default of a request's `reasoning_format`
+    system_fingerprint: str = "fp_1bit"
+    embedding_pooling: str | None = None  # --embedding: how /v1/embeddings pools (None: not served)
     tokenizer: object | None = None
     n_ctx: int | None = None
     load_error: str | None = None
@@ -51,8 +56,11 @@ class ServerState:
         raise Unavailable(f"no backend available ({self.load_error or state})")
 
     def check_model(self, requested: str | None) -> None:
-        """404 when the request names a model this server does not serve."""
-        if requested and requested not in (self.model_name, self.model_path):
+        """404 when names are enforced and the request names a model this server does not serve (with
+        one model served, any name is accepted, as llama-server does)."""
+        if not self.strict_model_names:
+            return
+        if requested and requested not in (self.model_name, self.model_path, *self.aliases):
             raise NotFound(f"The model `{requested}` does not exist", param="model", code="model_not_found")
 
     def piece(self, token_id: int) -> str:

@@ -118,6 +118,7 @@ class StreamState:
     completion_tokens: int | None = None
     draft_tokens: int = 0  # a speculating peer's `timings` (llama.cpp's and ours)
     accepted_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the peer found in its prefix cache
 
 
 def _logprobs(choice: dict, token_ids: list[int]) -> list[TokenLogprob] | None:
@@ -142,6 +143,8 @@ def parse_chunk(state: StreamState, payload: dict) -> StepDelta | None:
     if "error" in payload:
         raise error_from_body(500, json.dumps(payload), started=state.chunks > 0)
     timings = payload.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        state.cached_tokens = timings["cache_n"]
     if isinstance(timings, dict) and "draft_n" in timings:
         state.draft_tokens = int(timings.get("draft_n") or 0)
         state.accepted_tokens = int(timings.get("draft_n_accepted") or 0)
@@ -149,6 +152,9 @@ def parse_chunk(state: StreamState, payload: dict) -> StepDelta | None:
     if isinstance(usage, dict):
         state.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         state.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            state.cached_tokens = details["cached_tokens"]
     choices = payload.get("choices") or []
     if not choices:
         return None
@@ -174,4 +180,5 @@ def final_delta(state: StreamState, n_prompt: int) -> StepDelta:
     count = state.completion_tokens if state.completion_tokens is not None else state.tokens
     return StepDelta(state.request_id, [], "", finished=True, finish_reason=state.finish_reason,
                      num_prompt_tokens=state.prompt_tokens or n_prompt, num_output_tokens=count,
+                     num_cached_tokens=state.cached_tokens,
                      num_draft_tokens=state.draft_tokens, num_accepted_tokens=state.accepted_tokens)

@@ -65,8 +65,8 @@ class BlockManager:
         The block holding the last token is never taken from the cache, so at
         least one token is computed and produces the first logits.
         """
-        if not self.enable_prefix_caching or seq.block_table:
-            return
+        if not self.enable_prefix_caching or seq.block_table or seq.pooler is not None:
+            return  # an embedding pools the states of every prompt position: none may be skipped
         parent = None
         for i in range((seq.num_tokens - 1) // self.block_size):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])

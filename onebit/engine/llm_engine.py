@@ -18,6 +18,7 @@ from onebit.engine.config import EngineConfig
 from onebit.engine.fault_injection import FaultInjector
 from onebit.engine.outputs import EngineStats, SlotInfo, StepDelta, TokenLogprob
 from onebit.engine.parts import EngineParts, LaunchedStep
+from onebit.engine.pooling import Pooler
 from onebit.engine.sampler import SampledBatch
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
@@ -75,6 +76,8 @@ class LLMEngine:
             seq.generator = self.sampler.make_generator(params.seed)
         if params.grammar is not None:
             seq.grammar = self._grammars().start(params.grammar)
+        if params.pooling is not None:
+            seq.pooler = Pooler(params.pooling, n)
         self.outputs.start(seq)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -152,7 +155,12 @@ class LLMEngine:
         decodes = sum(1 for seq, _ in plan if seq.num_computed_tokens > 0)
         try:
             fed = previous.sampled.tokens if previous is not None else None
-            out = self.runner.run(plan, want_hidden=self.speculator.needs_hidden(plan, chose), fed_tokens=fed)
+            pooling = [(i, seq, n) for i, (seq, n) in enumerate(plan) if seq.pooler is not None]
+            want_hidden = self.speculator.needs_hidden(plan, chose) or bool(pooling)
+            out = self.runner.run(plan, want_hidden=want_hidden, fed_tokens=fed)
+            for i, seq, n in pooling:  # before mark_computed: num_computed_tokens is the chunk's first position
+                states = out.hidden[out.starts[i]:out.starts[i] + n]
+                seq.pooler.add(seq.num_computed_tokens, self.runner.final_norm(states))
         except Exception as exc:  # a failed forward fails the step's requests, not the engine
             log.exception("step failed")
             deltas += [self._fail(seq, f"internal error during the forward pass: {exc}") for seq, _ in plan]
@@ -244,7 +252,10 @@ class LLMEngine:
                 break
         if reason is not None:
             self._finish(seq)
-        return self.outputs.delta(seq, taken, text, reason, logprobs)
+        delta = self.outputs.delta(seq, taken, text, reason, logprobs)
+        if reason is not None and seq.pooler is not None:
+            delta.embedding = seq.pooler.result()
+        return delta
 
     def _guarded(self, seq: Sequence, update, *args) -> StepDelta:
         """`update(*args)`, failing only this request if it raises."""

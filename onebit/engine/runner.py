@@ -210,6 +210,11 @@ class ModelRunner:
         return self._tensor(ids), self._tensor(positions), meta
 
     @torch.inference_mode()
+    def final_norm(self, prenorm: torch.Tensor) -> torch.Tensor:
+        """The model's final norm of pre-norm hidden states (what the logits are computed from)."""
+        return self.model.norm(prenorm)
+
+    @torch.inference_mode()
     def run(self, plan: list[tuple[Sequence, int]], want_hidden: bool = False,
             fed_tokens: torch.Tensor | None = None) -> StepOutput:
         """Forward the step: logits for every sequence that samples (all positions of a

@@ -54,6 +54,7 @@ class Sequence:
         self.stop_matcher = None
         self.spec = SpecState()
         self.grammar = None  # a GrammarState (engine/grammar) when the output is constrained
+        self.pooler = None  # an embedding request's Pooler (onebit/engine/pooling.py)
         # Overlapped steps: the last token id is a placeholder for the token the previous step
         # sampled, still on the device at this row of its sampled tokens (see LLMEngine.step).
         self.fed_row: int | None = None

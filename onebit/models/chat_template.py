@@ -59,7 +59,7 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
                 if kind != "text" or not isinstance(part.get("text"), str):
                     raise ValueError(f"messages[{i}]: unsupported content part type {kind!r}; only 'text' is supported")
                 texts.append(part["text"])
-            content = "".join(texts)
+            content = "\n\n".join(texts)  # as llama-server joins text parts
         elif content is None:
             content = ""
         elif not isinstance(content, str):

@@ -40,6 +40,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     draft_max: int | None = None
     grammar: GrammarSpec | None = None  # output constraint (response_format, json_schema, grammar, tools)
+    pooling: str | None = None  # an embedding request: pool the prompt's final states (mean, last, cls)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -109,6 +110,7 @@ class StepDelta:
     num_cached_tokens: int = 0
     num_draft_tokens: int = 0  # drafts verified for this request so far
     num_accepted_tokens: int = 0  # of which the target kept
+    embedding: list[float] | None = None  # an embedding request's pooled, normalized vector (last delta)
 
     def then(self, later: "StepDelta") -> "StepDelta":
         """One delta carrying this one's tokens followed by `later`'s (a later delta of the same
