@@ -237,7 +237,7 @@ class NativeBackend(Backend):
         self._check_admissible(request_id, self._streams)
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
-        self._writer.send(("add", request_id, request.prompt_token_ids, request.params))
+        self._writer.send(("add", request_id, request.prompt_token_ids, request.params, request.resumed))
         finished = False
         try:
             async for item in coalesced(stream):

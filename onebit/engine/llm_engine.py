@@ -21,6 +21,7 @@ from onebit.engine.sampler import SampledBatch
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
+from onebit.protocol.types import Resumed
 from onebit.protocol.validate import check_request
 
 log = logging.getLogger("onebit.engine")
@@ -57,8 +58,12 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raise InvalidRequest (ContextOverflow for a prompt too long) for bad input."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    resumed: Resumed | None = None) -> None:
+        """Queue a request; raise InvalidRequest (ContextOverflow for a prompt too long) for bad input.
+
+        `resumed`: the request continues one another backend started (see `Resumed`); the
+        text state is rebuilt from the prompt's generated tail before its first new token."""
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         check_request(prompt_token_ids, params, self.model_config.vocab_size, self.ctx_size)
@@ -67,7 +72,7 @@ class LLMEngine:
         seq = Sequence(request_id, prompt_token_ids, params, limit, next(self._arrivals))
         if params.seed is not None:
             seq.generator = self.sampler.make_generator(params.seed)
-        self.outputs.start(seq)
+        self.outputs.start(seq, resumed)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 

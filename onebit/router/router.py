@@ -147,6 +147,15 @@ class Router:
     def _serviceable(self) -> bool:
         return any(r.backend.state in ("ready", "loading") for r in self.routes)
 
+    def serviceable(self) -> bool:
+        """True while some backend is ready or loading (a new ticket would not fail at once)."""
+        return not self._closed and self._serviceable()
+
+    @property
+    def closed(self) -> bool:
+        """True once `stop()` began."""
+        return self._closed
+
     def ticket(self, front: bool = False) -> Ticket:
         """Claim a free slot now, or join the FIFO queue, without awaiting.
 
