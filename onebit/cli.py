@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -170,7 +171,9 @@ def _fail(message: str) -> int:
 
 
 def _backend_specs(args: argparse.Namespace):
-    """The backends to run and the slots of each, from --backend/--adaptive*; ValueError on a bad mix."""
+    """The backends to run, the slots of each, and the one-engine adaptive limit (None unless `--adaptive`
+    without --backend: one native engine then serves the primary's and the overflow's slots), from
+    --backend/--adaptive*; ValueError on a bad mix."""
     from onebit.backends.spec import BackendSpec, parse_backend_spec
 
     if args.adaptive_at is not None and not args.adaptive:
@@ -183,14 +186,17 @@ def _backend_specs(args: argparse.Namespace):
     if args.llama_server:
         specs = [BackendSpec("llama-server", args.llama_server)] * (2 if args.adaptive else 1)
     if args.adaptive and not specs:
-        specs = [BackendSpec("native"), BackendSpec("native")]
+        # Both would be native on --device: one engine serves both regimes (one copy of the weights,
+        # one KV pool), drafting up to --adaptive-at running requests and plain batched steps above.
+        at = args.adaptive_at or args.parallel
+        return [BackendSpec("native")], [at + args.adaptive_slots], at
     if not specs:
         specs = [BackendSpec("native")]
     if args.adaptive and len(specs) < 2:
         raise ValueError("--adaptive needs two backends or more (give none, or at least two --backend)")
     first = (args.adaptive_at or args.parallel) if args.adaptive else args.parallel
     slots = [s.slots or (first if i == 0 else args.adaptive_slots) for i, s in enumerate(specs)]
-    return specs, slots
+    return specs, slots, None
 
 
 def _model_identity(path, alias: str | None) -> tuple[str, dict | None]:
@@ -251,7 +257,9 @@ def serve(args: argparse.Namespace) -> int:
     options = BuildOptions(default_device=args.device, health_timeout=args.backend_timeout,
                            api_key=os.environ.get("ONEBIT_BACKEND_API_KEY"))
     try:
-        specs, slots = _backend_specs(args)
+        specs, slots, adaptive_at = _backend_specs(args)
+        if adaptive_at is not None:
+            config = dataclasses.replace(config, parallel=slots[0], adaptive_at=adaptive_at)
         backends = build_backends(specs, slots, config, options)
     except ValueError as error:
         return _fail(str(error))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 from dataclasses import dataclass, field
 
@@ -85,3 +86,9 @@ def run_streams(root: str, bodies: list[dict], *, kill: int | None = None, after
     """Run the streams concurrently to their ends; with `kill`, SIGKILL that pid once every stream has
     streamed `after_chunks` text chunks (so the process dies while all of them are mid-stream)."""
     return asyncio.run(_streams(root, bodies, kill, after_chunks))
+
+
+def migrated_requests(log: str) -> set[str]:
+    """The request ids the router logged as migrating (a request may move more than once: a stream
+    can break before its backend is known to be down, and the next try land on it again)."""
+    return set(re.findall(r"request (\S+): backend \S+ failed after \d+ tokens .*; migrating", log))

@@ -26,6 +26,8 @@ class EngineConfig:
     and off on the CPU, where there is no device queue to hide host work behind.
     triton_gemv: at start-up on CUDA in half precision, time the Triton few-row kernels against
     cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
+    adaptive_at: one engine serving `--adaptive` on one device: the primary's regime (drafting,
+    when a drafter is set) while at most this many requests run, plain large-batch steps above.
     """
 
     model: str
@@ -44,6 +46,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     overlap: bool | None = None
     triton_gemv: bool = True
+    adaptive_at: int | None = None  # `--adaptive` on one device: draft only while this many requests run or fewer
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -55,3 +58,5 @@ class EngineConfig:
         if self.ctx_size is not None and self.ctx_size < 2:
             raise ValueError("ctx_size must be >= 2")
         self.speculative = SpeculativeConfig.coerce(self.speculative)
+        if self.adaptive_at is not None and not 1 <= self.adaptive_at <= self.parallel:
+            raise ValueError("adaptive_at must be in 1..parallel")

@@ -247,9 +247,11 @@ class LLMEngine:
     def slots(self) -> list[SlotInfo]:
         """One entry per slot, with the request it serves if any."""
         by_slot = {seq.slot: seq for seq in self.scheduler.running}
+        regime = self.speculator.regime(len(self.scheduler.running))
         out = []
         for i in range(self.config.parallel):
             seq = by_slot.get(i)
             out.append(SlotInfo(i, "", seq is not None, seq.request_id if seq else None,
-                                seq.num_prompt_tokens if seq else 0, seq.num_output_tokens if seq else 0))
+                                seq.num_prompt_tokens if seq else 0, seq.num_output_tokens if seq else 0,
+                                regime))
         return out

@@ -32,10 +32,12 @@ class SlotInfo:
     request_id: str | None = None
     n_prompt_tokens: int = 0
     n_decoded: int = 0
+    regime: str | None = None  # one-engine --adaptive: "speculative" (the primary's) or "batch"
 
     def to_json(self) -> dict:
         """The slot as /slots returns it."""
-        return {
+        extra = {"regime": self.regime} if self.regime is not None else {}
+        return {**extra,
             "id": self.id,
             "backend": self.backend,
             "is_processing": self.is_processing,

@@ -34,11 +34,15 @@ class Progress:
         self._base_tokens = 0  # output tokens produced before the current backend took over
         self._base_drafts = (0, 0)
         self._drafts = (0, 0)
+        self._skip_tokens = 0  # tokens the current backend regenerates that the client already has
+        self._skip_chars = 0  # and their text
 
     def add(self, delta: StepDelta) -> StepDelta:
         """Record one delta of the current backend; the delta shifted for the client."""
         if delta.text and not delta.token_ids:
             self.ids_known = False
+        if self._skip_tokens or self._skip_chars:
+            delta = self._skip(delta)
         self.token_ids += delta.token_ids
         self.text += delta.text
         if self.moves == 0:
@@ -54,16 +58,49 @@ class Progress:
                                    num_cached_tokens=self._cached_tokens, num_draft_tokens=self._drafts[0],
                                    num_accepted_tokens=self._drafts[1])
 
+    def _skip(self, delta: StepDelta) -> StepDelta:
+        """Drop the regenerated tokens and text the client already has from a delta."""
+        n = min(self._skip_tokens, len(delta.token_ids))
+        c = min(self._skip_chars, len(delta.text))
+        self._skip_tokens -= n
+        self._skip_chars -= c
+        logprobs = delta.logprobs[n:] if delta.logprobs is not None else None
+        return dataclasses.replace(delta, token_ids=delta.token_ids[n:], text=delta.text[c:], logprobs=logprobs)
+
+    def _clean_cut(self, decode) -> int:
+        """The longest prefix of the streamed tokens whose text the client has in full (text held back
+        at the break, half a character or a possible stop string, lies after it); all of them when
+        `decode` is None."""
+        if decode is None:
+            return len(self.token_ids)
+        skip = self.request.params.skip_special_tokens
+        for k in range(len(self.token_ids), -1, -1):
+            text = decode(self.token_ids[:k], skip) if k else ""
+            if self.text.startswith(text) and not text.endswith("\ufffd"):
+                return k
+        return 0
+
     @property
     def can_continue(self) -> bool:
         """Whether the request can go on elsewhere: nothing was sent yet, or every token's id is known."""
         return not self.token_ids and not self.text or self.ids_known
 
-    def continuation(self) -> GenerateRequest | StepDelta:
-        """The request that continues from here, or (when its token limit is already reached) the
-        finished delta that ends it. Call only when `can_continue`."""
+    def continuation(self, kind: str = "native", decode=None) -> GenerateRequest | StepDelta:
+        """The request that continues from here on a backend of `kind`, or (when its token limit is
+        already reached) the finished delta that ends it. Call only when `can_continue`.
+
+        A native backend rebuilds the text state from `Resumed`. Any other kind continues from the
+        last clean token boundary (found with `decode`, the tokenizer's): the tokens after it are
+        generated again and the wrapper drops what the client already has of them."""
         original = self.request
         n = len(self.token_ids)
+        if kind != "native" and n:
+            n = self._clean_cut(decode)
+            self._skip_tokens = len(self.token_ids) - n
+            self._skip_chars = len(self.text) - len(decode(self.token_ids[:n], original.params.skip_special_tokens)
+                                                    if decode is not None and n else "")
+            if decode is None:
+                self._skip_chars = 0
         self.moves += 1
         self._base_tokens = n
         self._base_drafts = self._drafts
@@ -77,9 +114,10 @@ class Progress:
                              num_output_tokens=n, num_cached_tokens=self._cached_tokens,
                              num_draft_tokens=self._drafts[0], num_accepted_tokens=self._drafts[1])
         params = dataclasses.replace(p, max_tokens=remaining, min_tokens=max(0, p.min_tokens - n))
-        prompt_text = original.prompt_text + self.text if original.prompt_text is not None else None
-        return GenerateRequest(original.request_id, original.prompt_token_ids + self.token_ids, params, prompt_text,
-                               Resumed(n, self.text))
+        text = self.text[:len(self.text) - self._skip_chars]
+        prompt_text = original.prompt_text + text if original.prompt_text is not None else None
+        return GenerateRequest(original.request_id, original.prompt_token_ids + self.token_ids[:n], params,
+                               prompt_text, Resumed(n, text))
 
 
 async def wait_until_serviceable(router, timeout: float) -> bool:

@@ -47,7 +47,7 @@ class RoutedStream:
         """The request's deltas, ending with its finished one; every slot taken is released once."""
         ticket = self._ticket
         progress = Progress(self.request)
-        request = self.request
+        moving = False
         try:
             check_request(self.request.prompt_token_ids, self.request.params)
             while True:
@@ -55,6 +55,12 @@ class RoutedStream:
                 self.attempts += 1
                 self.backend = lease.backend.name
                 route = lease.route
+                request = self.request
+                if moving:  # what is left of it, in the form this backend takes
+                    request = progress.continuation(lease.backend.kind, self._router.decode)
+                    if isinstance(request, StepDelta):  # the last backend died after the last token
+                        yield request
+                        return
                 try:
                     async with contextlib.aclosing(lease.backend.generate(request)) as stream:
                         async for delta in stream:
@@ -73,11 +79,7 @@ class RoutedStream:
                                 self.backend, streamed, error, "migrating" if streamed else "re-routing")
                     if streamed and not await wait_until_serviceable(self._router, self.migrate_wait):
                         raise
-                nxt = progress.continuation()
-                if isinstance(nxt, StepDelta):  # the backend died after the last token, before its end
-                    yield nxt
-                    return
-                request = nxt
+                moving = True
                 ticket = self._router.ticket(front=True)
         finally:
             ticket.close()

@@ -59,6 +59,7 @@ class Router:
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._closed = False
         self._started = False
+        self.decode = None  # (token ids, skip_special_tokens) -> text, set once the tokenizer loads (migration)
         for route in self.routes:
             route.backend.on_state_change = self._on_backend_state_change
 
