@@ -38,7 +38,8 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
         "with backoff; requests it had not started streaming go to another backend.")
     group.add_argument("--adaptive", action="store_true",
                        help="a primary with --adaptive-at slots, overflow to a secondary with --adaptive-slots; "
-                            "without --backend: two native backends on --device")
+                            "without --backend: one engine on --device with both (one copy of the weights), "
+                            "drafting while at most --adaptive-at requests run, plain batched steps above")
     group.add_argument("--adaptive-at", type=_positive, default=None, metavar="N",
                        help="requests the primary holds before the overflow goes on (default: --parallel)")
     group.add_argument("--adaptive-slots", type=_positive, default=16, metavar="K",

@@ -1,5 +1,6 @@
 """`--adaptive` on one device is one engine: one worker process, one copy of the weights, one KV pool;
-it drafts while at most --adaptive-at requests run and takes plain batched steps above."""
+it drafts while at most --adaptive-at requests run and takes plain batched steps above. Its greedy
+output is the plain engine's (same weights, no drafting)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,13 @@ COMMON = ("--device", "cpu", "--ctx-size", "512", "--alias", "tiny")
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model_dir):
-    adaptive = start_server(tiny_model_dir, *COMMON, "--adaptive", "--adaptive-at", str(AT), "--adaptive-slots",
-                            str(OVERFLOW), "--ngram")
-    plain = None
+def server(tiny_model_dir):
+    server = start_server(tiny_model_dir, *COMMON, "--adaptive", "--adaptive-at", str(AT), "--adaptive-slots",
+                          str(OVERFLOW), "--ngram")
     try:
-        plain = start_server(tiny_model_dir, *COMMON, "--parallel", str(AT + OVERFLOW))
-        yield adaptive, plain
+        yield server
     finally:
-        stop_server(adaptive)
-        if plain is not None:
-            stop_server(plain)
+        stop_server(server)
 
 
 def _engine_workers(server) -> list[int]:
@@ -43,8 +40,8 @@ def _engine_workers(server) -> list[int]:
     return out
 
 
-def test_one_worker_one_backend_with_all_the_slots(servers):
-    adaptive, _ = servers
+def test_one_worker_one_backend_with_all_the_slots(server):
+    adaptive = server
     (backend,) = httpx.get(f"{adaptive.root}/props", timeout=10).json()["backends"]
     assert (backend["name"], backend["kind"], backend["capacity"]) == ("native-0", "native", AT + OVERFLOW)
     assert _engine_workers(adaptive) == [backend["pid"]]  # the weights are loaded in this one process only
@@ -77,15 +74,19 @@ def _regimes_seen(server, n_streams: int) -> set[str]:
     return seen
 
 
-def test_slots_show_the_regime_by_load(servers):
-    adaptive, _ = servers
+def test_slots_show_the_regime_by_load(server):
+    adaptive = server
     assert _regimes_seen(adaptive, AT) == {"speculative"}  # never more than --adaptive-at running
     assert "batch" in _regimes_seen(adaptive, AT + OVERFLOW)
 
 
-def test_greedy_output_equals_the_plain_server(servers):
-    adaptive, plain = servers
-    bodies = [completion_body(f"story {i}", 60) for i in range(AT + OVERFLOW)]
-    ours, theirs = run_streams(adaptive.root, bodies), run_streams(plain.root, bodies)
-    assert [r.text for r in ours] == [r.text for r in theirs]
-    assert all(r.done and r.usage["completion_tokens"] == 60 for r in ours)
+def test_greedy_output_equals_the_plain_engine(server, tiny_model_dir):
+    from onebit.engine.llm import LLM
+    from onebit.protocol import SamplingParams
+
+    prompts = [[100 + i, 200, 300 + 7 * i, 42] for i in range(AT + OVERFLOW)]
+    streams = run_streams(server.root, [completion_body(p, 60) for p in prompts])
+    assert all(r.done and r.usage["completion_tokens"] == 60 for r in streams)
+    plain = LLM(str(tiny_model_dir), device="cpu", parallel=AT + OVERFLOW, ctx_size=512)
+    expected = plain.generate(prompts, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+    assert [r.text for r in streams] == [o.text for o in expected]
