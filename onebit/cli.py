@@ -45,6 +45,9 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--adaptive-slots", type=_positive, default=16, metavar="K",
                        help="slots of every backend after the first (default 16)")
     # --mtp / --ngram / --draft-model apply to the primary only (backends/factory.py).
+    group.add_argument("--hand-over", action="store_true",
+                       help="backends on different devices: when the load falls back to the primary's slots, "
+                            "requests streaming on the others move to the primary (each once per fall)")
     group.add_argument("--backend", action="append", default=None, metavar="SPEC",
                        help="repeatable, first = primary: native, native:cpu, native:cuda, native:cuda:N, "
                             "url:http://HOST:PORT (any OpenAI-compatible server), or llama-server:PATH (a llama.cpp "
@@ -264,7 +267,8 @@ def serve(args: argparse.Namespace) -> int:
         backends = build_backends(specs, slots, config, options)
     except ValueError as error:
         return _fail(str(error))
-    router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options))
+    router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options),
+                    hand_over=args.hand_over)
     name, info = _model_identity(path, args.alias)
     failure: list[str] = []
 

@@ -1,4 +1,5 @@
-"""One request's way through the router: wait for a slot, stream, and re-route an early failure."""
+"""One request's way through the router: wait for a slot, stream, and move to another backend when
+its backend fails (re-routed, or migrated mid-stream) or the router hands it over."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import TYPE_CHECKING, AsyncIterator
 from onebit.backends.base import BackendError
 from onebit.protocol import GenerateRequest, StepDelta, check_request
 from onebit.router.migration import Progress, wait_until_serviceable
+from onebit.router.slots import Lease, Ticket
 
 if TYPE_CHECKING:
-    from onebit.router.router import Router, Ticket
+    from onebit.router.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,9 @@ class RoutedStream:
     The request is validated first (the shared validation, without a vocabulary); input a
     backend rejects (InvalidRequest, ContextOverflow: not BackendErrors) is never retried.
 
+    The router may also hand a streaming request to another backend (`move_to`, see
+    `onebit.router.handover`): it leaves its backend after the next delta and migrates.
+
     `backend` names the backend serving the request now (None until it has a slot).
     """
 
@@ -41,18 +46,30 @@ class RoutedStream:
         self.max_attempts = max_attempts
         self.migrate_wait = migrate_wait
         self.backend: str | None = None
-        self.attempts = 0
+        self.attempts = 0  # backends tried because one failed (hand-overs not counted)
+        self.handed_over = 0
+        self._progress = Progress(request)
+        self._next: Lease | None = None  # a slot the router handed this stream to move to
+
+    @property
+    def can_move(self) -> bool:
+        """Whether the stream can be handed to another backend now."""
+        return self._next is None and self._progress.can_continue and bool(self._progress.token_ids)
+
+    def move_to(self, lease: Lease) -> None:
+        """Continue on `lease`'s backend after the next delta (the router's hand-over)."""
+        self._next = lease
 
     async def deltas(self) -> AsyncIterator[StepDelta]:
         """The request's deltas, ending with its finished one; every slot taken is released once."""
         ticket = self._ticket
-        progress = Progress(self.request)
+        progress = self._progress
+        handover = self._router.handover
         moving = False
         try:
             check_request(self.request.prompt_token_ids, self.request.params)
             while True:
                 lease = await ticket.wait()
-                self.attempts += 1
                 self.backend = lease.backend.name
                 route = lease.route
                 request = self.request
@@ -61,6 +78,9 @@ class RoutedStream:
                     if isinstance(request, StepDelta):  # the last backend died after the last token
                         yield request
                         return
+                self.attempts += 1
+                if handover is not None:
+                    handover.track(self, self._router.routes.index(route))
                 try:
                     async with contextlib.aclosing(lease.backend.generate(request)) as stream:
                         async for delta in stream:
@@ -68,7 +88,17 @@ class RoutedStream:
                             if delta.finished:
                                 route.completed += 1
                             yield delta
-                    return
+                            if self._next is not None and not delta.finished:
+                                break  # leaving the stream aborts the request on this backend
+                    if self._next is None:
+                        return
+                    ticket.close()
+                    ticket = Ticket.holding(self._next)
+                    self._next = None
+                    self.attempts -= 1
+                    self.handed_over += 1
+                    moving = True
+                    continue
                 except BackendError as error:
                     if self.attempts >= self.max_attempts or not progress.can_continue:
                         route.failed += 1
@@ -79,7 +109,16 @@ class RoutedStream:
                                 self.backend, streamed, error, "migrating" if streamed else "re-routing")
                     if streamed and not await wait_until_serviceable(self._router, self.migrate_wait):
                         raise
+                finally:
+                    if handover is not None:
+                        handover.untrack(self)
                 moving = True
-                ticket = self._router.ticket(front=True)
+                if self._next is not None:  # a hand-over offered as this backend failed: take it
+                    ticket, self._next = Ticket.holding(self._next), None
+                else:
+                    ticket = self._router.ticket(front=True)
         finally:
             ticket.close()
+            if self._next is not None:  # offered as the request finished
+                self._next.release()
+                self._next = None
