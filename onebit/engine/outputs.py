@@ -36,8 +36,7 @@ class SlotInfo:
 
     def to_json(self) -> dict:
         """The slot as /slots returns it."""
-        extra = {"regime": self.regime} if self.regime is not None else {}
-        return {**extra,
+        out = {
             "id": self.id,
             "backend": self.backend,
             "is_processing": self.is_processing,
@@ -45,6 +44,9 @@ class SlotInfo:
             "n_prompt_tokens": self.n_prompt_tokens,
             "n_decoded": self.n_decoded,
         }
+        if self.regime is not None:
+            out["regime"] = self.regime
+        return out
 
 
 @dataclass
