@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
 import sys
-from pathlib import Path
 
 from onebit.cli_dropin import add_dropin_arguments, aliases_of, hf_repo_id
 
@@ -39,12 +39,16 @@ def _add_backend_arguments(serve: argparse.ArgumentParser) -> None:
         "with backoff; requests it had not started streaming go to another backend.")
     group.add_argument("--adaptive", action="store_true",
                        help="a primary with --adaptive-at slots, overflow to a secondary with --adaptive-slots; "
-                            "without --backend: two native backends on --device")
+                            "without --backend: one engine on --device with both (one copy of the weights), "
+                            "drafting while at most --adaptive-at requests run, plain batched steps above")
     group.add_argument("--adaptive-at", type=_positive, default=None, metavar="N",
                        help="requests the primary holds before the overflow goes on (none: --parallel)")
     group.add_argument("--adaptive-slots", type=_positive, default=16, metavar="K",
                        help="slots of every backend after the first")
     # --mtp / --ngram / --draft-model apply to the primary only (backends/factory.py).
+    group.add_argument("--hand-over", action="store_true",
+                       help="backends on different devices: when the load falls back to the primary's slots, "
+                            "requests streaming on the others move to the primary (each once per fall)")
     group.add_argument("--backend", action="append", default=None, metavar="SPEC",
                        help="repeatable, first = primary: native, native:cpu, native:cuda, native:cuda:N, "
                             "url:http://HOST:PORT (any OpenAI-compatible server), or llama-server:PATH (a llama.cpp "
@@ -144,7 +148,6 @@ def _speculative_config(args: argparse.Namespace, path):
     from onebit.engine.spec.config import SpeculativeConfig
     from onebit.models.loader import resolve_model_path
     from onebit.models.tokenizer import Tokenizer
-    from onebit.models.tokenizer import Tokenizer
 
     drafters = [name for name, on in (("--mtp", args.mtp is not None), ("--ngram", args.ngram),
                                       ("--draft-model", args.draft_model is not None),
@@ -193,7 +196,9 @@ def _fail(message: str) -> int:
 
 
 def _backend_specs(args: argparse.Namespace):
-    """The backends to run and the slots of each, from --backend/--adaptive*; ValueError on a bad mix."""
+    """The backends to run, the slots of each, and the one-engine adaptive limit (None unless `--adaptive`
+    without --backend: one native engine then serves the primary's and the overflow's slots), from
+    --backend/--adaptive*; ValueError on a bad mix."""
     from onebit.backends.spec import BackendSpec, parse_backend_spec
 
     if args.adaptive_at is not None and not args.adaptive:
@@ -206,14 +211,17 @@ def _backend_specs(args: argparse.Namespace):
     if args.llama_server:
         specs = [BackendSpec("llama-server", args.llama_server)] * (2 if args.adaptive else 1)
     if args.adaptive and not specs:
-        specs = [BackendSpec("native"), BackendSpec("native")]
+        # Both would be native on --device: one engine serves both regimes (one copy of the weights,
+        # one KV pool), drafting up to --adaptive-at running requests and plain batched steps above.
+        at = args.adaptive_at or args.parallel
+        return [BackendSpec("native")], [at + args.adaptive_slots], at
     if not specs:
         specs = [BackendSpec("native")]
     if args.adaptive and len(specs) < 2:
         raise ValueError("--adaptive needs two backends or more (give none, or at least two --backend)")
     first = (args.adaptive_at or args.parallel) if args.adaptive else args.parallel
     slots = [s.slots or (first if i == 0 else args.adaptive_slots) for i, s in enumerate(specs)]
-    return specs, slots
+    return specs, slots, None
 
 
 def _model_identity(path, alias: str | None) -> tuple[str, dict | None]:
@@ -281,13 +289,15 @@ def serve(args: argparse.Namespace) -> int:
     options = BuildOptions(default_device=args.device, health_timeout=args.backend_timeout,
                            api_key=os.environ.get("ONEBIT_BACKEND_API_KEY"))
     try:
-        specs, slots = _backend_specs(args)
+        specs, slots, adaptive_at = _backend_specs(args)
+        if adaptive_at is not None:
+            config = dataclasses.replace(config, parallel=slots[0], adaptive_at=adaptive_at)
         backends = build_backends(specs, slots, config, options)
     except ValueError as error:
         return _fail(str(error))
     aliases = aliases_of(args.alias)
     router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options),
-                    fair=not args.no_fair_share)
+                    fair=not args.no_fair_share, hand_over=args.hand_over)
     name, info = _model_identity(path, aliases[0] if aliases else None)
     failure: list[str] = []
 

@@ -26,6 +26,8 @@ class DyingBackend(Backend):
         self.active: dict[str, asyncio.Queue] = {}
         self.peak = self.total = self.starts = 0
         self.first_delay = 0.0  # seconds before the first delta (a request "in the engine's queue")
+        self.with_ids = True  # False: stream text only, as a peer that sends no token ids
+        self.requests: list[GenerateRequest] = []
 
     @property
     def state(self) -> str:
@@ -55,6 +57,7 @@ class DyingBackend(Backend):
             raise InvalidRequest("bad prompt", "prompt")
         queue: asyncio.Queue = asyncio.Queue()
         self.active[request.request_id] = queue
+        self.requests.append(request)
         self.total += 1
         self.peak = max(self.peak, len(self.active))
         assert len(self.active) <= self.capacity, "router overfilled a backend"
@@ -64,7 +67,7 @@ class DyingBackend(Backend):
             for i in range(self.steps):
                 await asyncio.sleep(self.delay)
                 last = i == self.steps - 1
-                queue.put_nowait(StepDelta(request.request_id, [i], "x", finished=last,
+                queue.put_nowait(StepDelta(request.request_id, [i] if self.with_ids else [], "x", finished=last,
                                            finish_reason="length" if last else None, num_output_tokens=i + 1))
 
         task = asyncio.create_task(feed())
@@ -176,26 +179,51 @@ def test_cancel_while_queued_and_while_streaming_releases_each_slot_once():
     asyncio.run(go())
 
 
-def test_dead_backend_reroutes_unstarted_requests_and_fails_streaming_ones():
-    primary, secondary = DyingBackend("p", 4, steps=10_000), DyingBackend("s", 4, steps=3)
+def test_dead_backend_reroutes_unstarted_requests_and_migrates_streaming_ones():
+    primary, secondary = DyingBackend("p", 4, steps=10_000, delay=0.002), DyingBackend("s", 4, steps=3)
     router = Router([primary, secondary], max_queue=100, supervisor=None)
 
     async def go():
-        streaming = [asyncio.create_task(_consume(router, i)) for i in range(2)]
-        await asyncio.sleep(0.02)  # these two have streamed deltas from the primary
+        first: list = []
+        streaming = [asyncio.create_task(_consume(router, i, first)) for i in range(2)]
+        while len(first) < 2:  # wait until both have streamed from the primary
+            await asyncio.sleep(0.001)
         primary.first_delay = 10.0  # the next two sit in the primary's engine queue
         waiting = [asyncio.create_task(_consume(router, i)) for i in range(2, 4)]
         queued = [asyncio.create_task(_consume(router, i)) for i in range(4, 12)]  # 4 on s, 4 in the queue
         await asyncio.sleep(0.005)
         assert router.routes[0].in_flight == 4
         primary.die()
-        for task in streaming:
-            with pytest.raises(BackendError):
-                await task
-        results = await asyncio.gather(*waiting, *queued)
-        assert all(name == "s" and count == 3 for name, count in results)
+        results = await asyncio.gather(*streaming, *waiting, *queued)
+        assert all(name == "s" for name, _ in results)
+        assert [count for _, count in results[2:]] == [3] * 10  # re-sent whole: nothing was streamed
+        moved = {r.request_id: r for r in secondary.requests if r.resumed is not None}
+        assert sorted(moved) == ["r0", "r1"]
+        for i, (_, count) in enumerate(results[:2]):
+            request = moved[f"r{i}"]
+            done = request.resumed.num_generated
+            # It goes on from the prompt plus the tokens streamed, which the client got once each.
+            assert done > 0 and request.prompt_token_ids == [1, 2] + list(range(done))
+            assert request.resumed.text == "x" * done and request.params.max_tokens == 16 - done
+            assert count == done + 3
         assert [r.in_flight for r in router.routes] == [0, 0] and router.queue_size == 0
-        assert router.routes[0].failed == 2
+        assert router.routes[0].failed == 0
+
+    asyncio.run(go())
+
+
+def test_a_stream_without_token_ids_cannot_migrate_and_fails():
+    primary, secondary = DyingBackend("p", 1, steps=10_000), DyingBackend("s", 1)
+    primary.with_ids = False
+    router = Router([primary, secondary], supervisor=None)
+
+    async def go():
+        task = asyncio.create_task(_consume(router, 0))
+        await asyncio.sleep(0.02)
+        primary.die()
+        with pytest.raises(BackendError):
+            await task
+        assert router.routes[0].failed == 1 and secondary.total == 0 and router.in_flight == 0
 
     asyncio.run(go())
 

@@ -8,7 +8,6 @@ never pass for a green run.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -18,7 +17,8 @@ import httpx
 import pytest
 import torch
 from server_utils import openai_clients, pid_alive, start_server, stop_server
-from test_adaptive_e2e import _props, _stream_events, _streams, _wait_all_ready
+from kill_mid_stream import completion_body, migrated_requests, run_streams
+from test_adaptive_e2e import _props, _streams, _wait_all_ready
 
 from onebit.backends.llama_server_build import BuildPlan, default_cache_dir
 from onebit.testing.gguf_export import export_gguf  # the one import of the exporter (it may move to onebit.testing)
@@ -126,16 +126,12 @@ def test_router_counts_the_childs_slots(server):
     assert _props(server)["backends"][0]["in_flight"] == 0
 
 
-def test_killed_child_fails_its_stream_and_comes_back(server):
+def test_killed_child_moves_its_stream_to_the_restarted_one(server):
     victim = _props(server)["backends"][0]["pid"]
-    client, cm, lines, first = _stream_events(server, 4000)
-    try:
-        os.kill(victim, signal.SIGKILL)
-        events = [first] + [line for line in lines if line.startswith("data: ")]
-    finally:
-        cm.__exit__(None, None, None)
-        client.close()
-    assert events[-1] != "data: [DONE]" and "error" in json.loads(events[-1][6:]), events[-3:]
+    # The only backend dies mid-stream: the stream waits for the restarted child and goes on there.
+    (result,) = run_streams(server.root, [completion_body("long story", 1000)], kill=victim)
+    assert result.status == 200 and not result.errors and result.done, result.events[-3:]
+    assert result.finish_reasons == ["length"] and result.usage["completion_tokens"] == 1000
     backend = _wait(lambda: (b := _props(server)["backends"][0])["state"] == "ready" and b["pid"] != victim and b,
                     "the restarted child")
     assert backend["restarts"] >= 1 and not pid_alive(victim)
@@ -214,21 +210,24 @@ def test_adaptive_twelve_streams_fill_both_backends(adaptive):
         assert f'onebit:request_success_total{{backend="{name}",finished_reason="length"}}' in metrics
 
 
-def test_adaptive_killed_primary_fails_its_stream_and_comes_back(adaptive):
+def test_adaptive_greedy_streams_survive_kill_9_of_their_backend(adaptive):
+    """Issue 18: 4 greedy streams on the primary, killed mid-stream, all end as an undisturbed run."""
     server, names = adaptive
+    # Our engine (a slow primary here) and llama.cpp agree on these prompts' greedy tokens for 200
+    # tokens (on the first they part at token 210, a near tie), so native+llama-server is compared
+    # exactly over 200. A llama-server primary is so fast that 200 tokens could end before the kill.
+    n = 200 if names[0] == "native-0" else 1000
+    bodies = [completion_body(f"story number {i}", n) for i in range(4)]
+    reference = run_streams(server.root, bodies)
     victim = _wait_all_ready(server)[0]["pid"]
-    client, cm, lines, first = _stream_events(server, 1900)  # the first request lands on the primary
-    try:
-        assert _props(server)["backends"][0]["in_flight"] == 1
-        os.kill(victim, signal.SIGKILL)
-        events = [first] + [line for line in lines if line.startswith("data: ")]
-    finally:
-        cm.__exit__(None, None, None)
-        client.close()
-    assert "error" in json.loads(events[-1][6:]), "a broken stream must end with an error event, not [DONE]"
+    migrated = migrated_requests(server.log())
+    results = run_streams(server.root, bodies, kill=victim)
+    assert len(migrated_requests(server.log()) - migrated) == 4  # each stream moved
+    for ref, got in zip(reference, results):
+        assert got.status == 200 and not got.errors and got.done, got.events[-3:]
+        assert got.finish_reasons == ["length"] and got.usage["completion_tokens"] == n
+        assert got.text == ref.text
     assert httpx.get(f"{server.root}/health").status_code == 200
-    counts, _ = asyncio.run(_streams(server, 4, 8))
-    assert counts == [8] * 4
     backends = _wait_all_ready(server)
     assert backends[0]["pid"] != victim and backends[0]["restarts"] >= 1 and not pid_alive(victim)
     before = _props(server)["backends"][0]["served"]

@@ -93,9 +93,33 @@ def test_seeded_rows_independent_of_batch():
         for _ in range(20):
             tokens, _ = sampler(LOGITS.repeat(batch_size + 1, 1), others + [seq])
             out.append(tokens[-1])
+            seq.append(tokens[-1])
         return out
 
     assert run(0) == run(7) == run(3)
+    assert len(set(run(0))) > 1  # a fresh draw per position, not one repeated token
+
+
+def test_seeded_draw_depends_on_seed_and_position_only():
+    """A request continued from its prompt plus the tokens it had (a migration) draws the same
+    tokens as the undisturbed one: the noise comes from (seed, position), not from a stream."""
+    sampler = Sampler({EOS}, torch.device("cpu"), seed=0)
+    params = SamplingParams(temperature=1.0, seed=7)
+
+    def draws(prefix: list[int], n: int) -> list[int]:
+        seq = Sequence("s", prefix, params, 100, 0)
+        seq.generator = sampler.make_generator(params.seed)
+        out = []
+        for _ in range(n):
+            token = sampler(LOGITS[None, :], [seq])[0][0]
+            seq.append(token)
+            out.append(token)
+        return out
+
+    whole = draws([0], 12)
+    assert draws([0] + whole[:5], 7) == whole[5:]
+    params = SamplingParams(temperature=1.0, seed=8)
+    assert draws([0], 12) != whole  # another seed, other tokens (12 draws over 8 tokens)
 
 
 def test_logprobs_report_raw_distribution_and_top_n():

@@ -37,6 +37,8 @@ async def _load(state: ServerState, load_tokenizer: Callable[[], object],
         sizes = [b.get("n_ctx") for b in state.router.backends_info() if b.get("n_ctx")]
         state.n_ctx = min(sizes) if sizes else None
         state.tokenizer = tokenizer
+        # A stream migrating to a peer without our text state restarts at a clean token boundary.
+        state.router.decode = lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
         log.info("ready: model %s, context %s tokens", state.model_name, state.n_ctx)
     except Exception as error:
         state.load_error = str(error) or type(error).__name__

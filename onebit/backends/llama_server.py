@@ -122,6 +122,7 @@ class LlamaServerBackend(Backend):
             self._remote = RemoteBackend(child.url, self.name, self.capacity, api_key=child.api_key,
                                          on_state_change=self._on_remote_state, health_interval=self._health_interval,
                                          health_timeout=self._health_timeout, body_defaults=_BODY_DEFAULTS)
+            self._remote.ids_from_logprobs = True  # token ids, so that a stream can migrate
             await self._remote.start()
             await self._read_figures(props=True)
         except (OSError, BackendError, httpx.HTTPError, ValueError) as error:

@@ -238,7 +238,7 @@ class NativeBackend(Backend):
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = stream
         self._writer.send(("add", request_id, request.prompt_token_ids, request.params, request.user,
-                           request.priority))
+                           request.priority, request.resumed))
         finished = False
         try:
             async for item in coalesced(stream):
@@ -272,6 +272,8 @@ class NativeBackend(Backend):
         info.update(device=self.model_info.get("device", self.config.device), pid=self.pid,
                     n_ctx=self.model_info.get("ctx_size"), restarts=self.restarts,
                     kv_cache_bytes=self.model_info.get("kv_cache_bytes"))
+        if self.config.adaptive_at is not None:  # one engine serving --adaptive: drafting up to this many
+            info["adaptive_at"] = self.config.adaptive_at
         if self.last_error:
             info["error"] = self.last_error
         return info

@@ -53,6 +53,7 @@ class RemoteBackend(Backend):
         self.last_error: str | None = None
         self._api_key = api_key
         self.body_defaults = dict(body_defaults or {})  # fields a peer needs spelled out (its defaults differ)
+        self.ids_from_logprobs = False  # llama-server: ask greedy streams for logprobs to learn the token ids
         self._connect_timeout = connect_timeout
         self._state = "stopped"
         self._client: httpx.AsyncClient | None = None
@@ -187,6 +188,12 @@ class RemoteBackend(Backend):
                 # Greedy either way, but a peer told to keep every candidate (llama-server with top_k 0)
                 # runs its whole sampler chain over the full vocabulary for every token of every slot.
                 body["top_k"] = 1
+            hidden_ids = self.ids_from_logprobs and body.get("top_k") == 1 and "logprobs" not in body
+            if hidden_ids:
+                # llama-server streams token ids only inside logprobs; after the sampler chain a greedy
+                # request has one candidate, so asking for it costs nothing. The ids let the request
+                # migrate if this peer dies mid-stream; the client, who asked for no logprobs, gets none.
+                body.update(logprobs=1, post_sampling_probs=True)
             async with self._client.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
                     raise error_from_body(resp.status_code, await resp.aread())
@@ -198,6 +205,8 @@ class RemoteBackend(Backend):
                         done = True
                         break
                     delta = parse_chunk(state, json.loads(data))
+                    if delta is not None and hidden_ids:
+                        delta.logprobs = None
                     if delta is not None:
                         slot.n_decoded = state.tokens
                         queue.put_nowait(delta)

@@ -28,6 +28,8 @@ class EngineConfig:
     one scale per output channel; `onebit.models.quantize`).
     triton_gemv: at start-up on CUDA in half precision, time the Triton few-row kernels against
     cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
+    adaptive_at: one engine serving `--adaptive` on one device: the primary's regime (drafting,
+    when a drafter is set) while at most this many requests run, plain large-batch steps above.
     """
 
     model: str
@@ -49,6 +51,7 @@ class EngineConfig:
     quantize: str | None = None
     fair_share: bool = True  # share slots and prefill between users by least service (False: FIFO)
     priority_preempt: bool = False  # a waiting request of lower priority value preempts its user's running one
+    adaptive_at: int | None = None  # `--adaptive` on one device: draft only while this many requests run or fewer
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -62,3 +65,5 @@ class EngineConfig:
         if self.quantize not in (None, "fp8"):
             raise ValueError(f"unknown quantization {self.quantize!r}; use fp8")
         self.speculative = SpeculativeConfig.coerce(self.speculative)
+        if self.adaptive_at is not None and not 1 <= self.adaptive_at <= self.parallel:
+            raise ValueError("adaptive_at must be in 1..parallel")

@@ -23,6 +23,7 @@ from onebit.engine.sampler import SampledBatch
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
+from onebit.protocol.types import Resumed
 from onebit.protocol.validate import check_request
 
 log = logging.getLogger("onebit.engine")
@@ -63,9 +64,12 @@ class LLMEngine:
     # -- requests -------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    user: str = "anonymous", priority: int = 0) -> None:
+                    user: str = "anonymous", priority: int = 0, resumed: Resumed | None = None) -> None:
         """Queue a request of `user` (lower `priority` first among that user's); raise InvalidRequest
-        (ContextOverflow for a prompt too long) for bad input."""
+        (ContextOverflow for a prompt too long) for bad input.
+
+        `resumed`: the request continues one another backend started (see `Resumed`); the
+        text state is rebuilt from the prompt's generated tail before its first new token."""
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         check_request(prompt_token_ids, params, self.model_config.vocab_size, self.ctx_size)
@@ -78,7 +82,7 @@ class LLMEngine:
             seq.grammar = self._grammars().start(params.grammar)
         if params.pooling is not None:
             seq.pooler = Pooler(params.pooling, n)
-        self.outputs.start(seq)
+        self.outputs.start(seq, resumed)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -306,9 +310,11 @@ class LLMEngine:
     def slots(self) -> list[SlotInfo]:
         """One entry per slot, with the request it serves if any."""
         by_slot = {seq.slot: seq for seq in self.scheduler.running}
+        regime = self.speculator.regime(len(self.scheduler.running))
         out = []
         for i in range(self.config.parallel):
             seq = by_slot.get(i)
             out.append(SlotInfo(i, "", seq is not None, seq.request_id if seq else None,
-                                seq.num_prompt_tokens if seq else 0, seq.num_output_tokens if seq else 0))
+                                seq.num_prompt_tokens if seq else 0, seq.num_output_tokens if seq else 0,
+                                regime))
         return out

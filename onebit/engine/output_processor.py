@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from onebit.engine.outputs import StepDelta, TokenLogprob
 from onebit.engine.sequence import Sequence
 from onebit.models.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+from onebit.protocol.types import Resumed
+
+log = logging.getLogger(__name__)
 
 
 class OutputProcessor:
@@ -15,10 +20,22 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
 
-    def start(self, seq: Sequence) -> None:
-        """Attach the text state a new request needs."""
+    def start(self, seq: Sequence, resumed: Resumed | None = None) -> None:
+        """Attach the text state a new request needs; for a resumed one, replay the tokens it
+        already generated (the prompt's tail) so held-back text and stop-string state carry on."""
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.params.skip_special_tokens)
         seq.stop_matcher = StopStringMatcher(seq.params.stop) if seq.params.stop else None
+        if resumed is None or resumed.num_generated <= 0:
+            return
+        generated = seq.token_ids[seq.num_prompt_tokens - resumed.num_generated:seq.num_prompt_tokens]
+        released = seq.detokenizer.add(generated)
+        if seq.stop_matcher is not None:
+            released, _ = seq.stop_matcher.feed(released)
+        if released != resumed.text:
+            log.warning("request %s resumed: its %d generated tokens give %r, the client had %r",
+                        seq.request_id, len(generated), released[-40:], resumed.text[-40:])
+        for token in generated:  # penalties count them as output
+            seq.output_counts[token] = seq.output_counts.get(token, 0) + 1
 
     def process(self, seq: Sequence, token: int) -> tuple[str, str | None]:
         """The text that `token` (just appended to seq) releases, and the finish reason it causes:

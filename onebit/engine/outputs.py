@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from onebit.protocol.types import StepDelta, TokenLogprob  # the shared types; re-exported here
+from onebit.protocol.types import StepDelta, TokenLogprob  # noqa: F401  (the shared types, re-exported here)
 
 
 @dataclass
@@ -32,10 +32,11 @@ class SlotInfo:
     request_id: str | None = None
     n_prompt_tokens: int = 0
     n_decoded: int = 0
+    regime: str | None = None  # one-engine --adaptive: "speculative" (the primary's) or "batch"
 
     def to_json(self) -> dict:
         """The slot as /slots returns it."""
-        return {
+        out = {
             "id": self.id,
             "backend": self.backend,
             "is_processing": self.is_processing,
@@ -43,6 +44,9 @@ class SlotInfo:
             "n_prompt_tokens": self.n_prompt_tokens,
             "n_decoded": self.n_decoded,
         }
+        if self.regime is not None:
+            out["regime"] = self.regime
+        return out
 
 
 @dataclass

@@ -4,8 +4,10 @@ Order: logit_bias, penalties and min_tokens masks act on the raw logits, then th
 the constrained rows (one batched mask, engine/grammar/mask.py); then
 temperature, top-k, top-p and min-p shape the distribution; a token is drawn by an
 exponential race (argmax of p / E with E ~ Exp(1)), whose noise for a seeded request
-comes from that request's own generator, so a seed gives the same tokens whatever
-else shares the batch. Logprobs are those of the raw model distribution.
+comes from that request's own generator, reseeded at every token from the seed and the
+token's position (`position_seed`): a seed gives the same tokens whatever else shares the
+batch, and a request continued elsewhere from its prompt plus the tokens it already had
+(a migration) draws what it would have drawn. Logprobs are those of the raw model distribution.
 """
 
 from __future__ import annotations
@@ -87,6 +89,18 @@ def shape_distribution(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tens
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def position_seed(seed: int, position: int) -> int:
+    """The generator seed for the token at `position` (its index in prompt + output) of a request
+    seeded with `seed`: a splitmix64 mix, so neighbouring positions get unrelated streams."""
+    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1  # torch takes seeds below 2**63
+
+
 def _race_noise(probs: torch.Tensor, seqs: list[Sequence], default: torch.Generator | None) -> torch.Tensor:
     noise = torch.empty_like(probs)
     unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
@@ -96,6 +110,7 @@ def _race_noise(probs: torch.Tensor, seqs: list[Sequence], default: torch.Genera
         noise[upload(unseeded, torch.long, probs.device)] = block
     for i, seq in enumerate(seqs):
         if seq.generator is not None:
+            seq.generator.manual_seed(position_seed(seq.params.seed, seq.num_tokens))
             noise[i].exponential_(generator=seq.generator)
     return noise
 

@@ -65,6 +65,20 @@ class SamplingParams:
 
 
 @dataclass
+class Resumed:
+    """A request continued on another backend (a migration): the last `num_generated` tokens of
+    its prompt are output it had already generated, of which the client already got `text`.
+
+    A backend that knows its tokenizer (the native engine) rebuilds the detokenizer and the
+    stop-string state from them, so text held back at the break (a possible stop string, half
+    a character) is released or cut exactly as it would have been; penalties count them as output.
+    """
+
+    num_generated: int
+    text: str
+
+
+@dataclass
 class GenerateRequest:
     """One generation request as the router hands it to a backend (already tokenized).
 
@@ -78,6 +92,7 @@ class GenerateRequest:
     prompt_text: str | None = None  # the same prompt as text, for peers that cannot take token ids
     user: str = "anonymous"
     priority: int = 0
+    resumed: Resumed | None = None  # set when this continues a request another backend started
 
 
 @dataclass

@@ -16,6 +16,7 @@ from onebit.backends.base import Backend
 from onebit.protocol import GenerateRequest, StepDelta
 from onebit.protocol.fair_queue import FairQueue
 from onebit.router.errors import NoBackendAvailable, QueueFull, RouterClosed
+from onebit.router.handover import HandOver
 from onebit.router.routed_stream import RoutedStream
 from onebit.router.slots import Lease, Route, Ticket
 from onebit.router.supervisor import Supervisor
@@ -42,12 +43,14 @@ class Router:
     under steady load: the primary drains and the big-batch backend carries it all.
 
     A backend that goes down is restarted by the `supervisor` (pass None for none);
-    a request it failed before streaming anything is re-routed (`stream()`).
+    a request it failed is re-routed, or migrated if it had streamed (`stream()`).
+    `hand_over` (with "spill"): when the load falls back to the primary's limit, requests streaming
+    on the overflow backends move to the primary's free slots (`onebit.router.handover`).
     """
 
     def __init__(self, backends: list[Backend], limits: list[int] | None = None, max_queue: int = 1024,
                  supervisor: Supervisor | None | bool = True, max_attempts: int = 3, overflow: str = "spill",
-                 fair: bool = True):
+                 fair: bool = True, hand_over: bool = False):
         if not backends:
             raise ValueError("the router needs at least one backend")
         if overflow not in ("spill", "switch"):
@@ -65,8 +68,10 @@ class Router:
         self.users = UserBook()
         self._closed = False
         self._started = False
+        self.decode = None  # (token ids, skip_special_tokens) -> text, set once the tokenizer loads (migration)
         for route in self.routes:
             route.backend.on_state_change = self._on_backend_state_change
+        self.handover = HandOver(self) if hand_over and overflow == "spill" and len(self.routes) > 1 else None
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -140,6 +145,8 @@ class Router:
             route.in_flight = 0
             raise AssertionError(f"backend {route.name}: slot released twice")
         self._dispatch()
+        if self.handover is not None:
+            self.handover.offer()
 
     def _dispatch(self) -> None:
         """Hand free slots to waiters, the least-served user's first."""
@@ -177,6 +184,15 @@ class Router:
 
     def _serviceable(self) -> bool:
         return any(r.backend.state in ("ready", "loading") for r in self.routes)
+
+    def serviceable(self) -> bool:
+        """True while some backend is ready or loading (a new ticket would not fail at once)."""
+        return not self._closed and self._serviceable()
+
+    @property
+    def closed(self) -> bool:
+        """True once `stop()` began."""
+        return self._closed
 
     def ticket(self, front: bool = False, user: str | None = None, priority: int = 0) -> Ticket:
         """Claim a free slot now, or join the line (in `user`'s place, by `priority` within it), without awaiting.
@@ -249,6 +265,8 @@ class Router:
             self._fail_waiters(NoBackendAvailable("no backend is available"))
         else:
             self._dispatch()
+            if self.handover is not None and self._started:
+                self.handover.offer()
 
     def backends_info(self) -> list[dict]:
         """Per-backend facts for /props: kind, capacity, in-flight, state, ..."""

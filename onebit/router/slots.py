@@ -62,6 +62,13 @@ class Ticket:
         self._on_leave = on_leave  # takes the future out of the router's line
         self._closed = False
 
+    @classmethod
+    def holding(cls, lease: Lease) -> "Ticket":
+        """A ticket for a slot already reserved (a hand-over)."""
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(lease)
+        return cls(future)
+
     async def wait(self) -> Lease:
         """The reserved slot, once it is ours."""
         return await self._future

@@ -21,8 +21,9 @@ class Speculator:
     step is a plain one (the counters still count decode steps)."""
 
     def __init__(self, drafter: Drafter | None, draft_max: int = 3, always: bool = False,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, max_running: int | None = None):
         self.drafter = drafter
+        self.max_running = max_running  # above this many running requests: plain steps only
         self.policy = DraftPolicy(draft_max, always=always) if drafter is not None else None
         self.stats = SpecStats()
         self.generator = generator  # for unseeded sampled requests' verification
@@ -59,7 +60,7 @@ class Speculator:
         any sequence was chosen to draft (the MTP head then wants this step's states)."""
         self.step_k = 0
         self.failed = []
-        if self.policy is None:
+        if self.policy is None or self.regime(len(scheduler.running)) == "batch":
             return [], False
         decoding = scheduler.decoding()
         self.step_k = self.policy.choose(len(decoding)) if decoding else 0
@@ -77,6 +78,13 @@ class Speculator:
                 seq.num_draft = len(drafts)
                 drafting.append(seq)
         return drafting, bool(chosen)
+
+    def regime(self, running: int) -> str | None:
+        """"speculative" while drafting is allowed at this load, "batch" above `max_running`; None
+        when no load limit is set (a plain engine, or a drafter the policy alone decides for)."""
+        if self.max_running is None:
+            return None
+        return "speculative" if self.drafter is not None and running <= self.max_running else "batch"
 
     def needs_hidden(self, plan, chose: bool) -> bool:
         """Whether this step's forward must keep the base model's states for the drafter."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from onebit.engine.sampler import shape_distribution
+from onebit.engine.sampler import position_seed, shape_distribution
 from onebit.engine.sequence import Sequence
 
 
@@ -26,6 +26,8 @@ def verify(logits: torch.Tensor, seq: Sequence, drafts: list[int],
         return kept, targets[kept]
     probs = shape_distribution(logits.float(), [seq] * logits.shape[0])
     gen = seq.generator or generator
+    if seq.generator is not None:  # a seeded request: the stream depends on the position only
+        gen.manual_seed(position_seed(seq.params.seed, seq.num_tokens - len(drafts)))
     uniforms = torch.rand(len(drafts) + 1, generator=gen, device=probs.device).tolist()
     for i, d in enumerate(drafts):
         p = probs[i]

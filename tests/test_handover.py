@@ -1,0 +1,110 @@
+"""Hand-over with fake backends: when the load falls, overflow streams move to the primary once each,
+and every client stream stays whole (no token missing or repeated)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from onebit.backends.base import Backend, EngineStats, GenerateRequest
+from onebit.engine.outputs import StepDelta
+from onebit.engine.sampling_params import SamplingParams
+from onebit.router import Router
+
+
+class CountingBackend(Backend):
+    """A fake whose token at each position is the position itself, one token per `delay` s, up to
+    max_tokens: a stream continued anywhere from prompt + tokens so far reads as one count."""
+
+    kind = "fake"
+
+    def __init__(self, name: str, capacity: int, delay: float):
+        self.name, self.capacity, self.delay = name, capacity, delay
+        self.requests: list[GenerateRequest] = []
+        self.aborted = 0
+        self.active = 0
+
+    @property
+    def state(self) -> str:
+        return "ready"
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def generate(self, request: GenerateRequest):
+        self.requests.append(request)
+        self.active += 1
+        assert self.active <= self.capacity, "router overfilled a backend"
+        start, n = len(request.prompt_token_ids), request.params.max_tokens
+        finished = False
+        try:
+            for i in range(n):
+                await asyncio.sleep(self.delay)
+                finished = i == n - 1
+                yield StepDelta(request.request_id, [start + i], f"<{start + i}>", finished,
+                                "length" if finished else None, num_prompt_tokens=start, num_output_tokens=i + 1)
+        finally:
+            self.active -= 1
+            if not finished:
+                self.aborted += 1
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+    def slots(self):
+        return []
+
+    def stats(self):
+        return EngineStats()
+
+
+async def _consume(router: Router, i: int, max_tokens: int) -> list[StepDelta]:
+    request = GenerateRequest(f"r{i}", [7, 7], SamplingParams(max_tokens=max_tokens))
+    async with contextlib.aclosing(router.stream(router.ticket(), request).deltas()) as deltas:
+        return [delta async for delta in deltas]
+
+
+def test_overflow_streams_move_to_the_primary_once_when_it_frees():
+    primary, overflow = CountingBackend("p", 2, delay=0.001), CountingBackend("o", 4, delay=0.01)
+    router = Router([primary, overflow], supervisor=None, overflow="spill", hand_over=True)
+
+    async def go():
+        await router.start()
+        # Two short requests fill the primary, four long ones overflow; as the short ones end, long
+        # ones move to the primary's free slots.
+        tasks = [asyncio.create_task(_consume(router, i, 5 if i < 2 else 40)) for i in range(6)]
+        results = await asyncio.gather(*tasks)
+        for deltas in results:
+            tokens = [t for d in deltas for t in d.token_ids]
+            assert tokens == list(range(2, 2 + len(tokens)))  # every position once, in order
+            assert "".join(d.text for d in deltas) == "".join(f"<{t}>" for t in tokens)
+            assert deltas[-1].finished and deltas[-1].num_output_tokens == len(tokens)
+            assert all(d.num_prompt_tokens == 2 for d in deltas)
+        assert [len([t for d in r for t in d.token_ids]) for r in results] == [5, 5, 40, 40, 40, 40]
+        moved = [r for r in primary.requests if r.resumed is not None]
+        # The first two free primary slots go to two overflow streams at once; later ones to the others.
+        assert router.handover.moves == len(moved) == overflow.aborted >= 2
+        assert len({r.request_id for r in moved}) == len(moved)  # each request moved once at most
+        assert {r.request_id for r in moved} <= {"r2", "r3", "r4", "r5"}
+        for request in moved:
+            done = request.resumed.num_generated
+            assert request.prompt_token_ids == [7, 7] + list(range(2, 2 + done))
+            assert request.params.max_tokens == 40 - done
+        assert router.in_flight == 0 and [r.in_flight for r in router.routes] == [0, 0]
+
+    asyncio.run(go())
+
+
+def test_without_hand_over_nothing_moves():
+    primary, overflow = CountingBackend("p", 2, delay=0.001), CountingBackend("o", 4, delay=0.005)
+    router = Router([primary, overflow], supervisor=None, overflow="spill")
+
+    async def go():
+        await router.start()
+        await asyncio.gather(*(_consume(router, i, 5 if i < 2 else 20) for i in range(6)))
+        assert router.handover is None and len(primary.requests) == 2 and overflow.aborted == 0
+
+    asyncio.run(go())
