@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_arguments(serve)
     serve.add_argument("--alias", help="model name clients use (default: directory name)")
     serve.add_argument("--api-key", help="require this key on every API route")
+    serve.add_argument("--no-webui", action="store_true", help="do not serve the web page at /")
     serve.add_argument("--max-queue", type=int, default=1024, help="requests that may wait for a slot")
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -265,7 +266,7 @@ def serve(args: argparse.Namespace) -> int:
 
     app = create_app(router, model_name=name, model_path=str(path), load_tokenizer=lambda: Tokenizer.from_dir(path),
                      api_key=args.api_key, max_body_bytes=args.max_body_bytes, on_load_error=on_load_error,
-                     model_info=info)
+                     model_info=info, webui=not args.no_webui)
     server = make_server(app, args.host, args.port, args.log_level)
     code = run_server(server)
     if failure:

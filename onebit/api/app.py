@@ -10,7 +10,7 @@ from typing import Callable
 from fastapi import FastAPI
 
 from onebit._version import __version__
-from onebit.api import routes_chat, routes_completions, routes_info
+from onebit.api import routes_chat, routes_completions, routes_info, routes_webui
 from onebit.api.errors import install_error_handlers
 from onebit.api.metrics import Metrics
 from onebit.api.middleware import APIKeyMiddleware, BodyLimitMiddleware
@@ -51,8 +51,10 @@ def begin_shutdown(app: FastAPI) -> None:
 
 def create_app(router: Router, *, model_name: str, model_path: str, load_tokenizer: Callable[[], object],
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None) -> FastAPI:
-    """Build the server app; the model loads after startup, so /health says 503 until then."""
+               on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None,
+               webui: bool = True) -> FastAPI:
+    """Build the server app; the model loads after startup, so /health says 503 until then.
+    `webui`: serve the web page at `/`."""
     state = ServerState(router=router, model_name=model_name, model_path=model_path, metrics=Metrics(router),
                         model_info=model_info)
 
@@ -74,6 +76,8 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
     app.include_router(routes_info.router)
     app.include_router(routes_chat.router)
     app.include_router(routes_completions.router)
+    if webui:
+        app.include_router(routes_webui.router)
     # Added last = outermost: the key is checked before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
