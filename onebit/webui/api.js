@@ -21,10 +21,12 @@ export class ApiError extends Error {
 
 const keyListeners = [];
 
+/** The API key this browser keeps ("" when none). */
 export function getKey() {
   return localStorage.getItem(KEY_STORAGE) || "";
 }
 
+/** Keep `key` in this browser (an empty key forgets it). */
 export function setKey(key) {
   if (key) localStorage.setItem(KEY_STORAGE, key);
   else localStorage.removeItem(KEY_STORAGE);
@@ -65,10 +67,12 @@ export async function request(path, options = {}) {
   return response;
 }
 
+/** GET `path` as JSON (with the key). */
 export async function getJSON(path) {
   return (await request(path)).json();
 }
 
+/** GET `path` as text (with the key). */
 export async function getText(path) {
   return (await request(path)).text();
 }

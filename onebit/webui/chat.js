@@ -10,6 +10,7 @@ let model = null; // the served model's id, from /v1/models
 let history = []; // {role, content} sent with the next request
 let controller = null; // AbortController of the answer being streamed
 
+/** The model id requests name (the first of /v1/models). */
 export function setModel(id) {
   model = id;
 }
