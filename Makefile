@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 ARGS ?=
 
-.PHONY: install serve test bench clean llama-server
+.PHONY: install serve test bench clean llama-server browser
 
 $(PY):
 	python3 -m venv --system-site-packages $(VENV)
@@ -25,7 +25,13 @@ serve: install
 llama-server: install
 	$(VENV)/bin/1bit llama-server --build
 
-test: install llama-server
+# Headless Chromium for the web page test (tests/test_webui.py): Debian's package, installed once
+# (as root, as CI runs). A failed install stops `make test` here instead of skipping the test.
+browser:
+	@test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium) \
+		|| (echo "could not install chromium (apt-get install chromium, as root): the web page test needs it" >&2; exit 1)
+
+test: install llama-server browser
 	$(PY) -m pytest -q $(ARGS)
 
 clean:

@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="named keys with limits, one per line: KEY NAME [max_concurrent=N] [max_queued=N] "
                             "[tpm=N] (requests running or waiting, requests waiting, tokens per minute; "
                             "over a limit: 429 with Retry-After); '#' starts a comment")
+    serve.add_argument("--no-webui", action="store_true", help="do not serve the web page at /")
     serve.add_argument("--max-queue", type=int, default=1024, help="requests that may wait for a slot")
     serve.add_argument("--max-prompts-per-request", type=_positive, default=64,
                        help="prompts one /v1/completions request may carry (more: 400)")
@@ -318,7 +319,8 @@ def serve(args: argparse.Namespace) -> int:
                      max_body_bytes=args.max_body_bytes, on_load_error=on_load_error, model_info=info,
                      keys=keys, policy=policy, aliases=tuple(aliases[1:]),
                      cors_origins=parse_origins(args.cors_origins), reasoning_format=args.reasoning_format,
-                     embedding_pooling=(args.pooling or model_pooling(path)) if args.embedding else None)
+                     embedding_pooling=(args.pooling or model_pooling(path)) if args.embedding else None,
+                     webui=not args.no_webui)
     server = make_server(app, args.host, args.port, args.log_level)
     code = run_server(server)
     if failure:

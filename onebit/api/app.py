@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from onebit._version import __version__
 from onebit.api import (anthropic, routes_chat, routes_completions, routes_embeddings, routes_info, routes_llama,
-                        routes_queue, routes_responses)
+                        routes_queue, routes_responses, routes_webui)
 from onebit.api.auth import KeyInfo
 from onebit.api.cors import add_cors
 from onebit.api.errors import install_error_handlers
@@ -59,9 +59,11 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
                on_load_error: Callable[[str], None] | None = None, model_info: dict | None = None,
                keys: dict[str, KeyInfo] | None = None, policy: ServePolicy | None = None,
                aliases: tuple[str, ...] = (), cors_origins: list[str] | None = None,
-               reasoning_format: str = "auto", embedding_pooling: str | None = None) -> FastAPI:
+               reasoning_format: str = "auto", embedding_pooling: str | None = None,
+               webui: bool = True) -> FastAPI:
     """Build the server app; the model loads after startup, so /health says 503 until then.
-    `keys` are the named API keys (`onebit.api.auth`), besides the single `api_key`."""
+    `keys` are the named API keys (`onebit.api.auth`), besides the single `api_key`; `webui`: serve
+    the web page at `/`."""
     keys = dict(keys or {})
     if api_key:
         keys.setdefault(api_key, KeyInfo("default"))
@@ -93,6 +95,8 @@ def create_app(router: Router, *, model_name: str, model_path: str, load_tokeniz
     app.include_router(anthropic.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_embeddings.router)
+    if webui:
+        app.include_router(routes_webui.router)
     # Added last = outermost: the key is checked before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if keys:

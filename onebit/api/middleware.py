@@ -10,7 +10,13 @@ from onebit.api.auth import KeyInfo, match_key
 from onebit.api.errors import TooLarge, Unauthorized, error_body, status_of
 from onebit.protocol.errors import RequestError
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
+                          "/"})
+PUBLIC_PREFIXES = ("/webui/",)  # the web page's static files: no data in them (api/routes_webui.py)
+
+
+def _public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
 async def _send_error(send, error: RequestError) -> None:
@@ -37,7 +43,7 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope, receive, send):
         """ASGI entry."""
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or _public(scope["path"]):
             return await self.app(scope, receive, send)
         info = match_key(self._keys, scope["headers"])
         if info is not None:
