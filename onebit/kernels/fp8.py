@@ -2,7 +2,7 @@
 
 A weight [N, K] is stored as e4m3 values with one float32 scale per output row, so
 `weight ~= q * scale[:, None]`. Two ways to multiply by it, chosen by the number of rows:
-- up to 128 rows (decoding): weight-only. A Triton kernel (`triton_fp8`) loads the e4m3 weight
+- up to 64 rows (decoding): weight-only. A Triton kernel (`triton_fp8`) loads the e4m3 weight
   (half the bytes of bf16), widens it in registers and multiplies with the activations as they
   are; the scale is applied to each output column at the end.
 - more rows (prefill, large batches): both operands in FP8 on the tensor cores. The activations
@@ -18,10 +18,11 @@ import torch
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-# Measured on the H200 (docs/perf-history.md, FP8): at 64 and 256 rows `_scaled_mm` with
-# per-token quantization ran 0.24-0.95x of bf16 cuBLAS, the quantizing ops costing more than the
-# product; the weight-only kernel takes the decode range instead.
-MAX_WEIGHT_ONLY_ROWS = 128
+# Measured on the H200 (docs/perf-history.md, FP8): at 64 rows the weight-only kernel beat
+# `_scaled_mm` with per-token quantization on the attention products (25.6 vs 36.2 us, 18.7 vs 35.9)
+# and tied on the MLP's down product; at 128 rows it lost everywhere. Both are slower than bf16
+# cuBLAS above 16 rows.
+MAX_WEIGHT_ONLY_ROWS = 64
 
 try:
     from onebit.kernels import triton_fp8
