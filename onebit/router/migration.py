@@ -116,8 +116,8 @@ class Progress:
         params = dataclasses.replace(p, max_tokens=remaining, min_tokens=max(0, p.min_tokens - n))
         text = self.text[:len(self.text) - self._skip_chars]
         prompt_text = original.prompt_text + text if original.prompt_text is not None else None
-        return GenerateRequest(original.request_id, original.prompt_token_ids + self.token_ids[:n], params,
-                               prompt_text, Resumed(n, text))
+        return dataclasses.replace(original, prompt_token_ids=original.prompt_token_ids + self.token_ids[:n],
+                                   params=params, prompt_text=prompt_text, resumed=Resumed(n, text))
 
 
 async def wait_until_serviceable(router, timeout: float) -> bool:
