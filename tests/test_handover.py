@@ -68,7 +68,8 @@ async def _consume(router: Router, i: int, max_tokens: int) -> list[StepDelta]:
 
 
 def test_overflow_streams_move_to_the_primary_once_when_it_frees():
-    primary, overflow = CountingBackend("p", 2, delay=0.001), CountingBackend("o", 4, delay=0.01)
+    # The short requests yield without sleeping, so they end long before a long one's first token.
+    primary, overflow = CountingBackend("p", 2, delay=0), CountingBackend("o", 4, delay=0.02)
     router = Router([primary, overflow], supervisor=None, overflow="spill", hand_over=True)
 
     async def go():

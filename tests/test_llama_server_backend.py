@@ -57,7 +57,7 @@ def _wait(predicate, what: str, timeout: float = 60.0):
 @pytest.fixture(scope="module")
 def server(llama_server_bin, tiny_gguf):
     server = start_server(tiny_gguf, "--llama-server", llama_server_bin, "--parallel", "2", "--ctx-size", "4096",
-                          "--alias", "tiny", "--backend-timeout", "10", "--log-level", "info")
+                          "--alias", "tiny", "--backend-timeout", "10", "--log-level", "info", "--props-show-path")
     try:
         yield server
     finally:

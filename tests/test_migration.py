@@ -20,7 +20,7 @@ def llm(tiny_model_dir):
 def _stream(llm: LLM, request: GenerateRequest) -> list[StepDelta]:
     """Every delta of one request, step by step."""
     engine = llm.engine
-    engine.add_request(request.request_id, request.prompt_token_ids, request.params, request.resumed)
+    engine.add_request(request.request_id, request.prompt_token_ids, request.params, resumed=request.resumed)
     deltas = []
     while engine.has_unfinished():
         deltas += [d for d in engine.step() if d.request_id == request.request_id]

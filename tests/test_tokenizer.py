@@ -263,8 +263,9 @@ def test_chat_template_enable_thinking(tok):
 
 
 def test_chat_template_text_parts(tok):
+    # Text parts are joined by a blank line, as llama-server joins them.
     parts = [{"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]
-    assert "<|im_start|>user\nHello<|im_end|>" in tok.apply_chat_template(parts)
+    assert "<|im_start|>user\nHel\n\nlo<|im_end|>" in tok.apply_chat_template(parts)
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     with pytest.raises(ValueError, match="image_url"):
         tok.apply_chat_template(image)

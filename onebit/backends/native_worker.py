@@ -1,6 +1,6 @@
 """The engine worker process: owns the device, runs engine steps, talks over one pipe.
 
-Messages in (front -> worker): ("add", request_id, prompt_token_ids, params, resumed or None),
+Messages in (front -> worker): ("add", request_id, prompt_token_ids, params, user, priority, resumed or None),
 ("abort", request_id), ("ping",), ("stop",).
 Messages out (worker -> front): ("ready", info), ("load_error", message),
 ("rejected", request_id, error.to_wire()), ("step", deltas, stats, slots), ("pong",).
@@ -75,9 +75,11 @@ def serve_engine(engine, conn: Connection) -> None:
                 return
             kind = message[0]
             if kind == "add":
-                _, request_id, prompt_token_ids, params, *rest = message  # rest: (user, priority, resumed)
+                _, request_id, prompt_token_ids, params, *rest = message
+                user, priority, resumed = (list(rest) + ["anonymous", 0, None][len(rest):])[:3]
                 try:
-                    engine.add_request(request_id, prompt_token_ids, params, *rest)
+                    engine.add_request(request_id, prompt_token_ids, params, user=user, priority=priority,
+                                       resumed=resumed)
                 except Exception as error:  # a bad request must never kill the worker
                     conn.send(("rejected", request_id, _rejection(error)))
             elif kind == "abort":

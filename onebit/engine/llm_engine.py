@@ -64,7 +64,7 @@ class LLMEngine:
     # -- requests -------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    user: str = "anonymous", priority: int = 0, resumed: Resumed | None = None) -> None:
+                    *, user: str = "anonymous", priority: int = 0, resumed: Resumed | None = None) -> None:
         """Queue a request of `user` (lower `priority` first among that user's); raise InvalidRequest
         (ContextOverflow for a prompt too long) for bad input.
 

@@ -28,7 +28,7 @@ class HandOver:
 
     def __init__(self, router: "Router"):
         self.router = router
-        self.moves = 0
+        self.moves = 0  # moves carried out (an offer a stream could not take before it finished is not one)
         self._streams: dict["RoutedStream", None] = {}  # streams on overflow backends, oldest first
 
     def track(self, stream: "RoutedStream", route_index: int) -> None:
@@ -41,7 +41,9 @@ class HandOver:
         self._streams.pop(stream, None)
 
     def offer(self) -> None:
-        """Give free primary slots nobody waits for to overflow streams that may move (call on the loop)."""
+        """Give free primary slots nobody waits for to overflow streams that may move (call on the loop):
+        when a slot frees, and when an overflow stream streams a token (a stream may move only once it
+        has streamed one, so a slot that freed earlier waits for that)."""
         router = self.router
         primary = router.routes[0]
         while (primary.in_flight < primary.limit and primary.backend.state == "ready"
@@ -52,7 +54,6 @@ class HandOver:
             del self._streams[stream]
             primary.in_flight += 1
             primary.served += 1
-            self.moves += 1
             log.info("request %s: handing over from %s to %s (load fell to %d)", stream.request.request_id,
                      stream.backend, primary.name, router.in_flight)
             stream.move_to(router._lease(primary, stream.request.user))  # counts the user as running there

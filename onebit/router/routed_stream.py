@@ -102,6 +102,8 @@ class RoutedStream:
                             charged += n
                             self._router.charge(user, n)
                             yield delta
+                            if handover is not None and self._next is None and not delta.finished:
+                                handover.offer()  # a primary slot may have freed before this stream could move
                             if self._next is not None and not delta.finished:
                                 break  # leaving the stream aborts the request on this backend
                     if self._next is None:
@@ -111,6 +113,7 @@ class RoutedStream:
                     self._next = None
                     self.attempts -= 1
                     self.handed_over += 1
+                    handover.moves += 1
                     moving = True
                     continue
                 except BackendError as error:
