@@ -120,6 +120,16 @@ class Progress:
                                    params=params, prompt_text=prompt_text, resumed=Resumed(n, text))
 
 
+async def settle(backend, timeout: float = 1.0) -> None:
+    """After `backend` failed a request, wait (up to `timeout` s) until its state says so: right after a
+    child dies the backend may still read "ready", and a retry would claim a slot on it and fail again at
+    once, spending the request's attempts before the restart could take it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while backend.state == "ready" and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+
+
 async def wait_until_serviceable(router, timeout: float) -> bool:
     """Wait (up to `timeout` s) until some backend is loading or ready, e.g. the one restarting
     after its death; True if one is. A migrating request waits for it rather than fail."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from onebit.backends.base import BackendError
 from onebit.protocol import GenerateRequest, StepDelta, check_request
-from onebit.router.migration import Progress, wait_until_serviceable
+from onebit.router.migration import Progress, settle, wait_until_serviceable
 from onebit.router.slots import Lease, Ticket
 
 if TYPE_CHECKING:
@@ -121,6 +121,7 @@ class RoutedStream:
                         route.failed += 1
                         raise
                     ticket.close()
+                    await settle(lease.backend)
                     streamed = len(progress.token_ids)
                     log.warning("request %s: backend %s failed after %d tokens (%s); %s", self.request.request_id,
                                 self.backend, streamed, error, "migrating" if streamed else "re-routing")
