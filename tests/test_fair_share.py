@@ -99,7 +99,9 @@ def test_two_backlogged_users_take_turns(server):
         await idle(server)
         alice, bob = client(server, "key-alice"), client(server, "key-bob")
         done: list[str] = []
-        kw = {"max_tokens": 40, "temperature": 0, "extra_body": {"ignore_eos": True}}
+        # Long enough that Alice's running pair cannot finish between "all 6 in line" and Bob's arrival
+        # on a slow machine (the CI run saw more than 2 done with 40 tokens).
+        kw = {"max_tokens": 160, "temperature": 0, "extra_body": {"ignore_eos": True}}
 
         async def one(c, name, i):
             await c.completions.create(model="tiny", prompt=f"turn {i}", **kw)
