@@ -277,7 +277,9 @@ def test_priority_orders_one_users_waiting_requests(server):
                                            extra_body={"priority": priority, "ignore_eos": True})
             done.append(name)
 
-        hold = [asyncio.create_task(alice.completions.create(model="tiny", prompt=f"hold {i}", **LONG))
+        # The holds are cancelled, never run to the end: long enough that neither ends while the test sets up.
+        hold_kw = {**LONG, "max_tokens": 480}
+        hold = [asyncio.create_task(alice.completions.create(model="tiny", prompt=f"hold {i}", **hold_kw))
                 for i in range(2)]
         await wait_for(lambda: queue_view(server).get("alice", {}).get("running", 0) == 2, "slots taken")
         later = asyncio.create_task(one("later", 5))
