@@ -98,9 +98,9 @@ def compiler_eos(compiler: GrammarCompiler) -> set[int]:
     return set(compiler.tokenizer.eos_tokens)
 
 
-def main() -> None:
-    """Parse arguments, measure each row count, print the table."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_arguments(description: str) -> argparse.Namespace:
+    """The options both mask benches take (this one and grammar_mask_xgrammar.py); applies --threads."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", default=None, help="a model directory (its tokenizer); default: the built-in model")
     ap.add_argument("--steps", type=int, default=200)
@@ -110,6 +110,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> None:
+    """Parse arguments, measure each row count, print the table."""
+    args = parse_arguments(__doc__)
     device = torch.device(args.device)
     if args.vocab:
         tokenizer = synthetic_tokenizer(args.vocab)

@@ -17,7 +17,6 @@ matcher that terminates is reset). Prints the median milliseconds per step of ea
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import statistics
@@ -34,7 +33,7 @@ from onebit.models.tokenizer import Tokenizer
 
 # The llguidance bench's workload (its schema and synthetic tokenizer), imported from beside this file.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grammar_mask import SCHEMA, synthetic_tokenizer
+from grammar_mask import SCHEMA, parse_arguments, synthetic_tokenizer
 
 
 def tokenizer_info(tokenizer: Tokenizer) -> xgrammar.TokenizerInfo:
@@ -75,16 +74,7 @@ def measure(grammar: xgrammar.CompiledGrammar, batch: xgrammar.BatchGrammarMatch
 
 def main() -> None:
     """Parse arguments, measure each row count, print the table."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--model", default=None, help="a model directory (its tokenizer); default: the built-in model")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--rows", default="1,8,64")
-    ap.add_argument("--vocab", type=int, default=None, help="a synthetic tokenizer of this many tokens")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_arguments(__doc__)
     device = torch.device(args.device)
     tokenizer = synthetic_tokenizer(args.vocab) if args.vocab else Tokenizer.from_dir(args.model or default_model_dir())
     vocab = tokenizer.vocab_size
