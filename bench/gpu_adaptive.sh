@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# #18's seed table on the H200 in one device call (~7 min): Qwen3-8B shape, random bf16 weights, every
+# token with a text of its own (--fill-vocab), 128 random prompt tokens, 128 new, closed loop, at
+# 1,2,4,8,12,16,24,32,64 requests, for:
+#   - --parallel 64 (no drafting),
+#   - --parallel 8 with the oracle drafter at P (a stand-in for a trained MTP head: a random head's
+#     drafts are never right),
+#   - --adaptive --adaptive-at 8 (one engine, 64 slots in all) with the same oracle drafter: drafting
+#     while at most 8 requests run, plain batched steps above.
+# The oracle proposes the recorded greedy output of each prompt (bench/oracle_record.py records the
+# bench's own prompt pools first). Run from the repo root with .whl carried (tools/device_wheels.sh):
+#     OUT=DIR bash bench/gpu_adaptive.sh            (P=0.75 unless P is set; SHAPE=qwen3-8b)
+set -u
+OUT=${OUT:-/tmp/out}
+LEVELS=${LEVELS:-1,2,4,8,12,16,24,32,64}
+P=${P:-0.75}
+SHAPE=${SHAPE:-qwen3-8b}
+DEVICE=${DEVICE:-cuda}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+MODEL=/tmp/$SHAPE-shape
+python3 bench/make_shape_model.py $MODEL --shape "$SHAPE" --fill-vocab > /dev/null || exit 1
+python3 bench/oracle_record.py -m $MODEL --load-format dummy --device "$DEVICE" --concurrency "$LEVELS" \
+  --out /tmp/record.jsonl || exit 1
+BASE="-m $MODEL --load-format dummy --device $DEVICE --ctx-size 1024 --max-batch-tokens 8192"
+ORACLE="--draft oracle:$P --draft-record /tmp/record.jsonl"
+run() {  # label, serve args
+  python3 -m onebit.cli bench --serve "$BASE $2" --serve-timeout 300 --concurrency "$LEVELS" --max-tokens 128 \
+    --prompts random:128 --label "$1" --out "$OUT/runs" --no-progress > "$OUT/$1.log" 2>&1 || tail -20 "$OUT/$1.log"
+  grep -A14 "total tok/s" "$OUT/$1.log" | grep "^|" | head -12
+}
+run parallel-64 "--parallel 64"
+run parallel-8-oracle "--parallel 8 $ORACLE"
+run adaptive-at-8-oracle "--parallel 8 --adaptive --adaptive-at 8 --adaptive-slots 56 $ORACLE"
+R=$OUT/runs
+python3 -m onebit.cli bench report $R/parallel-8-oracle.json $R/parallel-64.json $R/adaptive-at-8-oracle.json \
+  --out $R/adaptive > "$OUT/report.log" 2>&1
+cat $R/adaptive/report.md 2>/dev/null || tail -20 "$OUT/report.log"
+# At most 8 files come back from a device call: pack everything into one.
+tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/adaptive.tgz"
