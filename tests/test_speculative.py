@@ -390,3 +390,35 @@ def test_kv_budget_reported_for_restarts_covers_the_mtp_layer(tiny_models):
     info = _kv_info(first)
     again = LLM(str(path), device="cpu", speculative="mtp", kv_cache_memory=info["kv_cache_bytes"]).engine
     assert again.scheduler.num_blocks == first.scheduler.num_blocks == info["kv_cache_blocks"]
+
+
+def test_min_tokens_bans_end_tokens_in_verification_rows_before_the_minimum():
+    """A request with min_tokens drafts, and verification bans end tokens per row exactly as plain
+    sampling would at that position: row j follows j drafts."""
+    from onebit.engine.spec.speculator import Speculator
+    eos = 0
+    spec = Speculator(drafter=None, eos_token_ids={eos})
+    spec.policy = DraftPolicy(3)
+    logits = torch.full((4, 10), -5.0)
+    logits[0, 5] = 3.0           # row 0: the first draft (5) is the argmax
+    logits[1, eos], logits[1, 4] = 3.0, 2.0   # row 1: end token first, 4 second
+    logits[2, eos], logits[3, eos] = 3.0, 3.0
+    for min_tokens, want in ((3, ([5, 4], 1)), (2, ([5, 4], 1)), (1, ([5, eos, eos], 2)), (0, ([5, eos, eos], 2))):
+        seq = Sequence("x", [1, 2], SamplingParams(temperature=0, min_tokens=min_tokens), 100, 0)
+        seq.token_ids.extend([5, eos, 7])
+        seq.num_draft = 3
+        assert spec.verify(seq, logits.clone()) == want, min_tokens
+
+
+def test_min_tokens_no_longer_stops_drafting(tmp_path):
+    """A fixed-length request (min_tokens = max_tokens, as `1bit bench` sends) drafts, losslessly."""
+    from onebit.bench.oracle import OracleDrafter, oracle_speculation
+    prompts = [[10, 20, 30, 40], [7, 8, 9]]
+    params = SamplingParams(temperature=0, max_tokens=20, min_tokens=20, ignore_eos=True)
+    model = str(default_model_dir())
+    want = LLM(model, device="cpu", parallel=2).generate(prompts, params)
+    record = tmp_path / "record.jsonl"
+    OracleDrafter.write_record(record, [(p_ids, o.token_ids) for p_ids, o in zip(prompts, want)])
+    llm = LLM(model, device="cpu", parallel=2, speculative=oracle_speculation(1.0, record, policy="always"))
+    assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in want]
+    assert llm.engine.spec_proposed > 0 and llm.engine.spec_accepted == llm.engine.spec_proposed

@@ -110,7 +110,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     sampler = Sampler(eos, device, config.seed)
     drafter = _make_drafter(config, draft, runner, cfg, num_blocks, ctx_size, device, dtype)
     speculator = Speculator(drafter, spec.draft_max if spec else 3, spec is not None and spec.policy == "always",
-                            sampler.generator, config.adaptive_at)
+                            sampler.generator, config.adaptive_at, sampler.eos_token_ids)
     # Drafting reads each step's tokens on the host before the next step, so never with overlap.
     wanted = config.overlap if config.overlap is not None else device.type == "cuda"
     overlap = wanted and spec is None

@@ -6,11 +6,11 @@ from onebit.engine.sequence import Sequence
 
 
 def can_draft(seq: Sequence) -> bool:
-    """Requests whose sampling depends on per-position state (penalties, bias, bans, logprobs) never
-    draft. A grammar's per-position masks are applied in verification (Speculator.verify)."""
+    """Requests whose sampling depends on per-position state (penalties, bias, logprobs) never
+    draft. A grammar's per-position masks and min_tokens' ban on end tokens are applied per row in
+    verification (Speculator.verify)."""
     p = seq.params
-    return not (p.has_penalties or p.logit_bias or p.logprobs is not None
-                or seq.num_output_tokens < p.min_tokens)
+    return not (p.has_penalties or p.logit_bias or p.logprobs is not None)
 
 
 def draft_budget(seq: Sequence, k: int) -> int:

@@ -21,8 +21,10 @@ class Speculator:
     step is a plain one (the counters still count decode steps)."""
 
     def __init__(self, drafter: Drafter | None, draft_max: int = 3, always: bool = False,
-                 generator: torch.Generator | None = None, max_running: int | None = None):
+                 generator: torch.Generator | None = None, max_running: int | None = None,
+                 eos_token_ids: set[int] = frozenset()):
         self.drafter = drafter
+        self.eos_token_ids = set(eos_token_ids)  # banned in rows before a request's min_tokens
         self.max_running = max_running  # above this many running requests: plain steps only
         self.policy = DraftPolicy(draft_max, always=always) if drafter is not None else None
         self.stats = SpecStats()
@@ -101,6 +103,7 @@ class Speculator:
         """Check seq's drafts against its logits rows and count; returns (the tokens to append:
         the kept drafts, then the target's own next token; how many drafts were kept)."""
         drafts = seq.token_ids[seq.num_tokens - seq.num_draft:]
+        logits = self._ban_early_ends(seq, logits, len(drafts))
         if seq.grammar is not None:  # drafts the grammar rejects are rejected; every row is masked
             logits, valid = self._grammar_masker(logits).mask_drafts(logits.float(), seq.grammar, drafts)
             kept, bonus = verify(logits, seq, drafts[:valid], self.generator)
@@ -111,6 +114,20 @@ class Speculator:
         seq.spec.accepted += kept
         self.policy.record_acceptance(len(drafts), kept)
         return drafts[:kept] + [bonus], kept
+
+    def _ban_early_ends(self, seq: Sequence, logits: torch.Tensor, num_drafts: int) -> torch.Tensor:
+        """The verification rows with end tokens banned in each row whose position comes before
+        the request's min_tokens (row j follows the j-th draft), as plain sampling bans them."""
+        early = seq.params.min_tokens - (seq.num_output_tokens - num_drafts)
+        if early <= 0:
+            return logits
+        ends = [t for t in self.eos_token_ids | set(seq.params.stop_token_ids) if 0 <= t < logits.shape[-1]]
+        if not ends:
+            return logits
+        logits = logits.clone()
+        rows = min(early, logits.shape[0])
+        logits[:rows, torch.tensor(ends, device=logits.device)] = float("-inf")
+        return logits
 
     def _grammar_masker(self, logits: torch.Tensor):
         """The GrammarMasker for verification rows, made at the first constrained verification."""
