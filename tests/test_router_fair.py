@@ -216,3 +216,13 @@ def test_the_least_urgent_latest_running_request_yields():
     for deltas in results:
         _assert_whole(deltas, 40)
     assert router.in_flight == 0
+
+
+def test_a_peer_is_told_whose_request_it_is():
+    """A url peer that shares its own slots fairly (another 1bit) gets the `user`; the anonymous
+    user is not named."""
+    from onebit.backends.remote_protocol import completion_body
+
+    params = SamplingParams(max_tokens=3)
+    assert completion_body(GenerateRequest("r", [1], params, user="alice"), None, "ids", None)["user"] == "alice"
+    assert "user" not in completion_body(GenerateRequest("r", [1], params), None, "ids", None)
