@@ -1,5 +1,5 @@
-"""Fair share and priority preemption for backends that are not our engine: a front 1bit server whose
-two backends are `url:` peers (one slot each) on a second 1bit server. Requests wait only in the
+"""Fair share and priority preemption in the router, for a `url:` peer (a second 1bit server) and our
+engine alike: a front 1bit server with one url slot and one native slot. Requests wait only in the
 front's router, so its fair line and `--priority-preempt` decide; order and text are asserted,
 never time."""
 
@@ -18,12 +18,13 @@ LONG_TOKENS = 300  # the preemption test's long streams: far longer than the urg
 
 @pytest.fixture(scope="module")
 def front(tiny_model_dir):
-    """The front (2 url backends of 1 slot each, --priority-preempt) on a peer with 2 slots."""
-    peer = start_server(tiny_model_dir, "--device", "cpu", "--ctx-size", "1024", "--parallel", "2", "--alias", "tiny")
+    """The front, with --priority-preempt: a url backend of 1 slot on a peer 1bit server, then a
+    native backend of 1 slot (our engine never sees a request wait either: the router preempts)."""
+    peer = start_server(tiny_model_dir, "--device", "cpu", "--ctx-size", "1024", "--parallel", "1", "--alias", "tiny")
     try:
-        url = f"url:{peer.root}?slots=1"
-        server = start_server(tiny_model_dir, "--backend", url, "--backend", url, "--priority-preempt",
-                              "--ctx-size", "1024", "--alias", "tiny", "--backend-timeout", "10")
+        server = start_server(tiny_model_dir, "--backend", f"url:{peer.root}?slots=1", "--backend",
+                              "native:cpu?slots=1", "--priority-preempt", "--ctx-size", "1024", "--alias", "tiny",
+                              "--backend-timeout", "10")
         try:
             yield server
         finally:
@@ -61,10 +62,10 @@ async def idle(server) -> None:
     await wait_for(lambda: all(r["running"] + r["waiting"] == 0 for r in users(server).values()), "idle")
 
 
-def test_url_backends_share_slots_fairly_and_show_who_waits(front):
-    """Alice queues 6 long requests on the two url slots, then Bob one short one: Bob finishes before
+def test_url_and_native_slots_are_shared_fairly_and_show_who_waits(front):
+    """Alice queues 6 long requests on the two slots (url, native), then Bob one short one: Bob finishes before
     Alice's 4th (first come first served: after all 6). While Alice waits, /queue shows her waiting
-    requests and /slots names her on both url slots."""
+    requests and /slots names her on both slots."""
     async def main():
         await idle(front)
         c = client(front)
@@ -90,7 +91,7 @@ def test_url_backends_share_slots_fairly_and_show_who_waits(front):
     assert before_bob < 4
     assert seen_queue["running"] == 2 and seen_queue["waiting"] >= 3
     assert [(s["backend"], s["user"]) for s in seen_slots if s["is_processing"]] == [("remote-0", "alice"),
-                                                                                    ("remote-1", "alice")]
+                                                                                    ("native-1", "alice")]
 
 
 async def _stream(c: openai.AsyncOpenAI, prompt: str, chunks: list[str], **extra) -> tuple[str, object]:
@@ -106,41 +107,61 @@ async def _stream(c: openai.AsyncOpenAI, prompt: str, chunks: list[str], **extra
     return "".join(chunks), usage
 
 
-def test_priority_preempts_a_url_request_of_the_same_user_and_its_stream_continues_whole(front):
-    """Both url slots run Alice's priority-5 streams; her priority -1 request takes the later one's slot
-    and finishes first; the preempted stream waits, continues from what it sent, and its text equals
-    an undisturbed greedy run (no error, nothing repeated or missing)."""
+def _preempted(server) -> list[int]:
+    """Requests preempted so far on each backend (/props)."""
+    return [b["preempted"] for b in httpx.get(f"{server.root}/props", timeout=10).json()["backends"]]
+
+
+async def _preempt_one(server, priorities: tuple[int, int]):
+    """Alice's two long streams, started in order (the first lands on the url slot, the second on the
+    native one) with these priorities, then her priority -1 request. Returns the undisturbed runs, the
+    disturbed ones, the completion order, the urgent response and the preemptions per backend."""
     prompts = ["the first long story", "the second long story"]
+    await idle(server)
+    c = client(server)
+    reference = await asyncio.gather(*(_stream(c, p, []) for p in prompts))
+    await idle(server)
+    before = _preempted(server)
+    done: list[str] = []
+    chunks: list[list[str]] = [[] for _ in prompts]
 
-    async def main():
-        await idle(front)
-        c = client(front)
-        reference = await asyncio.gather(*(_stream(c, p, []) for p in prompts))
-        await idle(front)
-        before = queue(front)["preemptions"]
-        done: list[str] = []
-        chunks: list[list[str]] = [[], []]
+    async def long(i: int):
+        out = await _stream(c, prompts[i], chunks[i], priority=priorities[i])
+        done.append(f"long{i}")
+        return out
 
-        async def long(i: int):
-            out = await _stream(c, prompts[i], chunks[i], priority=5)
-            done.append(f"long{i}")
-            return out
+    tasks = []
+    for i in range(len(prompts)):
+        tasks.append(asyncio.create_task(long(i)))
+        await wait_for(lambda: len(chunks[i]) >= 3, f"stream {i} streaming")
+    urgent = await c.completions.create(model="tiny", prompt="urgent", max_tokens=5, temperature=0,
+                                        user="alice", extra_body={"priority": -1, "ignore_eos": True})
+    done.append("urgent")
+    results = await asyncio.gather(*tasks)
+    preempted = [after - b for after, b in zip(_preempted(server), before)]
+    return reference, results, done, urgent, preempted
 
-        first = asyncio.create_task(long(0))
-        await wait_for(lambda: chunks[0], "the first stream streaming")
-        second = asyncio.create_task(long(1))
-        await wait_for(lambda: len(chunks[1]) >= 3, "the second stream streaming")
-        urgent = await c.completions.create(model="tiny", prompt="urgent", max_tokens=5, temperature=0,
-                                            user="alice", extra_body={"priority": -1, "ignore_eos": True})
-        done.append("urgent")
-        results = await asyncio.gather(first, second)
-        return reference, results, done, urgent, queue(front)["preemptions"] - before
 
-    reference, results, done, urgent, preemptions = asyncio.run(main())
+def _assert_whole_after_preemption(outcome, victim_backend: int) -> None:
+    """The urgent request finished first; exactly one request was preempted, on this backend; every
+    long stream has the undisturbed text and usage."""
+    reference, results, done, urgent, preempted = outcome
     assert urgent.usage.completion_tokens == 5
     assert done[0] == "urgent" and sorted(done[1:]) == ["long0", "long1"]
-    assert preemptions == 1
+    assert preempted == [1 if i == victim_backend else 0 for i in range(2)]
     for (ref_text, ref_usage), (text, usage) in zip(reference, results):
         assert text == ref_text and len(ref_text) > 0
         assert usage.completion_tokens == ref_usage.completion_tokens == LONG_TOKENS
         assert usage.prompt_tokens == ref_usage.prompt_tokens
+
+
+def test_priority_preempts_the_same_users_url_request_and_its_stream_continues_whole(front):
+    """The url slot runs Alice's priority-9 stream, the native slot her priority-5 one: her priority -1
+    request takes the url slot (the largest priority value yields) and finishes first; the preempted
+    stream waits, continues from what it sent, and its text equals an undisturbed greedy run."""
+    _assert_whole_after_preemption(asyncio.run(_preempt_one(front, (9, 5))), victim_backend=0)
+
+
+def test_priority_preempts_on_the_native_backend_too(front):
+    """Equal priorities: the later started stream (native) yields, and resumes from its text state."""
+    _assert_whole_after_preemption(asyncio.run(_preempt_one(front, (5, 5))), victim_backend=1)

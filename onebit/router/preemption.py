@@ -91,6 +91,7 @@ class Preemption:
         router.users.ended(lease.user)
         future.set_result(router._lease(lease.route, user))
         self.preemptions += 1
+        lease.route.preempted += 1
         log.info("request %s (priority %d) yields its slot on %s to a request of priority %d of the same line; "
                  "it continues later", stream.request.request_id, stream.request.priority, lease.backend.name,
                  head[0])

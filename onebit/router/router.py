@@ -279,7 +279,7 @@ class Router:
         out = []
         for route in self.routes:
             info = dict(route.backend.info())
-            info.update(limit=route.limit, in_flight=route.in_flight, served=route.served)
+            info.update(limit=route.limit, in_flight=route.in_flight, served=route.served, preempted=route.preempted)
             out.append(info)
         return out
 
