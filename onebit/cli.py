@@ -129,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="one first-come-first-served line for everyone, instead of sharing slots and "
                             "prefill fairly between users (API key name, else the `user` field)")
     serve.add_argument("--priority-preempt", action="store_true",
-                       help="a waiting request with a lower `priority` value preempts a running one of the same "
-                            "user (with --no-fair-share: of anyone), on any backend kind; the preempted one "
-                            "continues later from what it streamed, its stream unbroken (router/preemption.py)")
+                       help="a waiting request with a lower `priority` value takes the slot of a running one of "
+                            "the same user (with --no-fair-share: of anyone), on any backend kind; the preempted "
+                            "one continues later from what it streamed, its client's stream unbroken")
     serve.add_argument("--props-show-path", action="store_true", help="/props shows the model's file path")
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20,
                        help="largest request body in bytes (e.g. 8M); larger is a 413")
