@@ -129,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="one first-come-first-served line for everyone, instead of sharing slots and "
                             "prefill fairly between users (API key name, else the `user` field)")
     serve.add_argument("--priority-preempt", action="store_true",
-                       help="inside the engine, a waiting request with a lower `priority` value preempts a running "
-                            "one of the same user (acts when the engine holds more requests than slots, e.g. "
-                            "--backend 'native?slots=N' with N above --parallel)")
+                       help="a waiting request with a lower `priority` value takes the slot of a running one of "
+                            "the same user (with --no-fair-share: of anyone), on any backend kind; the preempted "
+                            "one continues later from what it streamed, its client's stream unbroken")
     serve.add_argument("--props-show-path", action="store_true", help="/props shows the model's file path")
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20,
                        help="largest request body in bytes (e.g. 8M); larger is a 413")
@@ -298,7 +298,7 @@ def serve(args: argparse.Namespace) -> int:
         return _fail(str(error))
     aliases = aliases_of(args.alias)
     router = Router(backends, max_queue=args.max_queue, overflow=overflow_policy(specs, options),
-                    fair=not args.no_fair_share, hand_over=args.hand_over)
+                    fair=not args.no_fair_share, hand_over=args.hand_over, priority_preempt=args.priority_preempt)
     name, info = _model_identity(path, aliases[0] if aliases else None)
     failure: list[str] = []
 

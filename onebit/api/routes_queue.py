@@ -15,4 +15,6 @@ async def queue(http: Request) -> dict:
     router_ = state.router
     return {"running": router_.in_flight, "waiting": router_.queue_size, "max_queue": router_.max_queue,
             "total_slots": sum(r.limit for r in router_.routes), "fair_share": router_.fair,
+            "priority_preempt": router_.preemption is not None,
+            "preemptions": router_.preemption.preemptions if router_.preemption is not None else 0,
             "users": router_.users.snapshot()}

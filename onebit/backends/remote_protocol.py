@@ -9,6 +9,7 @@ from typing import AsyncIterator
 from onebit.backends.base import BackendError
 from onebit.protocol import (ContextOverflow, GenerateRequest, InvalidRequest, RequestError, SamplingParams,
                              StepDelta, TokenLogprob)
+from onebit.protocol.fair_queue import ANONYMOUS
 
 # Fields most OpenAI-compatible servers (1bit, vLLM, llama-server) take beyond OpenAI's own.
 _EXTRA_DEFAULTS = {"top_k": 0, "min_p": 0.0, "min_tokens": 0, "ignore_eos": False, "repetition_penalty": 1.0}
@@ -31,6 +32,8 @@ def completion_body(request: GenerateRequest, model: str | None, prompt_mode: st
                   "return_token_ids": True, "temperature": p.temperature, "top_p": p.top_p}
     if model:
         body["model"] = model
+    if request.user and request.user != ANONYMOUS:  # a peer that shares its slots fairly sees whose it is
+        body["user"] = request.user
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     for name, default in _EXTRA_DEFAULTS.items():

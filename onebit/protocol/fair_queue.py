@@ -120,6 +120,15 @@ class FairQueue(Generic[T]):
         if line is not None and not line.heap and not line.running and line.served <= self._virtual_time():
             del self._users[key]
 
+    def line_of(self, user: str | None) -> str:
+        """The line a user's items wait in: their own, or (not fair) the one shared line."""
+        return self._key(user)
+
+    def waiting_in(self, line: str) -> list[tuple[int, T]]:
+        """(priority, item) of every item waiting in `line`, in the order they would leave it."""
+        entries = sorted(self._users[line].heap) if line in self._users else []
+        return [(priority, item) for priority, _, item in entries]
+
     def user_of(self, item: T) -> str | None:
         """The line `item` waits in, or None."""
         return self._where.get(id(item))

@@ -34,6 +34,9 @@ class RoutedStream:
 
     The router may also hand a streaming request to another backend (`move_to`, see
     `onebit.router.handover`): it leaves its backend after the next delta and migrates.
+    With `--priority-preempt` the router may ask the stream to yield its slot to a more urgent request of
+    its line (`onebit.router.preemption`): it leaves after the next delta, waits again at the front of its
+    line, and continues as a migration does.
 
     `backend` names the backend serving the request now (None until it has a slot).
     """
@@ -56,6 +59,11 @@ class RoutedStream:
         """Whether the stream can be handed to another backend now."""
         return self._next is None and self._progress.can_continue and bool(self._progress.token_ids)
 
+    @property
+    def can_yield(self) -> bool:
+        """Whether the stream can give its slot to a more urgent request and continue later."""
+        return self._next is None and self._progress.can_continue
+
     def move_to(self, lease: Lease) -> None:
         """Continue on `lease`'s backend after the next delta (the router's hand-over)."""
         self._next = lease
@@ -67,10 +75,11 @@ class RoutedStream:
         ticket = self._ticket
         progress = self._progress
         handover = self._router.handover
+        preemption = self._router.preemption
         user = self.request.user
         users = self._router.users
         users.bind(self.request.request_id, user)
-        moving = False
+        moving = preempted = False
         started, charged = False, 0
         try:
             check_request(self.request.prompt_token_ids, self.request.params)
@@ -87,6 +96,8 @@ class RoutedStream:
                 self.attempts += 1
                 if handover is not None:
                     handover.track(self, self._router.routes.index(route))
+                if preemption is not None:
+                    preemption.track(self)
                 try:
                     async with contextlib.aclosing(lease.backend.generate(request)) as stream:
                         async for delta in stream:
@@ -106,6 +117,17 @@ class RoutedStream:
                                 handover.offer()  # a primary slot may have freed before this stream could move
                             if self._next is not None and not delta.finished:
                                 break  # leaving the stream aborts the request on this backend
+                            if (preemption is not None and self in preemption.yielding and not delta.finished
+                                    and preemption.pass_slot(self, lease)):
+                                preempted = True
+                                break
+                    if preempted:  # wait again at the front of its line; continue from what was sent
+                        preempted, moving = False, True
+                        self.attempts -= 1
+                        ticket.close()
+                        preemption.untrack(self)  # before it waits: it is no longer running
+                        ticket = self._router.ticket(front=True, user=user, priority=self.request.priority)
+                        continue
                     if self._next is None:
                         return
                     ticket.close()
@@ -130,6 +152,8 @@ class RoutedStream:
                 finally:
                     if handover is not None:
                         handover.untrack(self)
+                    if preemption is not None:
+                        preemption.untrack(self)
                 moving = True
                 if self._next is not None:  # a hand-over offered as this backend failed: take it
                     ticket, self._next = Ticket.holding(self._next), None

@@ -17,6 +17,7 @@ from onebit.protocol import GenerateRequest, StepDelta
 from onebit.protocol.fair_queue import FairQueue
 from onebit.router.errors import NoBackendAvailable, QueueFull, RouterClosed
 from onebit.router.handover import HandOver
+from onebit.router.preemption import Preemption
 from onebit.router.routed_stream import RoutedStream
 from onebit.router.slots import Lease, Route, Ticket
 from onebit.router.supervisor import Supervisor
@@ -46,11 +47,13 @@ class Router:
     a request it failed is re-routed, or migrated if it had streamed (`stream()`).
     `hand_over` (with "spill"): when the load falls back to the primary's limit, requests streaming
     on the overflow backends move to the primary's free slots (`onebit.router.handover`).
+    `priority_preempt`: a waiting request takes the slot of a running one of its own line with a larger
+    priority value, which continues later (`onebit.router.preemption`).
     """
 
     def __init__(self, backends: list[Backend], limits: list[int] | None = None, max_queue: int = 1024,
                  supervisor: Supervisor | None | bool = True, max_attempts: int = 3, overflow: str = "spill",
-                 fair: bool = True, hand_over: bool = False):
+                 fair: bool = True, hand_over: bool = False, priority_preempt: bool = False):
         if not backends:
             raise ValueError("the router needs at least one backend")
         if overflow not in ("spill", "switch"):
@@ -72,6 +75,7 @@ class Router:
         for route in self.routes:
             route.backend.on_state_change = self._on_backend_state_change
         self.handover = HandOver(self) if hand_over and overflow == "spill" and len(self.routes) > 1 else None
+        self.preemption = Preemption(self) if priority_preempt else None
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -216,6 +220,8 @@ class Router:
             raise QueueFull(f"all slots are busy and {self.max_queue} requests are waiting")
         self._waiters.push(future, user, priority, front=front)
         self.users.joined_queue(user)
+        if self.preemption is not None:
+            self.preemption.review(self._waiters.line_of(user))
         return Ticket(future, self._leave)
 
     def stream(self, ticket: Ticket, request: GenerateRequest) -> RoutedStream:
@@ -273,7 +279,7 @@ class Router:
         out = []
         for route in self.routes:
             info = dict(route.backend.info())
-            info.update(limit=route.limit, in_flight=route.in_flight, served=route.served)
+            info.update(limit=route.limit, in_flight=route.in_flight, served=route.served, preempted=route.preempted)
             out.append(info)
         return out
 

@@ -22,6 +22,7 @@ class Route:
     served: int = 0  # slots handed out (a re-routed request counts on each backend it reached)
     completed: int = 0  # requests that finished cleanly here
     failed: int = 0  # requests that ended here with a backend error
+    preempted: int = 0  # requests that gave their slot here to a more urgent one (`onebit.router.preemption`)
 
     @property
     def name(self) -> str:
