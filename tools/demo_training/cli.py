@@ -52,9 +52,13 @@ class Data:
 
 
 def windows(tokens: torch.Tensor, span: int, limit: int) -> torch.Tensor:
-    """Up to `limit` consecutive non-overlapping windows of `span` tokens."""
-    count = min(limit, len(tokens) // span)
-    return tokens[:count * span].view(count, span)
+    """Up to `limit` non-overlapping windows of `span` tokens, spread evenly over `tokens` (the
+    held-out files come in corpus order, standard library first: every part gets its share)."""
+    count = len(tokens) // span
+    every = tokens[:count * span].view(count, span)
+    if count <= limit:
+        return every
+    return every[torch.linspace(0, count - 1, limit).round().long().to(tokens.device)]
 
 
 def settings_for(args: argparse.Namespace) -> Settings:

@@ -9,7 +9,7 @@ import ast
 import hashlib
 import re
 
-MAX_PAIRS_PER_FILE = 4
+MAX_PAIRS_PER_FILE = 16
 MIN_LINES, MAX_LINES, MAX_CHARS = 3, 40, 1600
 _SENTENCE_END = re.compile(r"\.(\s|$)")
 
