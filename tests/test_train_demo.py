@@ -42,10 +42,12 @@ def smoke_dir(tmp_path_factory):
     """Output of `train_demo.py --smoke`, run once on the CPU."""
     out = tmp_path_factory.mktemp("demo-smoke")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out / "model"),
+                           "--package-to", str(out / "package")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    (out / "model" / "stdout.txt").write_text(proc.stdout)
+    return out / "model"
 
 
 def _config(path: Path) -> dict:
@@ -57,6 +59,43 @@ def test_output_files(smoke_dir):
                  "generation_config.json", "metrics.json", "MODEL_CARD.md"):
         assert (smoke_dir / name).is_file(), name
     assert sum(f.stat().st_size for f in smoke_dir.iterdir()) < 40e6
+
+
+def test_package_reassembles_to_the_same_directory(smoke_dir, td, tmp_path):
+    package_dir = smoke_dir.parent / "package"
+    names = sorted(p.name for p in package_dir.iterdir())
+    assert names == ["demo_model_files.tar", "model.safetensors.part00"]
+    target = tmp_path / "assembled"
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "assemble_demo.py"), str(package_dir), str(target)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.json", "MODEL_CARD.md"):
+        assert (target / name).read_bytes() == (smoke_dir / name).read_bytes(), name
+    assert not (target / "PARTS.json").exists()
+
+
+def test_package_splits_into_small_pieces_and_detects_a_bad_one(tmp_path):
+    from tools.demo_training.package import assemble, package
+
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = bytes(range(256)) * 40  # 10,240 bytes
+    (model / "model.safetensors").write_bytes(weights)
+    (model / "config.json").write_text("{}")
+    written = package(model, tmp_path / "out", part_bytes=4096)
+    parts = sorted(p for p in written if ".part" in p.name)
+    assert [p.stat().st_size for p in parts] == [4096, 4096, 2048]
+    assemble(tmp_path / "out", tmp_path / "back")
+    assert (tmp_path / "back" / "model.safetensors").read_bytes() == weights
+    assert (tmp_path / "back" / "config.json").read_text() == "{}"
+    # A smaller model later: the stale third piece goes.
+    (model / "model.safetensors").write_bytes(weights[:5000])
+    package(model, tmp_path / "out", part_bytes=4096)
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.part*")) == ["model.safetensors.part00",
+                                                                            "model.safetensors.part01"]
+    (tmp_path / "out" / "model.safetensors.part01").write_bytes(b"x" * 904)
+    with pytest.raises(ValueError, match="sha256"):
+        assemble(tmp_path / "out", tmp_path / "bad")
 
 
 def test_config_and_tokenizer_files(smoke_dir):
@@ -125,6 +164,52 @@ def test_transformers_loads_the_base_model_with_the_same_logits(smoke_dir, td):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     metrics = json.loads((smoke_dir / "metrics.json").read_text())
     assert metrics["transformers_max_abs_logit_diff"] < 1e-4
+
+
+def test_best_checkpoint_is_the_lowest_validation_objective(smoke_dir):
+    metrics = json.loads((smoke_dir / "metrics.json").read_text())
+    weight = metrics["mtp_loss_weight"]
+    scored = [(v["val_loss"] + weight * v["val_mtp_loss"], v["step"]) for v in metrics["val_curve"] if v["step"] > 0]
+    assert metrics["best_checkpoint"]["step"] == min(scored)[1]
+    assert metrics["val_curve"][-1]["step"] == metrics["training"]["steps"]  # the final state was a candidate
+
+
+def test_chat_pairs_and_generation_checks_recorded(smoke_dir):
+    metrics = json.loads((smoke_dir / "metrics.json").read_text())
+    chat = metrics["data"]["chat_pairs"]
+    assert chat["pairs"] > 0 and 0 < chat["token_fraction"] < 0.1
+    assert chat["example"].startswith("<|im_start|>user\nWrite a Python function ")
+    gen = metrics["generation_checks"]
+    assert [c["prompt"] for c in gen["code_prompts"]][:1] == ["def fibonacci(n):"] and gen["code_total"] == 5
+    assert gen["code_parsed"] == sum(c["parses"] for c in gen["code_prompts"])
+    assert gen["chat"]["request"] == "Write a Python function to add two numbers."
+    dropped = metrics["data"]["dropped"]
+    assert set(dropped) >= {"exact_duplicates", "near_duplicates"}
+    last = (smoke_dir / "stdout.txt").read_text().strip().splitlines()[-12:]  # the table comes last
+    assert any(line.startswith("code prompts parse") for line in last)
+    assert last[-1].startswith("transformers logit diff")
+
+
+def test_rendered_pair_is_what_the_server_renders(smoke_dir):
+    from onebit.models.tokenizer import Tokenizer as ServingTokenizer
+    from tools.demo_training.instructions import render_pair
+
+    tok = ServingTokenizer.from_dir(smoke_dir)
+    request, answer = "Write a Python function to add two numbers.", "```python\ndef add(a, b):\n    return a + b\n```"
+    prompt_text, prompt_ids = tok.chat_prompt_ids([{"role": "user", "content": request}], add_generation_prompt=True)
+    rendered = render_pair(request, answer)
+    assert rendered == prompt_text + answer + "<|im_end|>"
+    full = tok.apply_chat_template([{"role": "user", "content": request}, {"role": "assistant", "content": answer}],
+                                   add_generation_prompt=False)
+    assert full == rendered + "\n"
+    # Token ids: the training encoding of the pair starts with exactly the server's prompt ids.
+    from tokenizers import Tokenizer
+
+    from tools.demo_training.corpus import encode_docs
+
+    (ids,) = encode_docs(Tokenizer.from_file(str(smoke_dir / "tokenizer.json")), [rendered], specials=True)
+    assert list(ids[:len(prompt_ids)]) == prompt_ids
+    assert ids[-1] == tok.token_to_id("<|im_end|>")
 
 
 def test_training_reduced_the_loss(smoke_dir):
@@ -206,3 +291,91 @@ def test_spdx_licence_expressions(td):
     assert not td.spdx_is_permissive("MPL-2.0 AND MIT")
     assert not td.spdx_is_permissive("GPL-2.0-or-later")
     assert not td.spdx_is_permissive("(MIT AND")
+
+
+def test_function_pairs_from_documented_functions():
+    from tools.demo_training.instructions import function_pairs, request_text
+
+    source = (
+        "import os\n\n\n"
+        "def add(a, b=1):\n"
+        "    \"\"\"Return the sum of a and b.\n\n    More words.\n    \"\"\"\n"
+        "    total = a + b\n"
+        "    return total\n\n\n"
+        "def _private(x):\n    \"\"\"Return x unchanged here.\"\"\"\n    y = x\n    return y\n\n\n"
+        "def undocumented(x):\n    y = x\n    z = y\n    return z\n"
+    )
+    pairs = function_pairs(source, "pkg/mod.py")
+    assert len(pairs) == 1
+    request, answer = pairs[0]
+    assert request in ("Write a Python function `add(a, b=1)` to return the sum of a and b.",
+                       "Write a Python function to return the sum of a and b.")
+    assert answer.startswith("```python\ndef add(a, b=1):\n") and answer.endswith("    return total\n```")
+    import ast
+
+    ast.parse(answer[len("```python\n"):-len("```")])
+    assert request_text("f", "x", "Returns the square of x", 0) == "Write a Python function `f(x)` that returns the square of x."
+    assert function_pairs("def broken(:\n", "x.py") == []
+
+
+def test_near_duplicates_are_dropped(td, tmp_path, monkeypatch):
+    from tools.demo_training import corpus
+
+    body = "def f(x):\n    # add one\n    return x + 1\n" * 20
+    texts = {"a.py": body, "b.py": body, "c.py": body.replace("# add one", "# plus one").replace("    ", "  "),
+             "d.py": "def g():\n    return 2\n" * 20}
+    files = []
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+        files.append(corpus.SourceFile(f"python-stdlib/{name}", tmp_path / name, len(text), "python-stdlib"))
+    monkeypatch.setattr(corpus, "_stdlib_files", lambda: files)
+    result = corpus.collect_corpus(replace(td.SMOKE, packages=False, corpus_mb=1.0), workers=1)
+    assert len(result.docs) == 2 and {t for _, t in result.docs} == {body, texts["d.py"]}
+    assert result.dedup["exact_duplicates"] == 1 and result.dedup["near_duplicates"] == 1
+
+
+def test_epoch_sampler_sees_every_window_once_per_epoch():
+    from tools.demo_training.training import EpochSampler, steps_for_epochs
+
+    span = 5
+    tokens = torch.arange(103, dtype=torch.int32)
+    sampler = EpochSampler(tokens, span, seed=0)
+    assert sampler.windows_per_epoch == 20  # (103 - 2) // 5
+    first = torch.cat([sampler.batch(4) for _ in range(5)])
+    assert sorted(first[:, 0].tolist()) == list(range(0, 100, 5))
+    assert all((row[1:] - row[:-1] == 1).all() for row in first)
+    second = sampler.batch(4)
+    assert sampler.epoch == 1 and all(int(r[0]) % 5 == 2 for r in second)  # shifted by span // 2
+    assert int(second.max()) < 103
+    assert steps_for_epochs(20, 4, 2.0) == 10 and steps_for_epochs(22, 4, 1.5) == 7
+
+
+def test_training_stops_at_max_epochs_and_restores_the_best(td):
+    model = _tiny_model(td).train()
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 97, (65 * 40 + 40,), generator=gen, dtype=torch.int32)
+    val = td.windows(torch.randint(0, 97, (1000,), generator=gen), td.SMOKE.seq_len + 1, 4).long()
+    settings = replace(td.SMOKE, max_steps=None, max_epochs=2.0, batch_size=8, val_every_steps=2, log_every_steps=5)
+    history = td.train(model, tokens, val, settings, torch.device("cpu"), seed=0, budget_s=120.0, compile_it=False)
+    assert history["steps"] == 10 and history["epochs"] == 2.0  # 40 windows, batch 8, two passes
+    best = history["best"]
+    scored = {v["step"]: v["val_loss"] + 0.3 * v["val_mtp_loss"] for v in history["val_curve"] if v["step"] > 0}
+    assert best["step"] == min(scored, key=scored.get)
+    from tools.demo_training.training import evaluate
+
+    base, mtp = evaluate(model, val, 8, torch.device("cpu"))
+    assert abs(base - best["val_loss"]) < 1e-3 and abs(mtp - best["val_mtp_loss"]) < 1e-3
+
+
+def test_parse_rule():
+    from tools.demo_training.evaluation import chat_has_function, parse_completion
+
+    body = "\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n"
+    assert parse_completion("def fib(n):", body, finished=True).whole
+    cut_in_next = parse_completion("def fib(n):", body + "\n\ndef other(x):\n    \"\"\"Ret", finished=False)
+    assert not cut_in_next.whole and cut_in_next.top_level
+    assert not parse_completion("def fib(n):", "\n    x = (1,\n    2", finished=False).ok
+    assert not parse_completion("def fib(n):", "    ret", finished=False).ok  # no complete line
+    assert chat_has_function("Sure:\n```python\ndef add(a, b):\n    return a + b\n```\n", True)[0]
+    assert not chat_has_function("```python\nprint(1)\n```", True)[0]
+    assert not chat_has_function("Sorry, no code.", True)[0]

@@ -17,13 +17,19 @@ def write_model_card(out: Path, metrics: dict, settings: Settings, argv: list[st
     used = [row for row in m["data"]["sources"] if row["files_used"]]
     skipped = [row for row in m["data"]["sources"] if not row["permissive"]]
     acc = m.get("mtp_acceptance", {})
+    data = m["data"]
+    chat = data.get("chat_pairs") or {}
+    dropped = data.get("dropped") or {}
+    train = m["training"]
+    best = m.get("best_checkpoint") or {}
     lines = [
         "# 1bit demo code model", "",
         "A small Qwen3-architecture model trained from scratch on permissively licensed Python source, "
-        "with a jointly trained multi-token-prediction (MTP) head. It is 1bit's built-in default: it writes "
-        "plausible Python, and its head gives honest speculative-decoding figures. It is a demo, not an "
-        "assistant: it was trained on code only, without chat data, so use it through /v1/completions; "
-        "the ChatML template is provided for API completeness.", "",
+        "with a jointly trained multi-token-prediction (MTP) head. It is 1bit's built-in default: it "
+        "continues Python code through /v1/completions, answers simple \"write a function that ...\" requests "
+        "through /v1/chat/completions (it saw such requests made from the documented functions of its own "
+        "corpus, in its ChatML template), and its head gives honest speculative-decoding figures. It is a "
+        "demo, not an assistant: it knows only Python source and cannot hold a conversation.", "",
         "## Model", "",
         f"- Architecture: Qwen3ForCausalLM, {settings.layers} layers, hidden {settings.hidden}, "
         f"{settings.heads} query heads / {settings.kv_heads} KV heads of dim {settings.head_dim}, MLP {settings.intermediate}, "
@@ -39,13 +45,26 @@ def write_model_card(out: Path, metrics: dict, settings: Settings, argv: list[st
         "a 2H->H projection of their concatenation, one Qwen3 decoder layer, a final RMSNorm, and the shared "
         f"LM head, predicting token t+2. Loss = base loss + {MTP_LOSS_WEIGHT} x MTP loss.", "",
         "## Data", "",
-        f"Python source files installed on the training machine (Python {m['data']['python']}): the standard "
-        "library first, then packages whose metadata declares a permissive licence, files taken in the order "
-        "of a hash of their path up to the corpus cap; exact duplicates, non-UTF-8 files and files with lines "
-        f"over 1000 characters dropped. {VAL_FRACTION:.0%} of files (chosen by a hash of the path) are held out "
-        f"for validation. Corpus: {m['data']['files']} files, {m['data']['bytes'] / 1e6:.1f} MB; "
-        f"{_fmt_int(m['data']['train_tokens'])} training tokens, {_fmt_int(m['data']['val_tokens'])} held-out tokens "
-        f"({m['data']['val_files']} files).", "",
+        f"Every Python source file of the training machine's installation (Python {data['python']}) whose "
+        "licence is permissive: the standard library, then every installed package whose metadata declares a "
+        f"permissive licence (files up to {settings.max_file_kb} KB, up to a cap of {settings.corpus_mb:g} MB). "
+        f"Of {_fmt_int(dropped.get('candidates', 0))} candidate files, {_fmt_int(dropped.get('unreadable', 0))} were "
+        "dropped as non-UTF-8 or with lines over 1000 characters, "
+        f"{_fmt_int(dropped.get('exact_duplicates', 0))} as exact duplicates of a file already kept and "
+        f"{_fmt_int(dropped.get('near_duplicates', 0))} as near duplicates (the same code once indentation, blank "
+        f"lines and comment lines are removed; vendored copies). {VAL_FRACTION:.0%} of files (chosen by a hash of "
+        f"the path) are held out for validation. Corpus: {data['files']} files, {data['bytes'] / 1e6:.1f} MB; "
+        f"{_fmt_int(data['train_tokens'])} training tokens (chat pairs included), {_fmt_int(data['val_tokens'])} "
+        f"held-out tokens ({data['val_files']} files).", "",
+        f"Chat pairs: {_fmt_int(chat.get('pairs', 0))} (of {_fmt_int(chat.get('pairs_found', 0))} found) made from "
+        "the training files themselves: for a public, undecorated top-level function of 3-40 lines whose "
+        "docstring starts with a plain sentence, the request \"Write a Python function `name(args)` to/that "
+        "<that sentence>.\" (every other one without the signature: \"Write a Python function to ...\") and the "
+        "answer \"```python\\n<the function>\\n```\", with its docstring for half of them and without for the "
+        "other half; rendered exactly as the chat template renders a user turn, the generation prompt "
+        "(`<|im_start|>assistant\\n`), the answer and `<|im_end|>`, and shuffled into the code documents: "
+        f"{_fmt_int(chat.get('tokens', 0))} tokens, {chat.get('token_fraction', 0):.1%} of the training tokens. "
+        "The loss is on every token of a pair (the request too), like code.", "",
         "| source | version | licence (from its metadata) | files used | MB used |",
         "|---|---|---|---|---|",
     ]
@@ -62,14 +81,19 @@ def write_model_card(out: Path, metrics: dict, settings: Settings, argv: list[st
         "must name BSD, MIT, Apache, PSF, ISC or zlib; failing both, the first line of the free-text licence "
         "field is read.", "",
         "## Training", "",
-        f"- {m['training']['steps']} AdamW steps (betas 0.9/0.95, weight decay {settings.weight_decay}, peak lr "
+        f"- {train['steps']} AdamW steps (betas 0.9/0.95, weight decay {settings.weight_decay}, peak lr "
         f"{settings.lr}, {settings.warmup_steps} warm-up steps, cosine to {settings.min_lr_ratio:g}x, gradient clip "
-        f"{settings.grad_clip}), batch {m['training']['batch_size']} x {settings.seq_len} tokens, "
-        f"{m['training']['tokens_seen'] / 1e6:.1f}M tokens seen in {m['training']['train_seconds']:.0f} s on "
-        f"{m['device']} ({m['training']['step_mode']}, {m['training']['precision']}), seed {m['seed']}.",
-        f"- Final validation loss per token: **{m['final_val_loss']:.4f}** (MTP, token t+2: "
-        f"{m['final_val_mtp_loss']:.4f}); {m['final_val_bits_per_byte']:.3f} bits per byte of held-out source, "
-        "measured with the bf16 weights as shipped.",
+        f"{settings.grad_clip}), batch {train['batch_size']} x {settings.seq_len} tokens, "
+        f"{train['tokens_seen'] / 1e6:.1f}M tokens seen in {train['train_seconds']:.0f} s on "
+        f"{m['device']} ({train['step_mode']}, {train['precision']}), seed {m['seed']}: "
+        f"{train.get('epochs', 0):.2f} passes over the training tokens (at most {settings.max_epochs:g}: each "
+        f"epoch visits every non-overlapping {settings.seq_len + 1}-token window once, in a shuffled order, the second one cut "
+        "half a window further on).",
+        f"- Best checkpoint: validation every {settings.val_every_s:g} s and at the end; the shipped weights are "
+        f"those with the lowest validation base loss + {MTP_LOSS_WEIGHT} x MTP loss, from step "
+        f"{best.get('step')} of {train['steps']}.",
+        f"- Validation loss per token of the shipped bf16 weights: **{m['final_val_loss']:.4f}** (MTP, token t+2: "
+        f"{m['final_val_mtp_loss']:.4f}); {m['final_val_bits_per_byte']:.3f} bits per byte of held-out source.",
         f"- transformers' `AutoModelForCausalLM` on this directory reproduces the training model's logits to "
         f"{m['transformers_max_abs_logit_diff']:.2e} (float32).", "",
         "## MTP acceptance", "",
@@ -92,12 +116,31 @@ def write_model_card(out: Path, metrics: dict, settings: Settings, argv: list[st
         f"t+2, and the MTP argmax equals the base model's argmax for t+2 at {tf['mtp_agrees_with_base']:.1%} of "
         "positions; unlike the acceptance above, this does not depend on the model's own continuations.",
     ]
+    gen = m.get("generation_checks")
+    if gen:
+        lines += ["", "## Greedy checks", "",
+                  "Measured by the training run on the shipped bf16 weights (float32 compute), prompts tokenized "
+                  "and the chat request rendered by 1bit's own tokenizer class, as `1bit serve` does. A "
+                  f"completion is {settings.eval_new_tokens} tokens or up to a stop token; it counts as Python "
+                  "when prompt + completion parses with `ast` after its unfinished last line is dropped "
+                  "(\"whole\"), or when it parses up to the last line starting at column 0 (\"to a top-level "
+                  "statement\": the asked-for definition is complete and the next was cut).", "",
+                  "| prompt | parses | how |", "|---|---|---|"]
+        for c in gen["code_prompts"]:
+            how = "whole" if c["parses_whole"] else "to a top-level statement" if c["parses_to_top_level"] else "no"
+            prompt = c["prompt"].replace("\n", "\\n")
+            lines.append(f"| `{prompt}` | {'yes' if c['parses'] else 'no'} | {how} |")
+        chat_check = gen["chat"]
+        lines += ["", f"Chat request \"{chat_check['request']}\": the answer "
+                  f"{'holds' if chat_check['has_parsing_def'] else 'does NOT hold'} a `def` that parses "
+                  f"({'it ended by itself' if chat_check['finished'] else 'cut at the token limit'}). The answer:",
+                  "", "````", chat_check["answer"], "````"]
     lines += [
         "", "## Licence", "",
         "The weights are released under Apache-2.0, like 1bit; the training data's licences are listed above.", "",
         "## Reproduce", "",
         "```", "PYTHONPATH=. python3 " + " ".join(["tools/train_demo.py"] + argv), "```", "",
         "The corpus depends on the Python installation (versions above); the seed fixes initialisation, "
-        "batches and the split, while the number of steps follows the wall-clock budget.", "",
+        "batches and the split, while the number of steps follows the wall-clock budget or the epoch cap.", "",
     ]
     (out / "MODEL_CARD.md").write_text("\n".join(lines), encoding="utf-8")

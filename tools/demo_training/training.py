@@ -1,9 +1,11 @@
-"""The training loop: AdamW with warm-up and cosine decay, base + MTP loss, a wall-clock budget."""
+"""The training loop: AdamW with warm-up and cosine decay, base + MTP loss, a wall-clock budget and
+an epoch cap, and the best checkpoint by validation loss kept in memory."""
 
 from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 import torch
 
@@ -77,16 +79,89 @@ class StepFunction:
         return (self.compiled or self.eager)(window)
 
 
+class EpochSampler:
+    """Batches of non-overlapping training windows, each window once per epoch in a shuffled order.
+
+    Epoch e cuts the stream into windows of seq_len + 1 tokens starting at offset
+    (e * span / 2) mod span, so a second pass sees the same text cut at other places. A batch
+    never straddles two epochs (the last partial batch of an epoch is skipped).
+    """
+
+    def __init__(self, tokens: torch.Tensor, span: int, seed: int):
+        self.tokens, self.span = tokens, span
+        self.gen = torch.Generator(device=tokens.device).manual_seed(seed)
+        self.windows_per_epoch = max(0, (len(tokens) - span // 2) // span)
+        self.epoch, self.position, self.order = -1, 0, None
+        self.offsets = torch.arange(span, device=tokens.device)
+
+    def _next_epoch(self) -> None:
+        self.epoch += 1
+        self.position = 0
+        self.order = torch.randperm(self.windows_per_epoch, device=self.tokens.device, generator=self.gen)
+
+    def batch(self, size: int) -> torch.Tensor:
+        """The next `size` windows, [size, span], int64."""
+        if self.order is None or self.position + size > self.windows_per_epoch:
+            self._next_epoch()
+        picked = self.order[self.position:self.position + size]
+        self.position += size
+        start = (self.epoch * self.span // 2) % self.span
+        return self.tokens[start + picked[:, None] * self.span + self.offsets].long()
+
+    def epochs_done(self, steps: int, size: int) -> float:
+        """Passes over the training tokens after `steps` batches of `size`."""
+        return steps * size / max(1, self.windows_per_epoch)
+
+
+def steps_for_epochs(windows_per_epoch: int, batch: int, epochs: float) -> int:
+    """How many steps of `batch` windows make `epochs` passes (whole batches per epoch)."""
+    per_epoch = windows_per_epoch // batch
+    return max(1, int(per_epoch * epochs))
+
+
+class BestCheckpoint:
+    """The model state with the lowest validation objective so far (base + MTP weight x MTP loss),
+    copied on the training device; `restore` puts it back into the model."""
+
+    def __init__(self):
+        self.score = math.inf
+        self.step = -1
+        self.state: dict[str, torch.Tensor] | None = None
+        self.record: dict = {}
+
+    def offer(self, model: DemoModel, step: int, base: float, mtp: float) -> bool:
+        """Keep the model's current state if its objective is the best so far; True when kept."""
+        score = base + MTP_LOSS_WEIGHT * mtp
+        if not score < self.score:
+            return False
+        self.score, self.step = score, step
+        self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.record = {"step": step, "val_loss": round(base, 4), "val_mtp_loss": round(mtp, 4),
+                       "objective": round(score, 4)}
+        return True
+
+    def restore(self, model: DemoModel) -> None:
+        """Load the kept state into `model` (no-op when nothing was kept)."""
+        if self.state is not None:
+            model.load_state_dict(self.state)
+
+
 def train(model: DemoModel, train_tokens: torch.Tensor, val_windows: torch.Tensor, settings: Settings,
-          device: torch.device, seed: int, budget_s: float, compile_it: bool) -> dict:
-    """Train for `budget_s` seconds (or settings.max_steps); return the logged curves and counters."""
+          device: torch.device, seed: int, budget_s: float, compile_it: bool,
+          on_best: Callable[[DemoModel, dict], None] | None = None) -> dict:
+    """Train for `budget_s` seconds, settings.max_steps or settings.max_epochs, whichever ends first;
+    validate every val_every_s (or val_every_steps) and at the end, keep the best state (by the
+    validation objective) and leave it loaded in `model`. `on_best(model, record)` is called after
+    each new best, while the model holds that state. Returns the logged curves and counters."""
     optimizer = make_optimizer(model, settings, device)
     step_fn = StepFunction(model, compile_it)
-    gen = torch.Generator(device=device).manual_seed(seed)
     span = settings.seq_len + 1
-    offsets = torch.arange(span, device=device)
-    batch = settings.batch_size
-    total_steps = settings.max_steps or 10**9  # re-estimated from the measured step time
+    sampler = EpochSampler(train_tokens, span, seed)
+    batch = min(settings.batch_size, max(1, sampler.windows_per_epoch))
+    epoch_steps = steps_for_epochs(sampler.windows_per_epoch, batch, settings.max_epochs)
+    # re-estimated from the measured step time when only the clock limits the run
+    total_steps = min(settings.max_steps or 10**9, epoch_steps)
+    best = BestCheckpoint()
     train_curve, val_curve = [], []
     tokens_seen, step = 0, 0
     acc_base = torch.zeros((), device=device)
@@ -101,18 +176,21 @@ def train(model: DemoModel, train_tokens: torch.Tensor, val_windows: torch.Tenso
         base, mtp = evaluate(model, val_windows, settings.batch_size, device)
         val_curve.append({"step": step, "tokens": tokens_seen, "seconds": round(now - start, 1),
                           "val_loss": round(base, 4), "val_mtp_loss": round(mtp, 4)})
-        log(f"  val   step {step:6d} | {(now - start) / 60:5.2f} min | loss {base:.4f} | mtp loss {mtp:.4f}")
+        kept = step > 0 and best.offer(model, step, base, mtp)
+        log(f"  val   step {step:6d} | {(now - start) / 60:5.2f} min | loss {base:.4f} | mtp loss {mtp:.4f}"
+            + (" | best so far" if kept else ""))
+        if kept and on_best is not None:
+            on_best(model, best.record)
 
     do_val(start)
     while step < total_steps:
         now = time.time()
-        if settings.max_steps is None and now - start >= budget_s:
+        if now - start >= budget_s and (settings.max_steps is None or step > 0):
             break
         lr = lr_at(step, total_steps, settings)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        starts = torch.randint(0, len(train_tokens) - span, (batch,), device=device, generator=gen)
-        window = train_tokens[starts[:, None] + offsets].long()
+        window = sampler.batch(batch)
         optimizer.zero_grad(set_to_none=True)
         try:
             with autocast(device):
@@ -122,6 +200,7 @@ def train(model: DemoModel, train_tokens: torch.Tensor, val_windows: torch.Tenso
             if batch <= 1:
                 raise
             batch //= 2
+            total_steps = step + 2 * (total_steps - step)  # the same tokens in smaller batches
             optimizer.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
             log(f"out of memory: batch size now {batch}")
@@ -152,9 +231,11 @@ def train(model: DemoModel, train_tokens: torch.Tensor, val_windows: torch.Tenso
                     torch.cuda.synchronize()
                 per_step = (time.time() - timing_from[1]) / (step - timing_from[0])
                 left = budget_s - (time.time() - start)
-                total_steps = step + max(1, int(0.95 * left / per_step))
-                log(f"  {per_step * 1000:.1f} ms/step ({step_fn.mode}, batch {batch}): "
-                    f"schedule set to {total_steps} steps")
+                by_clock = step + max(1, int(0.95 * left / per_step))
+                total_steps = min(by_clock, epoch_steps)
+                log(f"  {per_step * 1000:.1f} ms/step ({step_fn.mode}, batch {batch}): schedule set to "
+                    f"{total_steps} steps ({'the clock' if by_clock < epoch_steps else f'{settings.max_epochs:g} epochs'}"
+                    f" limits; {sampler.windows_per_epoch * span / 1e6:.1f}M tokens per epoch)")
 
         now = time.time()
         log_due = (step % settings.log_every_steps == 0) if settings.log_every_steps else now - last_log >= settings.log_every_s
@@ -171,12 +252,18 @@ def train(model: DemoModel, train_tokens: torch.Tensor, val_windows: torch.Tenso
             acc_n = 0
             last_log = now
         val_due = (step % settings.val_every_steps == 0) if settings.val_every_steps else now - last_val >= settings.val_every_s
-        if val_due:
+        if val_due and step < total_steps:
             do_val(now)
             last_val = time.time()
 
     if device.type == "cuda":
         torch.cuda.synchronize()
+    train_seconds = round(time.time() - start, 1)
+    if not val_curve or val_curve[-1]["step"] != step:
+        do_val(time.time())
+    best.restore(model)
+    log(f"  best checkpoint: step {best.step} of {step} (validation objective {best.score:.4f})")
     return {"train_curve": train_curve, "val_curve": val_curve, "steps": step, "tokens_seen": tokens_seen,
-            "train_seconds": round(time.time() - start, 1), "batch_size": batch, "step_mode": step_fn.mode,
-            "scheduled_steps": total_steps}
+            "train_seconds": train_seconds, "batch_size": batch, "step_mode": step_fn.mode,
+            "scheduled_steps": total_steps, "epochs": round(sampler.epochs_done(step, batch), 3),
+            "tokens_per_epoch": sampler.windows_per_epoch * span, "best": best.record}
