@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tools.demo_training.instructions import function_pairs
+from tools.demo_training.instructions import function_pairs, shorten_docstrings
 from tools.demo_training.licences import distribution_license
 from tools.demo_training.settings import SPECIAL_TOKENS, STDLIB, STDLIB_LICENSE, VAL_FRACTION, Settings
 
@@ -120,7 +120,7 @@ def _load_one(item: tuple[str, str]) -> tuple[str, str, bytes, bytes, list] | No
         return None
     exact = hashlib.sha1(text.encode()).digest()
     pairs = [] if is_validation(label) else function_pairs(text, label)
-    return label, text, exact, normalized_digest(text), pairs
+    return label, shorten_docstrings(text), exact, normalized_digest(text), pairs
 
 
 def _map(items: list, workers: int):

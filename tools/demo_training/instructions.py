@@ -61,6 +61,42 @@ def _without_docstring(source: str, node: ast.FunctionDef) -> str | None:
     return "\n".join(lines[:first] + lines[last + 1:])
 
 
+def shorten_docstrings(text: str) -> str:
+    """The source with every multi-line docstring of a function or class cut to a one-line
+    docstring holding its first sentence (module docstrings stay). A small model trained on long
+    numpy-style docstrings spends a whole short completion inside one; trained on one-liners, it
+    writes the code. Text that does not parse, or a docstring sharing a line with code, is kept."""
+    if '"""' not in text and "'''" not in text:
+        return text
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return text
+    cuts = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or not node.body:
+            continue
+        doc = node.body[0]
+        if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
+            continue
+        if doc.end_lineno == doc.lineno or doc.lineno <= node.lineno:
+            continue
+        if len(node.body) > 1 and node.body[1].lineno <= doc.end_lineno:
+            continue
+        summary = (first_sentence(doc.value.value) or "").rstrip(".")
+        if not summary or '"' in summary or "\\" in summary:
+            continue
+        cuts.append((doc.lineno, doc.end_lineno, doc.col_offset, summary))
+    if not cuts:
+        return text
+    lines = text.split("\n")
+    for start, end, col, summary in sorted(cuts, reverse=True):
+        if lines[start - 1][:col].strip():
+            continue
+        lines[start - 1:end] = [" " * col + f'"""{summary}."""']
+    return "\n".join(lines)
+
+
 def function_pairs(text: str, label: str) -> list[tuple[str, str]]:
     """(request, answer) pairs for the documented public top-level functions of one file.
 
@@ -94,8 +130,10 @@ def function_pairs(text: str, label: str) -> list[tuple[str, str]]:
         if len(args) > 100:
             continue
         variant = _hash(f"{label}:{node.name}")
-        if variant % 4 >= 2:  # half the answers leave the docstring out
+        if variant % 4 >= 2:  # half the answers leave the docstring out, the rest keep its first sentence
             source = _without_docstring(source, node) or source
+        else:
+            source = shorten_docstrings(source)
         answer = f"```python\n{source}\n```"
         pairs.append((request_text(node.name, args, sentence, variant >> 2), answer))
         if len(pairs) >= MAX_PAIRS_PER_FILE:
