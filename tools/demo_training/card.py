@@ -55,7 +55,10 @@ def write_model_card(out: Path, metrics: dict, settings: Settings, argv: list[st
         f"lines and comment lines are removed; vendored copies). {VAL_FRACTION:.0%} of files (chosen by a hash of "
         f"the path) are held out for validation. Corpus: {data['files']} files, {data['bytes'] / 1e6:.1f} MB; "
         f"{_fmt_int(data['train_tokens'])} training tokens (chat pairs included), {_fmt_int(data['val_tokens'])} "
-        f"held-out tokens ({data['val_files']} files).", "",
+        f"held-out tokens ({data['val_files']} files). Every multi-line docstring of a function or class "
+        "(training and held-out files alike) is cut to a one-line docstring of its first sentence: trained on "
+        "the long numpy-style docstrings as they are, the model spent whole 64-token completions inside one "
+        "(1 of 5 code prompts parsed, against 4 of 5 after the cut; module docstrings stay).", "",
         f"Chat pairs: {_fmt_int(chat.get('pairs', 0))} (of {_fmt_int(chat.get('pairs_found', 0))} found) made from "
         "the training files themselves: for a public, undecorated top-level function of 3-40 lines whose "
         "docstring starts with a plain sentence, the request \"Write a Python function `name(args)` to/that "
