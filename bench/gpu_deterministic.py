@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from make_shape_model import make_shape_model  # noqa: E402  (bench/ is the script directory)
 
 from onebit import LLM, SamplingParams
-from onebit.bench.offline import random_prompts, run_batch
+from onebit.bench.offline import run_batch
 from onebit.bench.oracle import OracleDrafter, oracle_speculation
 
 SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
@@ -85,9 +85,8 @@ def gen_tokens(llm: LLM, prompts, max_tokens: int) -> list[list[int]]:
     return [o.token_ids for o in llm.generate(prompts, params)]
 
 
-def free(llm) -> None:
-    """Give an engine's device memory back before the next one loads."""
-    del llm
+def release() -> None:
+    """Give the device memory of engines no longer referenced back before the next one loads."""
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -140,8 +139,8 @@ def equality_rows(model: Path, work: Path, deterministic: bool, max_tokens: int,
         r = run_batch(engine, b, 128, 128, seed=b)
         timing.append((b, r.decode_tokens_per_s))
         print(f"{mode} B={b}: decode {r.decode_tokens_per_s:,.0f} tok/s", flush=True)
-    free(llm)
-    engine = llm = None
+    engine = blocks = llm = None
+    release()
 
     record = work / f"record-{mode}.jsonl"
     OracleDrafter.write_record(record, list(zip(targets, alone)))
@@ -160,7 +159,8 @@ def equality_rows(model: Path, work: Path, deterministic: bool, max_tokens: int,
             out = gen_tokens(llm, targets, max_tokens)
             row(f"oracle P={p}, {'k=3' if fixed else 'policy'} ({llm.engine.spec_proposed - before} drafted), "
                 "4 together == alone", out == alone)
-    free(llm)
+    drafter = policy = llm = None
+    release()
     return rows, timing
 
 
