@@ -144,7 +144,8 @@ def main() -> int:
                     help="engine variants to time: eager, graphs (CUDA graphs: the default engine), "
                          "graphs-overlap (and each step queued before the last one's tokens reach the host), "
                          "'-fp8' appended: decoder weights quantized to FP8 (--quantize fp8), "
-                         "and '-cublas' appended to either: no Triton kernels for few-row products")
+                         "'-cublas' appended to either: no Triton kernels for few-row products, "
+                         "'-det' appended: --deterministic (batch-invariant kernels)")
     ap.add_argument("--hf-batches", default="8,32,64", help="transformers continuous batching sizes ('' to skip)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -173,7 +174,7 @@ def main() -> int:
             ctx_size=args.prompt_tokens + args.max_tokens + 16, max_batch_tokens=8192,
             enable_prefix_caching=False, load_format="dummy", cuda_graphs=variant.startswith("graphs"),
             overlap="-overlap" in variant, triton_gemv="-cublas" not in variant,
-            quantize="fp8" if "-fp8" in variant else None))
+            quantize="fp8" if "-fp8" in variant else None, deterministic="-det" in variant))
         torch.cuda.synchronize()
         lines.append(f"8B-shape engine ({variant}) built in {time.perf_counter() - t0:.1f}s")
         if variant == "graphs":

@@ -60,12 +60,12 @@ def timed(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, l
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start), [o.token_ids for o in outs]
 
 
-def oracle_table(work: Path, max_tokens: int, ps: list[float]) -> list[str]:
+def oracle_table(work: Path, max_tokens: int, ps: list[float], deterministic: bool = False) -> list[str]:
     """Rows of speed against the oracle's P on the 8B shape, one request at a time."""
     model = make_shape_model(work / "qwen3-8b-shape")
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1000, 100000, (128,), generator=gen).tolist() for _ in range(4)]
-    common = dict(device="cuda", load_format="dummy", parallel=1, ctx_size=1024)
+    common = dict(device="cuda", load_format="dummy", parallel=1, ctx_size=1024, deterministic=deterministic)
     plain = LLM(str(model), **common)
     base, ref = timed(plain, prompts, max_tokens)
     del plain
@@ -98,15 +98,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/out"))
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--p", default="0.5,0.75,0.9")
+    ap.add_argument("--deterministic", action="store_true", help="batch-invariant kernels (--deterministic)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         checks = check_tiny(Path(tmp))
         for line in checks:
             print(line, flush=True)
-        rows = oracle_table(Path(tmp), args.max_tokens, [float(p) for p in args.p.split(",")])
+        rows = oracle_table(Path(tmp), args.max_tokens, [float(p) for p in args.p.split(",")], args.deterministic)
     table = ["Qwen3-8B shape, bf16, random weights, 1 request at a time, 128-token prompts, "
-             f"{args.max_tokens} new tokens, {torch.cuda.get_device_name()}",
+             f"{args.max_tokens} new tokens, {torch.cuda.get_device_name()}"
+             f"{', --deterministic' if args.deterministic else ''}",
              "", "| drafter | draft length | tok/s | speed-up | acceptance | same output |",
              "|---|---|---:|---:|---:|---|", *rows]
     (args.out / "spec.md").write_text("\n".join(checks + [""] + table) + "\n")

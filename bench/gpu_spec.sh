@@ -5,7 +5,7 @@
 #   2. bench/gpu_spec.py: greedy equality (graphs / eager / MTP / n-gram on CUDA) and the oracle
 #      table (speed-up against acceptance, one request, Qwen3-8B shape).
 # "Free under load" (--mtp through the server) is in bench/gpu_tables.sh.
-# Usage: OUT=DIR bash bench/gpu_spec.sh
+# Usage: OUT=DIR bash bench/gpu_spec.sh   (DETERMINISTIC=1: the oracle table with --deterministic)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_cuda_graph_inputs.py > "$OUT/tests.log" 2>&1
 tail -2 "$OUT/tests.log"
-python3 bench/gpu_spec.py --out "$OUT" > "$OUT/spec.log" 2>&1 || tail -30 "$OUT/spec.log"
+python3 bench/gpu_spec.py --out "$OUT" ${DETERMINISTIC:+--deterministic} > "$OUT/spec.log" 2>&1 || tail -30 "$OUT/spec.log"
 cat "$OUT/spec.md" 2>/dev/null
 # At most 8 files come back from a device call: pack everything into one.
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/spec-results.tgz"

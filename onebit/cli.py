@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                        help="prepare and queue each step while the GPU still runs the one before (hides the "
                             "host's share of a step; none: on with CUDA, off on the CPU)")
+    serve.add_argument("--deterministic", action="store_true",
+                       help="batch-invariant kernels: a request's greedy output is the same bits alone, in any "
+                            "batch, with speculation, chunked prefill or prefix-cache hits (docs/perf.md: cost)")
     spec = serve.add_argument_group("speculative decoding (drafts verified losslessly; the engine drafts "
                                     "only while measured step times say it pays)")
     spec.add_argument("--mtp", nargs="?", const="", default=None, metavar="PATH",
@@ -282,7 +285,8 @@ def serve(args: argparse.Namespace) -> int:
                               cuda_graphs=not args.no_cuda_graphs, overlap=args.overlap,
                               triton_gemv=not args.no_triton_gemv, quantize=args.quantize,
                               fair_share=not args.no_fair_share, priority_preempt=args.priority_preempt,
-                              load_format=args.load_format, speculative=speculative)
+                              load_format=args.load_format, speculative=speculative,
+                              deterministic=args.deterministic)
     except ValueError as error:
         return _fail(str(error))
     from onebit.backends.factory import BuildOptions, build_backends, overflow_policy

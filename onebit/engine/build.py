@@ -105,7 +105,8 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     runner = ModelRunner(model, cfg, device, dtype, num_blocks, config.block_size, ctx_size, config.parallel,
                          config.cuda_graphs, mtp,
                          max_graph_chunk=max(GRAPH_CHUNK_TOKENS, 1 + (spec.draft_max if spec else 3)),
-                         triton_gemv=config.triton_gemv)
+                         triton_gemv=config.triton_gemv and not config.deterministic,
+                         deterministic=config.deterministic)
     eos = set(tokenizer.eos_token_ids) | set(cfg.eos_token_ids)
     sampler = Sampler(eos, device, config.seed)
     drafter = _make_drafter(config, draft, runner, cfg, num_blocks, ctx_size, device, dtype)

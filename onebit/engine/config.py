@@ -30,6 +30,8 @@ class EngineConfig:
     cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
     adaptive_at: one engine serving `--adaptive` on one device: the primary's regime (drafting,
     when a drafter is set) while at most this many requests run, plain large-batch steps above.
+    deterministic: batch-invariant kernels (`onebit.kernels.batch_invariant`): a sequence's logits
+    are the same bits alone or in any batch, in a verification, a chunk or after a prefix hit.
     """
 
     model: str
@@ -52,6 +54,7 @@ class EngineConfig:
     fair_share: bool = True  # share slots and prefill between users by least service (False: FIFO)
     priority_preempt: bool = False  # a waiting request of lower priority value preempts its user's running one
     adaptive_at: int | None = None  # `--adaptive` on one device: draft only while this many requests run or fewer
+    deterministic: bool = False  # batch-invariant products and attention (same output whatever the batch)
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -64,6 +67,8 @@ class EngineConfig:
             raise ValueError("ctx_size must be >= 2")
         if self.quantize not in (None, "fp8"):
             raise ValueError(f"unknown quantization {self.quantize!r}; use fp8")
+        if self.deterministic and self.quantize:
+            raise ValueError("deterministic mode has no batch-invariant fp8 kernel yet; drop --quantize")
         self.speculative = SpeculativeConfig.coerce(self.speculative)
         if self.adaptive_at is not None and not 1 <= self.adaptive_at <= self.parallel:
             raise ValueError("adaptive_at must be in 1..parallel")

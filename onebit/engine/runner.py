@@ -11,7 +11,7 @@ from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder, ladder_for
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
-from onebit.kernels import gemv
+from onebit.kernels import batch_invariant, gemv
 from onebit.kernels.attention import AttentionMetadata, triton_decode
 from onebit.models.config import ModelConfig
 from onebit.models.rope import rope_cos_sin
@@ -62,8 +62,9 @@ class ModelRunner:
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, ctx_size: int, parallel: int = 1,
                  cuda_graphs: bool = True, mtp=None, max_graph_chunk: int = GRAPH_CHUNK_TOKENS,
-                 triton_gemv: bool = True):
+                 triton_gemv: bool = True, deterministic: bool = False):
         self.model = model
+        self.deterministic = deterministic  # every forward (and graph capture) in batch_invariant.mode
         self.mtp = mtp
         self.cfg = cfg
         self.device = device
@@ -90,7 +91,8 @@ class ModelRunner:
         if cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
                                            -(-ctx_size // block_size), self.num_splits, ctx_size)
-            self.graphs.capture()
+            with batch_invariant.mode(deterministic):
+                self.graphs.capture()
         if device.type == "cuda":
             self.warm_up_eager(num_blocks)
 
@@ -101,7 +103,8 @@ class ModelRunner:
         compiles a variant per integer argument that is 1 or divisible by 16, so the lengths mix
         both kinds (a 128-token prompt is one)."""
         for lens in ((16, 128), (1, 37, 3 * GRAPH_CHUNK_TOKENS + 7), (1, 16, 127)):
-            self._eager_scratch_step([n for n in lens if n < self.ctx_size], scratch_block)
+            with batch_invariant.mode(self.deterministic):
+                self._eager_scratch_step([n for n in lens if n < self.ctx_size], scratch_block)
 
     def _eager_scratch_step(self, lens: list[int], scratch_block: int) -> None:
         # Stand-in sequences whose every block is the scratch block; one-token ones are decodes,
@@ -221,6 +224,10 @@ class ModelRunner:
         verifying one), and with want_hidden the pre-norm states of every packed token.
         A sequence with a placeholder last token (`fed_row`) reads it from `fed_tokens`, the
         previous step's sampled ids on the device, so the host never waits for them."""
+        with batch_invariant.mode(self.deterministic):
+            return self._run(plan, want_hidden, fed_tokens)
+
+    def _run(self, plan: list[tuple[Sequence, int]], want_hidden: bool, fed_tokens: torch.Tensor | None):
         feed = self._feed(plan, fed_tokens)
         if self._use_graph(plan):
             self.graph_steps += 1
@@ -256,5 +263,6 @@ class ModelRunner:
                                  prefill_block_tables=self._table(tables), decode_num_splits=self.num_splits,
                                  decode_max_context=self.ctx_size)
         layer = self.cfg.num_layers
-        return self.mtp(self.model, self._tensor(ids), torch.cat(hidden), self._tensor(rope_pos),
-                        self.kv_cache[0, layer], self.kv_cache[1, layer], meta, self.rope)
+        with batch_invariant.mode(self.deterministic):
+            return self.mtp(self.model, self._tensor(ids), torch.cat(hidden), self._tensor(rope_pos),
+                            self.kv_cache[0, layer], self.kv_cache[1, layer], meta, self.rope)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from onebit.kernels import batch_invariant
+
 try:  # the GPU kernels need triton; without it every path uses the torch reference
     from onebit.kernels import triton_decode, triton_prefill
 except ImportError:  # pragma: no cover - depends on the install
@@ -81,7 +83,10 @@ def prefill_attention_ref(q, k_cache, v_cache, context_len, block_table, scale):
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Attention of q [T, heads, head_dim] over the cached contexts; returns [T, heads, head_dim]."""
+    """Attention of q [T, heads, head_dim] over the cached contexts; returns [T, heads, head_dim].
+    In deterministic mode (`batch_invariant.mode`) every token takes the batch-invariant kernel."""
+    if batch_invariant.enabled():
+        return batch_invariant.attention(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
     d = meta.num_decodes
     if d:

@@ -16,7 +16,7 @@ from torch import nn
 from onebit.kernels.attention import AttentionMetadata
 from onebit.models.config import ModelConfig
 from onebit.models.errors import ModelLoadError
-from onebit.models.layers import RMSNorm
+from onebit.models.layers import Linear, RMSNorm
 from onebit.models.loader import build_on_device, fill_from_checkpoint, fill_random, weight_files
 from onebit.models.transformer import CausalLM, DecoderLayer
 
@@ -28,7 +28,7 @@ class MTPHead(nn.Module):
         super().__init__()
         self.pre_fc_norm_embedding = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.pre_fc_norm_hidden = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc = Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.layers = nn.ModuleList([DecoderLayer(cfg)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
