@@ -61,6 +61,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _e4m3_value(x, inv_scale):
+    # x / scale saturated to e4m3's range and rounded (to nearest) to its 4 significant bits in fp32
+    # (Veltkamp's split), so the store's conversion is exact: Triton's interpreter drops the carry
+    # when its own fp32 -> e4m3 conversion rounds up (127 became 64), the GPU's does not.
+    y = tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0)
+    c = y * 1048577.0  # 2**20 + 1
+    return c - (c - y)
+
+
+@triton.jit
 def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, slot_ptr,
                                q_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, eps, qkv_stride,
                                NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -77,8 +87,7 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
         dst = v_cache_ptr + (slot * NUM_KV + head - NUM_HEADS - NUM_KV) * HEAD_DIM
         if KV_FP8:  # e4m3 entry: value / its head's scale, saturated
             inv = 1.0 / tl.load(v_scale_ptr + head - NUM_HEADS - NUM_KV)
-            x1 = tl.clamp(x1.to(tl.float32) * inv, -448.0, 448.0)
-            x2 = tl.clamp(x2.to(tl.float32) * inv, -448.0, 448.0)
+            x1, x2 = _e4m3_value(x1, inv), _e4m3_value(x2, inv)
         tl.store(dst + lo, x1.to(v_cache_ptr.dtype.element_ty))
         tl.store(dst + half + lo, x2.to(v_cache_ptr.dtype.element_ty))
     else:
@@ -108,8 +117,7 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
             dst = k_cache_ptr + (slot * NUM_KV + head - NUM_HEADS) * HEAD_DIM
             if KV_FP8:  # rounded to the model dtype first, as the reference does
                 inv = 1.0 / tl.load(k_scale_ptr + head - NUM_HEADS)
-                o1 = tl.clamp(o1.to(tl.float32) * inv, -448.0, 448.0)
-                o2 = tl.clamp(o2.to(tl.float32) * inv, -448.0, 448.0)
+                o1, o2 = _e4m3_value(o1, inv), _e4m3_value(o2, inv)
             tl.store(dst + lo, o1.to(k_cache_ptr.dtype.element_ty))
             tl.store(dst + half + lo, o2.to(k_cache_ptr.dtype.element_ty))
 
