@@ -75,6 +75,9 @@ def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int
     """A block-scaled weight as values: q [N, K] times scale_inv [ceil(N/bn), ceil(K/bk)] of its block."""
     bn, bk = block
     n, k = q.shape
+    if n % bn == 0 and k % bk == 0:  # whole blocks: broadcast the scales, no per-element copy
+        blocks = q.view(n // bn, bn, k // bk, bk).float() * scale_inv.float()[:, None, :, None]
+        return blocks.view(n, k).to(dtype)
     per_element = scale_inv.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
     return (q.float() * per_element).to(dtype)
 
