@@ -10,6 +10,7 @@ import torch
 from onebit.engine.block_manager import BlockManager
 from onebit.engine.config import EngineConfig
 from onebit.engine.device import available_memory, pick_device, pick_dtype
+from onebit.engine.kv_calibration import calibrate_kv_scales, calibration_ids
 from onebit.engine.llm_engine import LLMEngine
 from onebit.engine.parts import EngineParts
 from onebit.engine.output_processor import OutputProcessor
@@ -17,6 +18,7 @@ from onebit.engine.runner import GRAPH_CHUNK_TOKENS, ModelRunner, kv_block_bytes
 from onebit.engine.sampler import Sampler
 from onebit.engine.scheduler import Scheduler
 from onebit.engine.spec.speculator import Speculator
+from onebit.kernels import kv_fp8
 from onebit.models.config import ModelConfig
 from onebit.models.loader import load_model, resolve_model_path
 from onebit.models.tokenizer import Tokenizer
@@ -99,14 +101,20 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     tokenizer = Tokenizer.from_dir(path)
     model, cfg, mtp, draft = _load(config, path, tokenizer, device, dtype)
     draft_bytes = kv_block_bytes(draft[1], config.block_size, dtype) if draft else 0
-    num_blocks, ctx_size, per_block = size_pool(config, cfg, dtype, device, 1 if mtp is not None else 0, draft_bytes)
+    kv_dtype = kv_fp8.cache_dtype(config.kv_cache_dtype, dtype)
+    if kv_fp8.KV_FP8 == kv_dtype:
+        scales = calibrate_kv_scales(model, cfg, calibration_ids(tokenizer, cfg.vocab_size, 256), device, dtype)
+        log.info("fp8 KV cache: per-head scales from a calibration prefill, K %.3g..%.3g, V %.3g..%.3g",
+                 scales[0].min(), scales[0].max(), scales[1].min(), scales[1].max())
+    num_blocks, ctx_size, per_block = size_pool(config, cfg, kv_dtype, device, 1 if mtp is not None else 0,
+                                                draft_bytes)
     spec = config.speculative
     blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     runner = ModelRunner(model, cfg, device, dtype, num_blocks, config.block_size, ctx_size, config.parallel,
                          config.cuda_graphs, mtp,
                          max_graph_chunk=max(GRAPH_CHUNK_TOKENS, 1 + (spec.draft_max if spec else 3)),
                          triton_gemv=config.triton_gemv and not config.deterministic,
-                         deterministic=config.deterministic)
+                         deterministic=config.deterministic, kv_dtype=kv_dtype)
     eos = set(tokenizer.eos_token_ids) | set(cfg.eos_token_ids)
     sampler = Sampler(eos, device, config.seed)
     drafter = _make_drafter(config, draft, runner, cfg, num_blocks, ctx_size, device, dtype)
@@ -118,7 +126,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     if config.overlap and not overlap:
         log.warning("overlapped steps are off: speculative decoding needs each step's tokens first")
     log.info("KV cache: %d blocks of %d tokens (%.1f MiB), context %d tokens, %d slots%s",
-             num_blocks, config.block_size, num_blocks * kv_block_bytes(cfg, config.block_size, dtype) / 2**20,
+             num_blocks, config.block_size, num_blocks * kv_block_bytes(cfg, config.block_size, kv_dtype) / 2**20,
              ctx_size, config.parallel, "; overlapped steps" if overlap else "")
     parts = EngineParts(path, device, dtype, tokenizer, cfg, eos, ctx_size, per_block,
                         Scheduler(blocks, config.parallel, config.max_batch_tokens, config.fair_share,

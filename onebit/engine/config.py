@@ -26,6 +26,9 @@ class EngineConfig:
     and off on the CPU, where there is no device queue to hide host work behind.
     quantize: None, or "fp8": the decoder's linear layers quantized after loading (e4m3 weights with
     one scale per output channel; `onebit.models.quantize`).
+    kv_cache_dtype: "auto" (the model's dtype) or "fp8": K/V stored as e4m3 with fixed per-layer,
+    per-KV-head scales from a calibration prefill at start-up (`onebit.engine.kv_calibration`), half
+    the bytes of bf16 per cached token.
     triton_gemv: at start-up on CUDA in half precision, time the Triton few-row kernels against
     cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
     adaptive_at: one engine serving `--adaptive` on one device: the primary's regime (drafting,
@@ -51,6 +54,7 @@ class EngineConfig:
     overlap: bool | None = None
     triton_gemv: bool = True
     quantize: str | None = None
+    kv_cache_dtype: str = "auto"
     fair_share: bool = True  # share slots and prefill between users by least service (False: FIFO)
     priority_preempt: bool = False  # a waiting request of lower priority value preempts its user's running one
     adaptive_at: int | None = None  # `--adaptive` on one device: draft only while this many requests run or fewer
@@ -69,6 +73,14 @@ class EngineConfig:
             raise ValueError(f"unknown quantization {self.quantize!r}; use fp8")
         if self.deterministic and self.quantize:
             raise ValueError("deterministic mode has no batch-invariant fp8 kernel yet; drop --quantize")
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"unknown KV cache dtype {self.kv_cache_dtype!r}; use auto or fp8")
+        if self.deterministic and self.kv_cache_dtype == "fp8":
+            raise ValueError("deterministic mode has no batch-invariant attention over an fp8 KV cache yet; "
+                             "drop --kv-cache-dtype fp8")
         self.speculative = SpeculativeConfig.coerce(self.speculative)
+        if self.kv_cache_dtype == "fp8" and self.speculative is not None and self.speculative.method == "mtp":
+            raise ValueError("--kv-cache-dtype fp8 does not support --mtp yet (the MTP layer's cache has no "
+                             "calibrated scales); use --ngram or a bf16 KV cache")
         if self.adaptive_at is not None and not 1 <= self.adaptive_at <= self.parallel:
             raise ValueError("adaptive_at must be in 1..parallel")

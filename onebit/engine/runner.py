@@ -62,7 +62,7 @@ class ModelRunner:
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
                  num_blocks: int, block_size: int, ctx_size: int, parallel: int = 1,
                  cuda_graphs: bool = True, mtp=None, max_graph_chunk: int = GRAPH_CHUNK_TOKENS,
-                 triton_gemv: bool = True, deterministic: bool = False):
+                 triton_gemv: bool = True, deterministic: bool = False, kv_dtype: torch.dtype | None = None):
         self.model = model
         self.deterministic = deterministic  # every forward (and graph capture) in batch_invariant.mode
         self.mtp = mtp
@@ -72,8 +72,9 @@ class ModelRunner:
         # One block past the pool is scratch: padded rows of a graph replay write there.
         # With an MTP head, one more layer of cache holds its entries.
         layers = cfg.num_layers + (1 if mtp is not None else 0)
+        # kv_dtype e4m3: the attention layers carry their scales (`engine.kv_calibration`).
         self.kv_cache = torch.zeros(2, layers, num_blocks + 1, block_size, cfg.num_kv_heads,
-                                    cfg.head_dim, dtype=dtype, device=device)
+                                    cfg.head_dim, dtype=kv_dtype or dtype, device=device)
         self.rope = rope_cos_sin(cfg, ctx_size, device)
         self.num_splits = pick_num_splits(ctx_size)
         self.ctx_size = ctx_size

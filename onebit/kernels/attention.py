@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from onebit.kernels import batch_invariant
+from onebit.kernels import batch_invariant, kv_fp8
 
 try:  # the GPU kernels need triton; without it every path uses the torch reference
     from onebit.kernels import triton_decode, triton_prefill
@@ -44,14 +44,20 @@ class AttentionMetadata:
     decode_max_context: int | None = None
 
 
-def decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale):
-    """Plain-torch decode attention: q [B, heads, head_dim], one query per sequence."""
+def _read(cache: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Cache entries [..., kv_heads, head_dim] as values: e4m3 ones dequantized with their head's scale."""
+    return kv_fp8.dequantize(cache, scale, dtype) if kv_fp8.is_fp8(cache) else cache
+
+
+def decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale=None, v_scale=None):
+    """Plain-torch decode attention: q [B, heads, head_dim], one query per sequence
+    (e4m3 caches with their per-KV-head scales k_scale, v_scale)."""
     num_seqs, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = num_heads // kv_heads
     max_len = block_tables.shape[1] * k_cache.shape[1]
-    keys = k_cache[block_tables].reshape(num_seqs, max_len, kv_heads, head_dim)
-    values = v_cache[block_tables].reshape(num_seqs, max_len, kv_heads, head_dim)
+    keys = _read(k_cache[block_tables], k_scale, torch.float32).reshape(num_seqs, max_len, kv_heads, head_dim)
+    values = _read(v_cache[block_tables], v_scale, torch.float32).reshape(num_seqs, max_len, kv_heads, head_dim)
     qg = q.view(num_seqs, kv_heads, group, head_dim).float()
     scores = torch.einsum("bkgd,bnkd->bkgn", qg, keys.float()) * scale
     valid = torch.arange(max_len, device=q.device)[None, :] < context_lens[:, None]
@@ -61,13 +67,14 @@ def decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale)
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
-def prefill_attention_ref(q, k_cache, v_cache, context_len, block_table, scale):
-    """Causal attention of one sequence's n new queries [n, heads, head_dim] over its whole context."""
+def prefill_attention_ref(q, k_cache, v_cache, context_len, block_table, scale, k_scale=None, v_scale=None):
+    """Causal attention of one sequence's n new queries [n, heads, head_dim] over its whole context
+    (e4m3 caches with their per-KV-head scales k_scale, v_scale)."""
     n, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     used = block_table[:-(-context_len // k_cache.shape[1])]
-    keys = k_cache[used].reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
-    values = v_cache[used].reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
+    keys = _read(k_cache[used], k_scale, q.dtype).reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
+    values = _read(v_cache[used], v_scale, q.dtype).reshape(-1, kv_heads, head_dim)[:context_len].transpose(0, 1)
     gqa = num_heads != kv_heads
     if n == context_len:  # nothing cached before: plain causal attention (flash kernels on GPU)
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, is_causal=True, scale=scale,
@@ -82,9 +89,11 @@ def prefill_attention_ref(q, k_cache, v_cache, context_len, block_table, scale):
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q [T, heads, head_dim] over the cached contexts; returns [T, heads, head_dim].
-    In deterministic mode (`batch_invariant.mode`) every token takes the batch-invariant kernel."""
+    e4m3 caches come with their per-KV-head scales k_scale and v_scale ([kv_heads] float32). In
+    deterministic mode (`batch_invariant.mode`) every token takes the batch-invariant kernel."""
     if batch_invariant.enabled():
         return batch_invariant.attention(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
@@ -93,18 +102,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if q.is_cuda and triton_decode is not None:
             out[:d] = triton_decode.paged_decode_attention(
                 q[:d], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                meta.decode_num_splits, meta.decode_max_context)
+                meta.decode_num_splits, meta.decode_max_context, k_scale, v_scale)
         else:
             out[:d] = decode_attention_ref(q[:d], k_cache, v_cache, meta.decode_block_tables,
-                                           meta.decode_context_lens, scale)
+                                           meta.decode_context_lens, scale, k_scale, v_scale)
     if not meta.prefills:
         return out
     if q.is_cuda and triton_prefill is not None:
         starts, lens, ctxs = (list(col) for col in zip(*meta.prefills))
         triton_prefill.paged_prefill_attention(q, k_cache, v_cache, starts, lens, ctxs,
-                                               meta.prefill_block_tables, scale, out=out)
+                                               meta.prefill_block_tables, scale, out=out,
+                                               k_scale=k_scale, v_scale=v_scale)
         return out
     for i, (start, length, context_len) in enumerate(meta.prefills):
         out[start:start + length] = prefill_attention_ref(
-            q[start:start + length], k_cache, v_cache, context_len, meta.prefill_block_tables[i], scale)
+            q[start:start + length], k_cache, v_cache, context_len, meta.prefill_block_tables[i], scale,
+            k_scale, v_scale)
     return out

@@ -70,6 +70,43 @@ def _scaled_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torc
     return y.to(x.dtype)
 
 
+def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A block-scaled weight as values: q [N, K] times scale_inv [ceil(N/bn), ceil(K/bk)] of its block."""
+    bn, bk = block
+    n, k = q.shape
+    if n % bn == 0 and k % bk == 0:  # whole blocks: broadcast the scales, no per-element copy
+        blocks = q.view(n // bn, bn, k // bk, bk).float() * scale_inv.float()[:, None, :, None]
+        return blocks.view(n, k).to(dtype)
+    per_element = scale_inv.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    return (q.float() * per_element).to(dtype)
+
+
+def block_weight_only_ref(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
+                          bias: torch.Tensor | None) -> torch.Tensor:
+    """Reference of the block-scaled product: x @ dequantize_blocks(q, scale_inv).T + bias, in float32."""
+    y = x.float() @ dequantize_blocks(q, scale_inv, block).t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def linear_blocks(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] times a block-scaled FP8 weight (as published FP8 checkpoints store it) plus bias.
+
+    On CUDA up to MAX_WEIGHT_ONLY_ROWS rows: the Triton weight-only kernel applying each
+    (block row, block column) scale to its partial product (exact: no requantization). More rows:
+    the weight dequantized to x's dtype for one cuBLAS product (a transient copy of one matrix).
+    Elsewhere the reference."""
+    if x.is_cuda and x.dim() == 2:
+        if x.shape[0] <= MAX_WEIGHT_ONLY_ROWS and triton_fp8 is not None:
+            return triton_fp8.weight_only(x.contiguous(), q, scale_inv, bias, block=block)
+        weight = dequantize_blocks(q, scale_inv, block, x.dtype)
+        return torch.nn.functional.linear(x, weight, bias.to(x.dtype) if bias is not None else None)
+    return block_weight_only_ref(x, q, scale_inv, block, bias)
+
+
 def linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K] times an FP8 weight (q [N, K], scale [N]) plus bias: the kernels on CUDA, else the
     weight-only reference."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from onebit.kernels import kv_fp8
+
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * x / rms(x) over the last dimension."""
@@ -40,9 +42,11 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 def qk_norm_rope_store_ref(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                            q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
                            slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+                           num_heads: int, num_kv_heads: int, head_dim: int,
+                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Split qkv [T, (H + 2 KV) * D], norm q and k per head (Qwen3), rotate them, write k and v
-    to the cache at slot_mapping; return q [T, H, D]."""
+    to the cache at slot_mapping; return q [T, H, D]. An e4m3 cache stores k / k_scale and
+    v / v_scale (per KV head; `kernels.kv_fp8`)."""
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -53,6 +57,9 @@ def qk_norm_rope_store_ref(qkv: torch.Tensor, positions: torch.Tensor, cos: torc
         q, k = rms_norm_ref(q, q_norm, eps), rms_norm_ref(k, k_norm, eps)
     c, s = cos[positions], sin[positions]
     q, k = rope_ref(q, c, s), rope_ref(k, c, s)
+    if kv_fp8.is_fp8(k_cache):  # copied as bytes: CPU torch has no index_copy_ for e4m3
+        k, v = kv_fp8.quantize(k, k_scale).view(torch.uint8), kv_fp8.quantize(v, v_scale).view(torch.uint8)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
     return q

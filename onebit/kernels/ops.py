@@ -33,10 +33,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping, k_cache, v_cache,
-                       num_heads, num_kv_heads, head_dim):
-    """q/k norm (when given), RoPE, and the K/V cache write for one layer; returns q [T, H, D]."""
+                       num_heads, num_kv_heads, head_dim, k_scale=None, v_scale=None):
+    """q/k norm (when given), RoPE, and the K/V cache write for one layer; returns q [T, H, D].
+    An e4m3 cache takes the per-KV-head scales k_scale and v_scale."""
     if _triton(qkv) and qkv.stride(-1) == 1 and k_cache.is_contiguous():
         return triton_fused.qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping,
-                                               k_cache, v_cache, num_heads, num_kv_heads, head_dim)
+                                               k_cache, v_cache, num_heads, num_kv_heads, head_dim,
+                                               k_scale, v_scale)
     return fused_ref.qk_norm_rope_store_ref(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping,
-                                            k_cache, v_cache, num_heads, num_kv_heads, head_dim)
+                                            k_cache, v_cache, num_heads, num_kv_heads, head_dim, k_scale, v_scale)

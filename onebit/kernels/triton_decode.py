@@ -16,11 +16,11 @@ import triton.language as tl
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr,
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr, k_scale_ptr, v_scale_ptr,
     scale, max_blocks, split_len,
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -36,6 +36,8 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + rows
     q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None], other=0.0)
+    if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
+        scale = scale * tl.load(k_scale_ptr + kv_head)
 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
@@ -47,6 +49,8 @@ def _decode_split_kernel(
         offs = blocks.to(tl.int64) * stride_kb + (tokens % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
         k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=tok_ok[:, None], other=0.0)
         v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=tok_ok[:, None], other=0.0)
+        if KV_FP8:
+            k, v = k.to(q.dtype), v.to(q.dtype)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
         s = tl.where(tok_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -55,6 +59,8 @@ def _decode_split_kernel(
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m = m_new
+    if KV_FP8:
+        acc = acc * tl.load(v_scale_ptr + kv_head)
 
     base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
     tl.store(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :], acc)
@@ -99,8 +105,10 @@ def pick_num_splits(max_context: int, split_target: int = 512, max_splits: int =
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           num_splits: int = 1, max_context: int | None = None) -> torch.Tensor:
-    """Attention of q [B, heads, head_dim] over cached contexts; caches [blocks, block_size, kv_heads, head_dim].
+                           num_splits: int = 1, max_context: int | None = None,
+                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of q [B, heads, head_dim] over cached contexts; caches [blocks, block_size, kv_heads, head_dim]
+    (e4m3 caches with their per-KV-head scales k_scale, v_scale [kv_heads] float32).
 
     block_tables [B, max_blocks] and context_lens [B] are integer tensors on q's device.
     max_context bounds every context (default: the table width), so each split covers
@@ -118,12 +126,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     part_acc = torch.empty((batch, kv_heads, num_splits, group_pad, head_dim), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((batch, kv_heads, num_splits, group_pad, 2), dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml,
+        k_scale if fp8 else part_ml, v_scale if fp8 else part_ml,
         scale, max_blocks, split_len,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
-        NUM_SPLITS=num_splits,
+        NUM_SPLITS=num_splits, KV_FP8=fp8,
     )
     _decode_merge_kernel[(batch, kv_heads)](
         part_acc, part_ml, out, out.stride(0), out.stride(1),

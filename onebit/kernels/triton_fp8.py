@@ -25,9 +25,12 @@ CONFIGS = [(16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (32, 512, 4),
 
 
 @triton.jit
-def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, stride_sn,
                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        BLOCK_K: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr):
+    # SCALE_BN == 0: one scale per output column. Else the scale of weight (n, k) is
+    # s[n // SCALE_BN, k // SCALE_BK] (block-scaled checkpoints); BLOCK_K divides SCALE_BK, so a K
+    # tile lies in one block column and its partial product takes one scale per output column.
     pid = tl.program_id(0)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -39,8 +42,13 @@ def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
                     mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-    acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+        if SCALE_BN == 0:
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+        else:
+            s = tl.load(s_ptr + (rn // SCALE_BN) * stride_sn + k0 // SCALE_BK, mask=n_ok, other=0.0)
+            acc += tl.dot(x, tl.trans(w.to(x.dtype))) * s[None, :]
+    if SCALE_BN == 0:
+        acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -48,15 +56,25 @@ def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
 
 
 def weight_only(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """x [M <= MAX_ROWS, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype."""
+                config: tuple[int, int, int] | None = None, block: tuple[int, int] | None = None) -> torch.Tensor:
+    """x [M <= MAX_ROWS, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype.
+
+    With `block` (bn, bk), scale is [ceil(N/bn), ceil(K/bk)] float32, one per weight block (the
+    K tile shrinks to divide bk)."""
     m, n, k = x.shape[0], q.shape[0], q.shape[1]
     block_n, block_k, warps = config or (DEFAULT_CONFIG if m <= 16 else MANY_ROWS_CONFIG)
     if m > MAX_ROWS:
         raise ValueError(f"weight_only takes at most {MAX_ROWS} rows, got {m}")
+    scale_bn, scale_bk = block or (0, 0)
+    if block is not None:
+        block_k = min(block_k, scale_bk)
+        if scale_bk % block_k or block_k & (block_k - 1):
+            raise ValueError(f"weight block {block} needs a power-of-two K tile dividing {scale_bk}")
     block_m = 16 if m <= 16 else 64
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _weight_only_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
         x, q, scale, bias if bias is not None else scale, y, m, n, k, x.stride(0), q.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+        scale.stride(0) if block is not None else 0,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        SCALE_BN=scale_bn, SCALE_BK=scale_bk, num_warps=warps)
     return y

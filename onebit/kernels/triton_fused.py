@@ -61,10 +61,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _e4m3_value(x, inv_scale):
+    # x / scale saturated to e4m3's range and rounded (to nearest) to its 4 significant bits in fp32
+    # (Veltkamp's split), so the store's conversion is exact: Triton's interpreter drops the carry
+    # when its own fp32 -> e4m3 conversion rounds up (127 became 64), the GPU's does not.
+    y = tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0)
+    c = y * 1048577.0  # 2**20 + 1
+    return c - (c - y)
+
+
+@triton.jit
 def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, slot_ptr,
-                               q_out_ptr, k_cache_ptr, v_cache_ptr, eps, qkv_stride,
+                               q_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, eps, qkv_stride,
                                NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-                               HAS_NORM: tl.constexpr):
+                               HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # 0..H-1 query heads, H..H+KV-1 key heads, then value heads
     half = HEAD_DIM // 2
@@ -75,8 +85,11 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if head >= NUM_HEADS + NUM_KV:  # value head: straight to the cache
         dst = v_cache_ptr + (slot * NUM_KV + head - NUM_HEADS - NUM_KV) * HEAD_DIM
-        tl.store(dst + lo, x1)
-        tl.store(dst + half + lo, x2)
+        if KV_FP8:  # e4m3 entry: value / its head's scale, saturated
+            inv = 1.0 / tl.load(v_scale_ptr + head - NUM_HEADS - NUM_KV)
+            x1, x2 = _e4m3_value(x1, inv), _e4m3_value(x2, inv)
+        tl.store(dst + lo, x1.to(v_cache_ptr.dtype.element_ty))
+        tl.store(dst + half + lo, x2.to(v_cache_ptr.dtype.element_ty))
     else:
         if HAS_NORM:
             if head < NUM_HEADS:
@@ -98,20 +111,27 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
         o2 = (f2 * c + f1 * s).to(x1.dtype)
         if head < NUM_HEADS:
             dst = q_out_ptr + (tok * NUM_HEADS + head) * HEAD_DIM
+            tl.store(dst + lo, o1)
+            tl.store(dst + half + lo, o2)
         else:
             dst = k_cache_ptr + (slot * NUM_KV + head - NUM_HEADS) * HEAD_DIM
-        tl.store(dst + lo, o1)
-        tl.store(dst + half + lo, o2)
+            if KV_FP8:  # rounded to the model dtype first, as the reference does
+                inv = 1.0 / tl.load(k_scale_ptr + head - NUM_HEADS)
+                o1, o2 = _e4m3_value(o1, inv), _e4m3_value(o2, inv)
+            tl.store(dst + lo, o1.to(k_cache_ptr.dtype.element_ty))
+            tl.store(dst + half + lo, o2.to(k_cache_ptr.dtype.element_ty))
 
 
 def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping, k_cache, v_cache,
-                       num_heads, num_kv_heads, head_dim):
-    """Fused form of `fused_ref.qk_norm_rope_store_ref`; caches must be contiguous [blocks, block_size, KV, D]."""
+                       num_heads, num_kv_heads, head_dim, k_scale=None, v_scale=None):
+    """Fused form of `fused_ref.qk_norm_rope_store_ref`; caches must be contiguous [blocks, block_size, KV, D]
+    (e4m3 ones with k_scale and v_scale [KV] float32)."""
     t = qkv.shape[0]
     q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     has_norm = q_norm is not None
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
     _qk_norm_rope_store_kernel[(t, num_heads + 2 * num_kv_heads)](
         qkv, positions, cos, sin, q_norm if has_norm else qkv, k_norm if has_norm else qkv, slot_mapping,
-        q, k_cache, v_cache, eps, qkv.stride(0),
-        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm)
+        q, k_cache, v_cache, k_scale if fp8 else cos, v_scale if fp8 else cos, eps, qkv.stride(0),
+        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm, KV_FP8=fp8)
     return q

@@ -18,10 +18,10 @@ import triton.language as tl
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tile_seq_ptr, tile_q0_ptr, seq_start_ptr, seq_qlen_ptr, seq_ctx_ptr,
-    tables_ptr, scale, max_blocks,
+    tables_ptr, k_scale_ptr, v_scale_ptr, scale, max_blocks,
     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_ot, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, TQ: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE_K: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_K: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -39,6 +39,8 @@ def _prefill_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q_off = (start + tok).to(tl.int64) * stride_qt + (kv_head * GROUP + g) * stride_qh
     q = tl.load(q_ptr + q_off[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+    if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
+        scale = scale * tl.load(k_scale_ptr + kv_head)
 
     m = tl.full([TQ * GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([TQ * GROUP_PAD], tl.float32)
@@ -52,6 +54,8 @@ def _prefill_kernel(
         offs = blocks.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
         k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
         v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        if KV_FP8:
+            k, v = k.to(q.dtype), v.to(q.dtype)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
         visible = (keys[None, :] <= pos[:, None]) & key_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -62,6 +66,8 @@ def _prefill_kernel(
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m = m_new
+    if KV_FP8:
+        acc = acc * tl.load(v_scale_ptr + kv_head)
     out = acc / tl.maximum(l, 1e-30)[:, None]
     o_off = (start + tok).to(tl.int64) * stride_ot + (kv_head * GROUP + g) * stride_oh
     tl.store(out_ptr + o_off[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -85,8 +91,10 @@ def prefill_tiles(query_lens: list[int], tq: int) -> tuple[list[int], list[int]]
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             query_starts: list[int], query_lens: list[int], context_lens: list[int],
-                            block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention for packed query chunks q [T, heads, head_dim] over their paged contexts.
+                            block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention for packed query chunks q [T, heads, head_dim] over their paged contexts
+    (e4m3 caches with their per-KV-head scales k_scale, v_scale [kv_heads] float32).
 
     Sequence i's queries are q[query_starts[i] : + query_lens[i]], the last query_lens[i] of its
     context_lens[i] tokens; block_tables [S, max_blocks]. Rows of `out` outside the chunks are
@@ -102,12 +110,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     dev = q.device
     as_t = lambda xs: torch.tensor(xs, dtype=torch.int32).to(dev, non_blocking=True)  # noqa: E731
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
     _prefill_kernel[(len(tile_seq), kv_heads)](
         q, k_cache, v_cache, out, as_t(tile_seq), as_t(tile_q0), as_t(query_starts), as_t(query_lens),
-        as_t(context_lens), block_tables, scale, block_tables.shape[1],
+        as_t(context_lens), block_tables, k_scale if fp8 else q, v_scale if fp8 else q, scale, block_tables.shape[1],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), TQ=tq, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, TILE_K=64 if head_dim <= 128 else 32,
+        BLOCK_SIZE=block_size, TILE_K=64 if head_dim <= 128 else 32, KV_FP8=fp8,
     )
     return out

@@ -212,6 +212,11 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
         from onebit.models.gguf.load import load_gguf_model
 
         return load_gguf_model(Path(path), device, dtype, load_format)
+    from onebit.models.fp8_checkpoint import fp8_quantization, load_fp8_checkpoint
+
+    quant = fp8_quantization(path)
+    if quant is not None and load_format == "auto":
+        return load_fp8_checkpoint(Path(path), device, dtype, quant)
     cfg = ModelConfig.from_dir(path)
     files = weight_files(path) if load_format == "auto" else []
     model = build_on_device(lambda: CausalLM(cfg), device, dtype)

@@ -28,6 +28,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.head_dim ** -0.5
+        # Per-KV-head scales of an e4m3 KV cache ([kv_heads] float32), set at start-up by
+        # `onebit.engine.kv_calibration`; None with a cache in the model's dtype.
+        self.register_buffer("k_scale", None, persistent=False)
+        self.register_buffer("v_scale", None, persistent=False)
 
     def forward(self, x, positions, rope, k_cache, v_cache, meta: AttentionMetadata):
         """Attend x [T, hidden] over the cache, after writing this step's K/V into it."""
@@ -36,8 +40,9 @@ class Attention(nn.Module):
         q = ops.qk_norm_rope_store(
             self.qkv_proj(x), positions, rope[0], rope[1], self.q_norm.weight if has_norm else None,
             self.k_norm.weight if has_norm else None, self.q_norm.eps if has_norm else 0.0,
-            meta.slot_mapping, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale)
+            meta.slot_mapping, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.head_dim,
+            self.k_scale, self.v_scale)
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale, self.k_scale, self.v_scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
