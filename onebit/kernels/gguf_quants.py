@@ -178,8 +178,9 @@ class PackedMatrix:
         return sum(t.numel() * t.element_size() for t in (self.quants, self.scales, self.d))
 
     @classmethod
-    def empty(cls, qtype: str, rows: int, cols: int, device: torch.device | str = "cpu") -> "PackedMatrix":
-        """Uninitialised storage for a [rows, cols] matrix of `qtype` (filled with `fill`)."""
+    def empty(cls, qtype: str, rows: int, cols: int, device: torch.device | str | None = "cpu") -> "PackedMatrix":
+        """Uninitialised storage for a [rows, cols] matrix of `qtype` (filled with `fill`); device None:
+        torch's current default device (the meta device while a model is built)."""
         layout = LAYOUTS[qtype]
         if not can_pack(qtype, cols):
             raise ValueError(f"a {qtype} matrix kept packed needs a multiple of {layout.step} columns, got {cols}")

@@ -73,3 +73,21 @@ def q6_k(rows: torch.Tensor) -> torch.Tensor:
 
 
 ENCODERS = {"Q8_0": q8_0, "Q4_K": q4_k, "Q6_K": q6_k}
+
+# llama.cpp's replacement when a row is not a whole number of 256-value super-blocks.
+K_QUANT_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
+def q4_k_m_type(name: str, cols: int, num_layers: int, tied: bool) -> str:
+    """The type llama.cpp's Q4_K_M recipe gives GGUF matrix `name` (rows of `cols` values): Q6_K for the
+    output head (the embedding when tied) and for attn_v and ffn_down in the first and last eighth of
+    the layers and every third layer between; Q4_K for the rest; K_QUANT_FALLBACK where cols % 256."""
+    kind = "Q4_K"
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        kind = "Q6_K"
+    elif name.startswith("blk.") and (".attn_v." in name or ".ffn_down." in name):
+        layer = int(name.split(".")[1])
+        eighth = num_layers // 8
+        if layer < eighth or layer >= num_layers - eighth or (layer - eighth) % 3 == 2:
+            kind = "Q6_K"
+    return K_QUANT_FALLBACK[kind] if cols % QK_K else kind
