@@ -28,9 +28,17 @@ QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 STEP = {"Q8_0": 128, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 # (BLOCK_N, UNROLL steps per loop turn, num_warps). Unmeasured guesses until bench/gpu_gguf_quant.py
 # times them: BLOCK_N 16 gives 256 programs for the 4096-row products of the 8B shape (2 per SM).
-DEFAULT_CONFIG = (16, 2, 4)
+FEW_ROWS_CONFIG = (16, 2, 4)  # 1-4 rows
+DEFAULT_CONFIG = (32, 2, 4)  # 5-16 rows: wider tiles reload the activations fewer times
 MANY_ROWS_CONFIG = (64, 1, 4)
 CONFIGS = [(16, 1, 4), (16, 2, 4), (16, 4, 4), (32, 1, 4), (32, 2, 4), (64, 1, 4), (64, 2, 8)]
+
+
+@triton.jit
+def _small_int_to_float(q, offset: tl.constexpr):
+    """float(q - offset) for int32 0 <= q < 2**23 without an int->float conversion (a quarter-rate
+    instruction on the GPU): q's bits under the exponent of 2**23, minus 2**23 + offset (exact)."""
+    return (q | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + offset)
 
 
 @triton.jit
@@ -42,7 +50,7 @@ def _q8_0_step(q_ptr, d_ptr, rn, n_ok, stride_qn, stride_dn, step, BLOCK_N: tl.c
     q = tl.load(q_ptr + rows * stride_qn + step * 128 + g[None, :, None] * 32 + lane[None, None, :],
                 mask=n_ok[:, None, None], other=0)
     d = tl.load(d_ptr + rn[:, None].to(tl.int64) * stride_dn + step * 4 + g[None, :], mask=n_ok[:, None], other=0.0)
-    w = q.to(tl.float32) * d.to(tl.float32)[:, :, None]
+    w = _small_int_to_float(q.to(tl.int32) + 128, 128) * d.to(tl.float32)[:, :, None]
     return tl.reshape(w, (BLOCK_N, 128)), step * 128 + tl.arange(0, 128)
 
 
@@ -82,8 +90,8 @@ def _k4_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn, blk
     dbase = d_ptr + rn[:, None].to(tl.int64) * stride_dn + blk * 2
     d = tl.load(dbase, mask=n_ok[:, None], other=0.0).to(tl.float32)
     dmin = tl.load(dbase + 1, mask=n_ok[:, None], other=0.0).to(tl.float32)
-    w_lo = (d * sc_lo)[:, :, None] * lo.to(tl.float32) - (dmin * mn_lo)[:, :, None]
-    w_hi = (d * sc_hi)[:, :, None] * hi.to(tl.float32) - (dmin * mn_hi)[:, :, None]
+    w_lo = (d * sc_lo)[:, :, None] * _small_int_to_float(lo, 0) - (dmin * mn_lo)[:, :, None]
+    w_hi = (d * sc_hi)[:, :, None] * _small_int_to_float(hi, 0) - (dmin * mn_hi)[:, :, None]
     t = tl.arange(0, 128)
     col = blk * 256 + (t // 32) * 64 + t % 32
     return tl.reshape(w_lo, (BLOCK_N, 128)), col, tl.reshape(w_hi, (BLOCK_N, 128)), col + 32
@@ -105,14 +113,14 @@ def _q6_k_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn, b
     qh = tl.load(base + 128 + (half * 32 + (g % 2) * 16)[None, :, None] + lane[None, None, :],
                  mask=mask3, other=0).to(tl.int32)
     shift = (2 * (g // 2))[None, :, None]
-    q_lo = ((ql & 15) | (((qh >> shift) & 3) << 4)) - 32
-    q_hi = ((ql >> 4) | (((qh >> (shift + 4)) & 3) << 4)) - 32
+    q_lo = (ql & 15) | (((qh >> shift) & 3) << 4)  # 0..63, the value + 32
+    q_hi = (ql >> 4) | (((qh >> (shift + 4)) & 3) << 4)
     sbase = s_ptr + rn[:, None].to(tl.int64) * stride_sn + blk * 16
     sc_lo = tl.load(sbase + (8 * half + g)[None, :], mask=n_ok[:, None], other=0).to(tl.float32)
     sc_hi = tl.load(sbase + (8 * half + g + 4)[None, :], mask=n_ok[:, None], other=0).to(tl.float32)
     d = tl.load(d_ptr + rn[:, None].to(tl.int64) * stride_dn + blk, mask=n_ok[:, None], other=0.0).to(tl.float32)
-    w_lo = (d * sc_lo)[:, :, None] * q_lo.to(tl.float32)
-    w_hi = (d * sc_hi)[:, :, None] * q_hi.to(tl.float32)
+    w_lo = (d * sc_lo)[:, :, None] * _small_int_to_float(q_lo, 32)
+    w_hi = (d * sc_hi)[:, :, None] * _small_int_to_float(q_hi, 32)
     t = tl.arange(0, 128)
     col = blk * 256 + (t // 64) * 128 + t % 64
     return tl.reshape(w_lo, (BLOCK_N, 128)), col, tl.reshape(w_hi, (BLOCK_N, 128)), col + 64
@@ -215,7 +223,7 @@ def matmul(x: torch.Tensor, weight, out: torch.Tensor | None = None,
     if m > MAX_KERNEL_ROWS:
         return out.copy_(F.linear(x, dequantize(weight, x.dtype)))
     x = x.contiguous()
-    block_n, unroll, warps = config or (DEFAULT_CONFIG if m <= 16 else MANY_ROWS_CONFIG)
+    block_n, unroll, warps = config or (FEW_ROWS_CONFIG if m <= 4 else DEFAULT_CONFIG if m <= 16 else MANY_ROWS_CONFIG)
     block_m = 16 if m <= 16 else 64
     steps = weight.cols // STEP[weight.qtype]
     while steps % unroll:
