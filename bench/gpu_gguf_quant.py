@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 import gguf
-import numpy as np
 import torch
 
 PROBE = list(range(100, 164))
@@ -95,7 +94,6 @@ def kernel_table() -> list[str]:
                              f"({w.nbytes / default_us / 1e6:.2f}) | {best} | {bf16_us:.1f} | "
                              f"{bf16_us / default_us:.2f}x |")
                 print(lines[-1], flush=True)
-            del w, dense, dense16
     return lines
 
 

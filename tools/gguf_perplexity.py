@@ -13,6 +13,8 @@ Quantizations (written with tests/gguf_files.write_gguf):
   not a multiple of 256, so as in llama.cpp most matrices fall back (Q4_K -> Q5_0, Q6_K -> Q8_0):
   only ffn_down (rows of 1024) is Q4_K/Q6_K;
 - Q4_K+Q8_0: Q4_K wherever rows are whole super-blocks (ffn_down), Q8_0 elsewhere;
+- Q4_K+Q4_0: every matrix in 4 bits: Q4_K where rows are whole super-blocks, Q4_0 elsewhere (Q4_0 is
+  not a packed type: dequantized at load either way);
 - Q8_0 everywhere.
 Each quantized file is loaded dequantized and, where it has packed types, packed (the CPU runs the
 packed layers through the reference dequantizer: the same values, so the same perplexity).
@@ -82,7 +84,11 @@ def recipes(num_layers: int) -> dict:
     def q4_k_or_q8_0(name, t):
         return (Q.Q4_K if t.shape[-1] % 256 == 0 else Q.Q8_0) if t.dim() == 2 else Q.F32
 
-    return {"Q4_K_M": q4_k_m, "Q4_K+Q8_0": q4_k_or_q8_0, "Q8_0": lambda name, t: Q.Q8_0 if t.dim() == 2 else Q.F32}
+    def q4_k_or_q4_0(name, t):
+        return (Q.Q4_K if t.shape[-1] % 256 == 0 else Q.Q4_0) if t.dim() == 2 else Q.F32
+
+    return {"Q4_K_M": q4_k_m, "Q4_K+Q8_0": q4_k_or_q8_0, "Q4_K+Q4_0": q4_k_or_q4_0,
+            "Q8_0": lambda name, t: Q.Q8_0 if t.dim() == 2 else Q.F32}
 
 
 def main() -> None:
@@ -91,6 +97,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--out", type=Path, default=None, help="where to keep the GGUF files (default: a temp dir)")
+    ap.add_argument("--recipes", default=None, help="comma-separated subset of " + ", ".join(recipes(8)))
     args = ap.parse_args()
     torch.manual_seed(0)
     base = LLM(str(DEMO), device="cpu", parallel=1, dtype="float32")
@@ -100,7 +107,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
+        chosen = args.recipes.split(",") if args.recipes else list(recipes(8))
         for name, types in recipes(8).items():
+            if name not in chosen:
+                continue
             path = write_gguf(DEMO, out / f"demo-{name}.gguf", types=types)
             kinds = sorted({t.tensor_type.name for t in gguf.GGUFReader(path).tensors if len(t.shape) > 1})
             for packed in (False, True):

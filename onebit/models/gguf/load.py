@@ -1,7 +1,8 @@
-"""Load a GGUF model: its config from the metadata, its weights dequantized onto the device."""
+"""Load a GGUF model: its config from the metadata, its weights dequantized onto the device or kept packed."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -11,6 +12,8 @@ from onebit.models.gguf.files import open_gguf
 from onebit.models.gguf.metadata import config_from_gguf
 from onebit.models.gguf.weights import base_rename, fill_from_gguf
 from onebit.models.transformer import CausalLM
+
+log = logging.getLogger("onebit.models")
 
 
 def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, load_format: str = "auto",
@@ -45,6 +48,9 @@ def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, load_f
     else:
         fill_from_gguf(model, gfile, cfg, skipping_packed(rename, plans), device, dtype, "weights")
         fill_packed(model, gfile, plans)
+        if plans:
+            packed_bytes = sum(part.nbytes for name in plans for part in model.get_submodule(name).parts)
+            log.info("GGUF: %d linear layers kept packed on %s (%.2f GiB)", len(plans), device, packed_bytes / 2**30)
     return model.eval(), cfg
 
 
