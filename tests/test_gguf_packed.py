@@ -112,3 +112,15 @@ def test_q4_k_m_recipe_follows_llama_cpp():
     assert six[:5] == [0, 1, 2, 3, 6] and six[-4:] == [32, 33, 34, 35]
     assert q4_k_m_type("blk.5.attn_q.weight", 384, 8, True) == "Q5_0"  # rows not whole super-blocks
     assert q4_k_m_type("token_embd.weight", 384, 8, True) == "Q8_0"  # tied: the head's Q6_K, then its fallback
+
+
+def test_the_triton_kernels_inside_the_model_give_the_same_logits(loads, monkeypatch):
+    """The packed layers through the Triton kernels (the interpreter on CPU) instead of the reference."""
+    from onebit.kernels import gguf_quants
+
+    pytest.importorskip("onebit.kernels.triton_gguf")
+    packed, dequantized = loads
+    reference = gguf_quants.packed_linear
+    monkeypatch.setattr(gguf_quants, "packed_linear", lambda x, parts, bias=None: reference(x, parts, bias, True))
+    got, want = all_logits(packed, PROMPT), all_logits(dequantized, PROMPT)
+    assert ((got - want).norm() / want.norm()).item() < (1e-5 if got.device.type == "cpu" else 2e-3)

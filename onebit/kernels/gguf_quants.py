@@ -239,10 +239,13 @@ def packed_linear_ref(x: torch.Tensor, parts: list[PackedMatrix], bias: torch.Te
     return F.linear(x, weight, bias)
 
 
-def packed_linear(x: torch.Tensor, parts: list[PackedMatrix], bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, K] @ the weight stacked from `parts` .T + bias: the Triton kernels for 2-D CUDA input,
-    else the reference."""
-    if x.is_cuda and x.dim() == 2 and triton_gguf is not None:
+def packed_linear(x: torch.Tensor, parts: list[PackedMatrix], bias: torch.Tensor | None = None,
+                  kernels: bool | None = None) -> torch.Tensor:
+    """x [T, K] @ the weight stacked from `parts` .T + bias: the Triton kernels for 2-D input (kernels
+    None: when x is on CUDA; True also runs them on the CPU, in Triton's interpreter), else the reference."""
+    if kernels is None:
+        kernels = x.is_cuda
+    if kernels and x.dim() == 2 and triton_gguf is not None:
         y = torch.empty(x.shape[0], sum(p.rows for p in parts), dtype=x.dtype, device=x.device)
         at = 0
         for part in parts:
