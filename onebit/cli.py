@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--quantize", default=None, choices=["fp8"],
                        help="quantize the decoder's linear layers after loading: fp8 = e4m3 weights with one scale "
                             "per output channel (half the bytes of bf16; default: none)")
+    serve.add_argument("--gguf-keep-packed", action=argparse.BooleanOptionalAction, default=None,
+                       help="keep a GGUF model's Q8_0/Q4_K/Q5_K/Q6_K linear layers packed on the device, multiplied "
+                            "by Triton kernels (none: on with CUDA; off dequantizes them at load, as on the CPU)")
     serve.add_argument("--ctx-size", type=_positive, default=None, help="context size in tokens")
     serve.add_argument("--parallel", type=_positive, default=4, help="slots decoding together")
     serve.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV pool size, e.g. 2G")
@@ -288,6 +291,7 @@ def serve(args: argparse.Namespace) -> int:
                               cuda_graphs=not args.no_cuda_graphs, overlap=args.overlap,
                               triton_gemv=not args.no_triton_gemv, quantize=args.quantize,
                               kv_cache_dtype=args.kv_cache_dtype,
+                              gguf_keep_packed=args.gguf_keep_packed,
                               fair_share=not args.no_fair_share, priority_preempt=args.priority_preempt,
                               load_format=args.load_format, speculative=speculative,
                               deterministic=args.deterministic)

@@ -104,8 +104,10 @@ FILE_TYPES = {Q.F32: 0, Q.F16: 1, Q.Q8_0: 7, Q.Q4_K: 15, Q.Q6_K: 18, Q.BF16: 32,
 
 
 def write_gguf(model_dir: Path, out: Path, qtype: Q = Q.F32, *, pre: str = "gpt-2", split_max_tensors: int = 0,
-               drop: tuple[str, ...] = (), mtp_only: bool = False, add_bos: bool = False) -> Path:
-    """Write `model_dir` as GGUF to `out` (with split_max_tensors, shards NAME-0000i-of-0000n.gguf beside it)."""
+               drop: tuple[str, ...] = (), mtp_only: bool = False, add_bos: bool = False, types=None) -> Path:
+    """Write `model_dir` as GGUF to `out` (with split_max_tensors, shards NAME-0000i-of-0000n.gguf beside it).
+
+    types: optional `types(gguf name, tensor) -> Q` choosing each matrix's type (a mixed file such as Q4_K_M)."""
     c = json.loads((model_dir / "config.json").read_text())
     arch = ARCH[c["architectures"][0]]
     layers = c["num_hidden_layers"]
@@ -125,7 +127,7 @@ def write_gguf(model_dir: Path, out: Path, qtype: Q = Q.F32, *, pre: str = "gpt-
             continue
         if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
             t = permute_qk(t, c["num_attention_heads"] if ".attn_q." in name else c["num_key_value_heads"])
-        data, kind = encode(t, qtype)
+        data, kind = encode(t, types(name, t) if types else qtype)
         w.add_tensor(name, data, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -77,7 +77,7 @@ def _load(config: EngineConfig, path: Path, tokenizer: Tokenizer, device: torch.
     if method == "draft":
         from onebit.engine.spec.draft_model import load_draft_model
         draft = load_draft_model(spec.draft_model, tokenizer, device, dtype, config.load_format)
-    model, cfg = load_model(path, device, dtype, config.load_format)
+    model, cfg = load_model(path, device, dtype, config.load_format, config.gguf_keep_packed)
     if config.quantize:
         from onebit.models.quantize import quantize_model
         count = quantize_model(model, config.quantize)

@@ -29,6 +29,9 @@ class EngineConfig:
     kv_cache_dtype: "auto" (the model's dtype) or "fp8": K/V stored as e4m3 with fixed per-layer,
     per-KV-head scales from a calibration prefill at start-up (`onebit.engine.kv_calibration`), half
     the bytes of bf16 per cached token.
+    gguf_keep_packed: a GGUF model's Q8_0/Q4_K/Q5_K/Q6_K linear layers stay in their blocks on the
+    device, multiplied by Triton kernels (`onebit.models.gguf.packed`); None (the default): on CUDA
+    only; False dequantizes them to the run dtype at load.
     triton_gemv: at start-up on CUDA in half precision, time the Triton few-row kernels against
     cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
     adaptive_at: one engine serving `--adaptive` on one device: the primary's regime (drafting,
@@ -55,6 +58,7 @@ class EngineConfig:
     triton_gemv: bool = True
     quantize: str | None = None
     kv_cache_dtype: str = "auto"
+    gguf_keep_packed: bool | None = None
     fair_share: bool = True  # share slots and prefill between users by least service (False: FIFO)
     priority_preempt: bool = False  # a waiting request of lower priority value preempts its user's running one
     adaptive_at: int | None = None  # `--adaptive` on one device: draft only while this many requests run or fewer

@@ -199,19 +199,20 @@ def fill_random(module: torch.nn.Module, seed: int) -> None:
             param.data.normal_(0.0, param.shape[-1] ** -0.5, generator=g)
 
 
-def load_model(path: Path, device: torch.device, dtype: torch.dtype,
-               load_format: str = "auto") -> tuple[CausalLM, ModelConfig]:
+def load_model(path: Path, device: torch.device, dtype: torch.dtype, load_format: str = "auto",
+               gguf_keep_packed: bool | None = None) -> tuple[CausalLM, ModelConfig]:
     """Build the model for `path` on `device` in `dtype` and fill it from the checkpoint.
 
     load_format "dummy" skips the checkpoint and draws random weights on the device
     (only config.json and the tokenizer are read), as vLLM's option of that name does.
+    gguf_keep_packed: for a GGUF file, keep quantized linear layers packed (None: on CUDA only).
     """
     if load_format not in ("auto", "dummy"):
         raise ModelLoadError(f"unknown load format {load_format!r}; use auto or dummy")
     if str(path).lower().endswith(".gguf"):
         from onebit.models.gguf.load import load_gguf_model
 
-        return load_gguf_model(Path(path), device, dtype, load_format)
+        return load_gguf_model(Path(path), device, dtype, load_format, gguf_keep_packed)
     from onebit.models.fp8_checkpoint import fp8_quantization, load_fp8_checkpoint
 
     quant = fp8_quantization(path)

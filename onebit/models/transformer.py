@@ -95,6 +95,8 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] for selected hidden states [N, hidden]."""
+        if self.lm_head is not None:  # a Linear, or a GGUF head kept packed
+            return self.lm_head(hidden)
         return gemv.linear(hidden, self.output_weight())
 
     def output_weight(self) -> torch.Tensor:
@@ -104,5 +106,6 @@ class CausalLM(nn.Module):
     def linear_weights(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         """Every matrix a step multiplies by, by name: (weight, bias)."""
         out = {name: (m.weight, m.bias) for name, m in self.named_modules() if isinstance(m, nn.Linear)}
-        out["lm_head"] = (self.output_weight(), None)
+        if self.lm_head is None or isinstance(self.lm_head, nn.Linear):  # not a packed GGUF head
+            out["lm_head"] = (self.output_weight(), None)
         return out

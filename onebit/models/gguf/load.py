@@ -1,7 +1,8 @@
-"""Load a GGUF model: its config from the metadata, its weights dequantized onto the device."""
+"""Load a GGUF model: its config from the metadata, its weights dequantized onto the device or kept packed."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -12,22 +13,44 @@ from onebit.models.gguf.metadata import config_from_gguf
 from onebit.models.gguf.weights import base_rename, fill_from_gguf
 from onebit.models.transformer import CausalLM
 
+log = logging.getLogger("onebit.models")
 
-def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype,
-                    load_format: str = "auto") -> tuple[CausalLM, ModelConfig]:
+
+def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, load_format: str = "auto",
+                    keep_packed: bool | None = None) -> tuple[CausalLM, ModelConfig]:
     """The model in the GGUF file `path` (its first shard when split) on `device` in `dtype`.
 
     load_format "dummy" reads only the metadata and draws random weights, as for a directory.
+    keep_packed: linear layers of Q8_0/Q4_K/Q5_K/Q6_K stay in their blocks on the device
+    (`onebit.models.gguf.packed`); None: on CUDA only (the CPU keeps dequantizing at load, faster there).
     """
+    from onebit.models.gguf.packed import fill_packed, plan_packed, skipping_packed, swap_in_packed
     from onebit.models.loader import build_on_device, fill_random
 
     gfile = open_gguf(path)
     cfg = config_from_gguf(gfile)
-    model = build_on_device(lambda: CausalLM(cfg), device, dtype)
+    rename = base_rename(cfg)
+    if keep_packed is None:
+        keep_packed = device.type == "cuda"
+    plans = {}
+
+    def build() -> CausalLM:
+        nonlocal plans
+        model = CausalLM(cfg)
+        if keep_packed and load_format != "dummy":
+            plans = plan_packed(model, gfile, cfg, rename)
+            swap_in_packed(model, plans)
+        return model
+
+    model = build_on_device(build, device, dtype)
     if load_format == "dummy":
         fill_random(model, seed=0)
     else:
-        fill_from_gguf(model, gfile, cfg, base_rename(cfg), device, dtype, "weights")
+        fill_from_gguf(model, gfile, cfg, skipping_packed(rename, plans), device, dtype, "weights")
+        fill_packed(model, gfile, plans)
+        if plans:
+            packed_bytes = sum(part.nbytes for name in plans for part in model.get_submodule(name).parts)
+            log.info("GGUF: %d linear layers kept packed on %s (%.2f GiB)", len(plans), device, packed_bytes / 2**30)
     return model.eval(), cfg
 
 

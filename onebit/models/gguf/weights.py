@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from onebit.kernels.gguf_quants import LAYOUTS, dequantize_blocks
 from onebit.models.config import ModelConfig
 from onebit.models.errors import ModelLoadError
 from onebit.models.gguf.files import SUPPORTED_TYPES, GGUFFile
@@ -91,8 +92,9 @@ def _unfused(params: dict) -> set[str]:
 def dequantize_rows(gfile: GGUFFile, name: str, start: int, stop: int, device: torch.device) -> torch.Tensor:
     """Rows [start, stop) of GGUF tensor `name` as float32 (F16/BF16 as themselves) on `device`.
 
-    F32, F16, BF16 and Q8_0 are reinterpreted in torch (Q8_0 scaled on the device); the other
-    types go through `gguf.quants.dequantize` on the host, one chunk at a time.
+    F32, F16 and BF16 are reinterpreted in torch; Q8_0, Q4_K, Q5_K and Q6_K are dequantized by torch on
+    the device (`onebit.kernels.gguf_quants`); the other types go through `gguf.quants.dequantize` on
+    the host, one chunk at a time.
     """
     import gguf
 
@@ -103,12 +105,8 @@ def dequantize_rows(gfile: GGUFFile, name: str, start: int, stop: int, device: t
         return torch.from_numpy(rows).to(device)
     if kind == "BF16":
         return torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16).to(device)
-    if kind == "Q8_0":  # blocks of 32: an f16 scale, then 32 int8 values
-        raw = torch.from_numpy(rows).to(device)
-        blocks = raw.reshape(*raw.shape[:-1], -1, 34)
-        scale = blocks[..., :2].contiguous().view(torch.float16).float()
-        values = blocks[..., 2:].contiguous().view(torch.int8).float()
-        return (scale * values).reshape(*raw.shape[:-1], -1)
+    if kind in LAYOUTS:  # Q8_0, Q4_K, Q5_K, Q6_K: torch's dequantizer on the device (bit-exact with gguf's)
+        return dequantize_blocks(torch.from_numpy(rows).to(device), kind)
     return torch.from_numpy(gguf.quants.dequantize(rows, tensor.tensor_type)).to(device)
 
 

@@ -1,0 +1,244 @@
+"""Packed GGUF weights on the GPU: kernel checks and timings, then the engine on Q4_K_M and Q8_0 files.
+
+    PYTHONPATH=. python3 bench/gpu_gguf_quant.py --out DIR [--shape qwen3-8b] [--skip-kernels]
+    PYTHONPATH=. python3 bench/gpu_gguf_quant.py --out DIR --device cpu --shape qwen3-tiny   # CPU try-out
+
+1. Kernels: for each product of the Qwen3-8B layers and each packed type (Q8_0, Q4_K, Q5_K, Q6_K),
+   random weights (Q8_0/Q4_K/Q6_K encoded from random bf16 by onebit.testing.gguf_encode; Q5_K
+   random blocks), rows 1/4/8/16/64/256: the Triton product against the torch reference (dequantize,
+   float32 product): max abs and relative error; time inside a CUDA graph (onebit.kernels.timing)
+   of the default config, the best of triton_gguf.CONFIGS (Q4_K only, 1-64 rows), and bf16 cuBLAS
+   on the dequantized weight; weight bytes per second.
+2. Engine: the 8B shape's random weights (our dummy loader, the same weights `--load-format dummy`
+   gives) written as GGUF Q4_K_M (llama.cpp's recipe: Q6_K for the head and for attn_v/ffn_down of
+   some layers, Q4_K elsewhere; encoders: round to nearest, no scale search) and Q8_0. Each served
+   in a fresh child: the original bf16 weights (dummy load), each file packed, the Q4_K_M file
+   dequantized to bf16 at load. Per run: logits of a fixed 64-token prompt, decode tok/s at
+   B = 1, 8, 32, 64 (128-token prompts, 64 new tokens; the time of a 1-token run subtracted).
+   Logit errors: against the original bf16 weights (quantization + kernels) and, for the packed
+   Q4_K_M, against the same file dequantized (the kernels alone).
+Results in DIR/gguf_quant.json and DIR/gguf_quant.md (the model files go to --work, default
+$TMPDIR/gguf_quant: ~14 GB); the tables are printed last. On the device (carry .whl, see
+tools/device_wheels.sh: the device lacks gguf and the server's packages):
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && PYTHONPATH=/tmp/site:. TQDM_DISABLE=1 python3 bench/gpu_gguf_quant.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gguf
+import torch
+
+PROBE = list(range(100, 164))
+PRODUCTS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096),
+            "down_proj": (4096, 12288)}
+ROWS = (1, 4, 8, 16, 64, 256)
+BATCHES = (1, 8, 32, 64)
+
+
+def random_packed(qtype: str, n: int, k: int, device: torch.device):
+    """A PackedMatrix of random weights (encoded from random bf16; Q5_K: random blocks, scaled d)."""
+    from onebit.kernels.gguf_quants import LAYOUTS, PackedMatrix
+    from onebit.testing.gguf_encode import ENCODERS
+
+    if qtype in ENCODERS:
+        w = torch.randn(n, k, device=device) * k ** -0.5
+        return PackedMatrix.from_blocks(ENCODERS[qtype](w), qtype, k)
+    layout = LAYOUTS[qtype]
+    nb = k // layout.values
+    raw = torch.randint(0, 256, (n, nb, layout.nbytes), dtype=torch.uint8, device=device)
+    d = (torch.randn(n, nb, layout.d_count, device=device) * 1e-3).half().view(torch.uint8).reshape(n, nb, -1)
+    raw[..., layout.d[0]:layout.d[1]] = d
+    return PackedMatrix.from_blocks(raw.reshape(n, -1), qtype, k)
+
+
+def kernel_table() -> list[str]:
+    """Check and time the kernels at the 8B products; markdown lines."""
+    import torch.nn.functional as F
+
+    from onebit.kernels import triton_gguf
+    from onebit.kernels.timing import graph_us
+
+    dev = torch.device("cuda")
+    lines = ["| product | type | rows | max abs err | rel err | default us (TB/s) | best us (config) | "
+             "bf16 cuBLAS us | speed-up vs bf16 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, (n, k) in PRODUCTS.items():
+        for qtype in ("Q4_K", "Q6_K", "Q8_0", "Q5_K"):
+            w = random_packed(qtype, n, k, dev)
+            dense = w.dequantize(torch.float32)
+            dense16 = dense.to(torch.bfloat16)
+            for m in ROWS:
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                want = x.float() @ dense.t()
+                got = triton_gguf.matmul(x, w).float()
+                max_err = (got - want).abs().max().item()
+                rel = ((got - want).norm() / want.norm()).item()
+                default_us = graph_us(lambda: triton_gguf.matmul(x, w))
+                best = ""
+                if qtype == "Q4_K" and m <= 64:
+                    timed = {c: graph_us(lambda: triton_gguf.matmul(x, w, config=c)) for c in triton_gguf.CONFIGS}
+                    c = min(timed, key=timed.get)
+                    best = f"{timed[c]:.1f} {c}"
+                bf16_us = graph_us(lambda: F.linear(x, dense16))
+                lines.append(f"| {name} {n}x{k} | {qtype} | {m} | {max_err:.2e} | {rel:.1e} | {default_us:.1f} "
+                             f"({w.nbytes / default_us / 1e6:.2f}) | {best} | {bf16_us:.1f} | "
+                             f"{bf16_us / default_us:.2f}x |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def write_quantized(model, shape_dir: Path, out: Path, recipe: str) -> Path:
+    """Write the dummy-loaded `model` as GGUF: recipe "Q4_K_M" or "Q8_0" (vectors F32)."""
+    from onebit.testing.gguf_encode import ENCODERS, q4_k_m_type
+    from tests.gguf_files import gguf_name, hyper_parameters, vocab_metadata
+
+    from bench.make_shape_model import hf_state_dict
+
+    c = json.loads((shape_dir / "config.json").read_text())
+    w = gguf.GGUFWriter(out, "qwen3")
+    hyper_parameters(w, c, {"Q4_K_M": 15, "Q8_0": 7}[recipe])
+    vocab_metadata(w, shape_dir, "gpt-2", False)
+    tied = c["tie_word_embeddings"]
+    for hf, t in hf_state_dict(model).items():
+        name = gguf_name(hf, c["num_hidden_layers"], mtp_block=-1)
+        if t.dim() == 1:
+            w.add_tensor(name, t.float().cpu().numpy())
+            continue
+        qtype = q4_k_m_type(name, t.shape[1], c["num_hidden_layers"], tied) if recipe == "Q4_K_M" else "Q8_0"
+        kind = gguf.GGMLQuantizationType[qtype]
+        data = ENCODERS[qtype](t).cpu().numpy() if qtype in ENCODERS else \
+            gguf.quants.quantize(t.float().cpu().numpy(), kind)  # the fallbacks of shapes not 256-wide
+        w.add_tensor(name, data, raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: str, batches: list[int]) -> None:
+    """In a fresh process: load, record logits of PROBE and decode tok/s at each batch size."""
+    from onebit import LLM, SamplingParams
+    from tests.model_probe import all_logits
+
+    start = time.perf_counter()
+    options = {"load_format": "dummy"} if dummy else {"gguf_keep_packed": keep_packed == "1"}
+    llm = LLM(model, device=device, parallel=max(batches), ctx_size=512, dtype="bfloat16", **options)
+    record = {"start_s": time.perf_counter() - start,
+              "gpu_gb": torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")}
+    torch.save(all_logits(llm, PROBE).float().cpu(), logits_out)
+    rng = random.Random(0)
+    vocab = llm.engine.model_config.vocab_size
+    speed = {}
+    for b in batches:
+        def run(tokens: int) -> float:
+            prompts = [[rng.randrange(1000, vocab) for _ in range(128)] for _ in range(b)]
+            t0 = time.perf_counter()
+            llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+            return time.perf_counter() - t0
+        run(4)  # warm-up
+        speed[b] = round(b * 64 / max(run(65) - run(1), 1e-9), 1)
+    record["decode_tok_s"] = speed
+    print(json.dumps(record))
+
+
+def run_child(model: Path, keep_packed: bool, logits: Path, dummy: bool, device: str, batches: list[int]) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(model), "--packed", "1" if keep_packed else "0",
+           "--logits", str(logits), "--device", device, "--batches", ",".join(map(str, batches))] + \
+        (["--dummy"] if dummy else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    if done.returncode:
+        raise SystemExit(f"child failed on {model}:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: list[int]) -> list[str]:
+    """Write the files (under work_root), serve each in a child, compare logits (under out); markdown lines."""
+    from bench.make_shape_model import fill_vocab, make_shape_model
+    from onebit.models.loader import load_model
+
+    work = work_root / "model"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    make_shape_model(work, shape)
+    fill_vocab(work)
+    start = time.perf_counter()
+    model, _ = load_model(work, torch.device(device), torch.bfloat16, "dummy")
+    files = {recipe: write_quantized(model, work, work_root / f"model-{recipe}.gguf", recipe) for recipe in ("Q4_K_M", "Q8_0")}
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    print(f"wrote the GGUF files in {time.perf_counter() - start:.0f} s", flush=True)
+    runs = {"bf16 (original weights)": (work, False, True), "Q4_K_M packed": (files["Q4_K_M"], True, False),
+            "Q4_K_M dequantized to bf16": (files["Q4_K_M"], False, False), "Q8_0 packed": (files["Q8_0"], True, False)}
+    results, logits = {}, {}
+    for label, (path, packed, dummy) in runs.items():
+        slug = label.split(" (")[0].replace(" ", "_")
+        results[label] = run_child(path, packed, out / f"logits-{slug}.pt", dummy, device, batches)
+        logits[label] = torch.load(out / f"logits-{slug}.pt")
+        print(label, json.dumps(results[label]), flush=True)
+    ref = logits["bf16 (original weights)"]
+
+    def rms(a, b):
+        return (a - b).pow(2).mean().sqrt().item()
+
+    (out / "gguf_quant.json").write_text(json.dumps(results, indent=1))
+    lines = [f"Engine, {shape}, random weights; decode tok/s (128-token prompts, 64 new); logits std {ref.std():.2f}", "",
+             "| run | file GB | GPU GB | logit RMS err vs bf16 | " + " | ".join(f"B={b}" for b in batches) + " |",
+             "|---|---:|---:|---:|" + "---:|" * len(batches)]
+    for label, r in results.items():
+        path = runs[label][0]
+        size = path.stat().st_size / 2**30 if path.is_file() else float("nan")
+        d = r["decode_tok_s"]
+        lines.append(f"| {label} | {size:.2f} | {r['gpu_gb']:.1f} | {rms(logits[label], ref):.4f} | "
+                     + " | ".join(str(d[str(b)]) for b in batches) + " |")
+    lines.append("")
+    lines.append(f"Kernels alone: Q4_K_M packed vs the same file dequantized to bf16, logit RMS "
+                 f"{rms(logits['Q4_K_M packed'], logits['Q4_K_M dequantized to bf16']):.4f}, max "
+                 f"{(logits['Q4_K_M packed'] - logits['Q4_K_M dequantized to bf16']).abs().max():.3f}. "
+                 "Targets (issue 20, Q4_K_M): B=1 >= 450, B=8 >= 1,800, B=64 >= 8,400 tok/s.")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("out/gguf_quant"))
+    ap.add_argument("--shape", default="qwen3-8b")
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gguf_quant",
+                    help="where the model files go (~14 GB for the 8B shape; not under --out)")
+    ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only to try the engine part at --shape qwen3-tiny")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--packed", default="1", help=argparse.SUPPRESS)
+    ap.add_argument("--logits", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--dummy", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="decode batch sizes timed")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.child:
+        child(args.child, args.packed, args.logits, args.dummy, args.device, batches)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    kernels = [] if args.skip_kernels or args.device != "cuda" else kernel_table()
+    print(f"kernels done at {time.perf_counter() - started:.0f} s", flush=True)
+    engine = engine_table(args.out, args.work, args.shape, args.device, batches)
+    text = "\n".join(kernels + [""] + engine)
+    (args.out / "gguf_quant.md").write_text(text + "\n")
+    print(text)
+    print(f"total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
