@@ -10,12 +10,17 @@
 # The oracle proposes the recorded greedy output of each prompt (bench/oracle_record.py records the
 # bench's own prompt pools first). Run from the repo root with .whl carried (tools/device_wheels.sh):
 #     OUT=DIR bash bench/gpu_adaptive.sh            (P=0.75 unless P is set; SHAPE=qwen3-8b)
+# DET=1 records and serves with --deterministic: in bf16 the default kernels make a request's greedy
+# output depend on its batch, so the record stops matching after a few tokens and the oracle's
+# acceptance falls far below P (10-27% at P=0.75 in the first run); deterministic mode keeps it.
 set -u
 OUT=${OUT:-/tmp/out}
 LEVELS=${LEVELS:-1,2,4,8,12,16,24,32,64}
 P=${P:-0.75}
 SHAPE=${SHAPE:-qwen3-8b}
 DEVICE=${DEVICE:-cuda}
+DETFLAG=""
+[ "${DET:-0}" = 1 ] && DETFLAG="--deterministic"
 mkdir -p "$OUT"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -23,9 +28,9 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 MODEL=/tmp/$SHAPE-shape
 python3 bench/make_shape_model.py $MODEL --shape "$SHAPE" --fill-vocab > /dev/null || exit 1
-python3 bench/oracle_record.py -m $MODEL --load-format dummy --device "$DEVICE" --concurrency "$LEVELS" \
+python3 bench/oracle_record.py -m $MODEL --load-format dummy --device "$DEVICE" --concurrency "$LEVELS" $DETFLAG \
   --out /tmp/record.jsonl || exit 1
-BASE="-m $MODEL --load-format dummy --device $DEVICE --ctx-size 1024 --max-batch-tokens 8192"
+BASE="-m $MODEL --load-format dummy --device $DEVICE --ctx-size 1024 --max-batch-tokens 8192 $DETFLAG"
 ORACLE="--draft oracle:$P --draft-record /tmp/record.jsonl"
 run() {  # label, serve args
   python3 -m onebit.cli bench --serve "$BASE $2" --serve-timeout 300 --concurrency "$LEVELS" --max-tokens 128 \

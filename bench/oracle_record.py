@@ -51,11 +51,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="the bench's warm-up request count")
     ap.add_argument("--parallel", type=int, default=64)
     ap.add_argument("--ctx-size", type=int, default=1024)
+    ap.add_argument("--deterministic", action="store_true", help="record with batch-invariant kernels")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     prompts = bench_prompts(args.prompts, [int(c) for c in args.concurrency.split(",")], args.seed, args.warmup)
     llm = LLM(args.model, device=args.device, parallel=args.parallel, ctx_size=args.ctx_size,
-              load_format=args.load_format)
+              load_format=args.load_format, deterministic=args.deterministic)
     start = time.perf_counter()
     outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True))
     OracleDrafter.write_record(args.out, [(p, list(o.token_ids)) for p, o in zip(prompts, outs)])
