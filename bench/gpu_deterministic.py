@@ -152,7 +152,7 @@ def equality_rows(model: Path, work: Path, deterministic: bool, max_tokens: int,
         drafter.p = p
         for fixed in (False, True):
             if fixed:
-                policy.choose = lambda batch: policy.k_max
+                policy.choose = lambda batch, drafting=None: policy.k_max
             else:
                 policy.__dict__.pop("choose", None)
             before = llm.engine.spec_proposed

@@ -38,7 +38,7 @@ def check_tiny(work: Path) -> list[str]:
         llm = LLM(str(path), device="cuda", dtype="float32", parallel=3, **options)
         if llm.engine.speculator.policy is not None:
             policy = llm.engine.speculator.policy
-            policy.choose = lambda batch, policy=policy: policy.k_max
+            policy.choose = lambda batch, drafting=None, policy=policy: policy.k_max
         outs[name] = [o.token_ids for o in llm.generate(prompts, params)]
         if name in ("mtp", "ngram"):
             outs[name + " drafted"] = llm.engine.spec_proposed
@@ -79,7 +79,7 @@ def oracle_table(work: Path, max_tokens: int, ps: list[float], deterministic: bo
             llm = LLM(str(model), speculative=oracle_speculation(p, record, draft_max=3), **common)
             if k_mode == "k=3":
                 policy = llm.engine.speculator.policy
-                policy.choose = lambda batch, policy=policy: policy.k_max
+                policy.choose = lambda batch, drafting=None, policy=policy: policy.k_max
             rate, outs = timed(llm, prompts, max_tokens)
             e = llm.engine
             acc = e.spec_accepted / e.spec_proposed if e.spec_proposed else 0.0

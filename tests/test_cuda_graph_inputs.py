@@ -107,7 +107,7 @@ def test_verification_through_graph_rows_is_lossless(speculative):
     want = LLM(str(default_model_dir()), device="cpu", parallel=3).generate(prompts, params)
     llm = LLM(str(default_model_dir()), device="cpu", parallel=3, speculative={"method": speculative, "draft_max": 3})
     policy = llm.engine.speculator.policy
-    policy.choose = lambda batch: policy.k_max  # pin the draft length (the policy times steps)
+    policy.choose = lambda batch, drafting=None: policy.k_max  # pin the draft length (the policy times steps)
     seen = emulate_graphs(llm, chunk=4)
     got = llm.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -47,7 +47,7 @@ def _generate(model, prompts, deterministic=True, params=GREEDY, always_draft=Fa
     llm = LLM(str(model), device="cpu", dtype="bfloat16", deterministic=deterministic, **options)
     if always_draft:  # a fixed draft length: the policy's choice depends on measured step times
         policy = llm.engine.speculator.policy
-        policy.choose = lambda batch: policy.k_max
+        policy.choose = lambda batch, drafting=None: policy.k_max
     spy = LogitsSpy(llm)
     outs = llm.generate(prompts, params)
     return [o.token_ids for o in outs], spy.rows, llm.engine

@@ -23,7 +23,7 @@ def _always_draft(llm: LLM) -> LLM:
     """Pin the draft length to its maximum: the policy's choice depends on measured step times,
     which these tests must not (the policy has its own test above with given times)."""
     policy = llm.engine.speculator.policy
-    policy.choose = lambda batch: policy.k_max
+    policy.choose = lambda batch, drafting=None: policy.k_max
     return llm
 
 
@@ -422,3 +422,36 @@ def test_min_tokens_no_longer_stops_drafting(tmp_path):
     llm = LLM(model, device="cpu", parallel=2, speculative=oracle_speculation(1.0, record, policy="always"))
     assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in want]
     assert llm.engine.spec_proposed > 0 and llm.engine.spec_accepted == llm.engine.spec_proposed
+
+
+def test_above_the_adaptive_limit_the_primary_share_keeps_drafting(tiny_model_dir):
+    """One-device `--adaptive`: above adaptive_at running requests, the first adaptive_at still draft
+    (the primary's share) and the rest take plain rows, never more drafting rows than the limit;
+    greedy output stays the plain engine's."""
+    prompts = [[5 + i, 6, 7, 5 + i, 6, 7, 5 + i, 6, 7, 5 + i, 6] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = LLM(str(tiny_model_dir), device="cpu", parallel=6).generate(prompts, params)
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=6, adaptive_at=2,
+              speculative={"method": "ngram", "policy": "always"})
+    spec, seen = llm.engine.speculator, []
+    propose = spec.propose
+
+    def counting(scheduler):
+        drafting, chose = propose(scheduler)
+        seen.append((len(scheduler.running), len(drafting)))
+        return drafting, chose
+    spec.propose = counting
+    assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in want]
+    assert max(drafting for _, drafting in seen) <= 2
+    assert any(running > 2 and drafting > 0 for running, drafting in seen)
+
+
+def test_policy_weighs_drafts_by_the_share_that_drafts():
+    """With 1 of 64 decodes drafting, a draft step that costs 1.5x a plain one does not pay; with all
+    64 drafting at 90% acceptance it does."""
+    policy = DraftPolicy(2)
+    policy.acceptance = 0.9
+    b = policy.bucket(64)
+    policy.times.update({(0, b): 1.0, (1, b): 1.5, (2, b): 1.5})
+    assert policy.choose(64, drafting=1) == 0
+    assert policy.choose(64) == 2

@@ -309,12 +309,13 @@ class LLMEngine:
 
     def slots(self) -> list[SlotInfo]:
         """One entry per slot, with the request it serves if any."""
-        by_slot = {seq.slot: seq for seq in self.scheduler.running}
-        regime = self.speculator.regime(len(self.scheduler.running))
+        running = self.scheduler.running
+        by_slot = {seq.slot: seq for seq in running}
+        idle_regime = self.speculator.regime(None, running)
         out = []
         for i in range(self.config.parallel):
             seq = by_slot.get(i)
             out.append(SlotInfo(i, "", seq is not None, seq.request_id if seq else None,
                                 seq.num_prompt_tokens if seq else 0, seq.num_output_tokens if seq else 0,
-                                regime))
+                                self.speculator.regime(seq, running) if seq else idle_regime))
         return out

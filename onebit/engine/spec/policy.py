@@ -50,8 +50,9 @@ class DraftPolicy:
         a = min(max(self.acceptance, 0.0), 0.999)
         return 1.0 + sum(a ** i for i in range(1, k + 1))
 
-    def choose(self, batch: int) -> int:
-        """The draft length for this step's batch (0: plain step)."""
+    def choose(self, batch: int, drafting: int | None = None) -> int:
+        """The draft length for this step's batch of `batch` decodes of which `drafting` (all when
+        None) may draft (0: plain step). The rest decode one token whatever k is."""
         self.steps += 1
         if self.always:
             return self.k_max
@@ -59,7 +60,9 @@ class DraftPolicy:
         for k in range(self.k_max, -1, -1):
             if (k, b) not in self.times:
                 return k
-        ranked = sorted(range(self.k_max + 1), key=lambda k: -self.expected_tokens(k) / self.times[(k, b)])
+        drafting = batch if drafting is None else drafting
+        ranked = sorted(range(self.k_max + 1),
+                        key=lambda k: -(batch - drafting + drafting * self.expected_tokens(k)) / self.times[(k, b)])
         if self.steps % self.explore_every == 0:
             return ranked[1]
         return ranked[0]
