@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "per output channel (half the bytes of bf16; default: none)")
     serve.add_argument("--gguf-keep-packed", action=argparse.BooleanOptionalAction, default=None,
                        help="keep a GGUF model's Q8_0/Q4_K/Q5_K/Q6_K linear layers packed on the device, multiplied "
-                            "by Triton kernels (none: on with CUDA; off dequantizes them at load, as on the CPU)")
+                            "by Triton kernels: a third of bf16's memory for Q4_K, but slower than bf16 so far (default: off, "
+                            "dequantized at load)")
     serve.add_argument("--ctx-size", type=_positive, default=None, help="context size in tokens")
     serve.add_argument("--parallel", type=_positive, default=4, help="slots decoding together")
     serve.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="KV pool size, e.g. 2G")

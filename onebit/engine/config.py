@@ -30,8 +30,8 @@ class EngineConfig:
     per-KV-head scales from a calibration prefill at start-up (`onebit.engine.kv_calibration`), half
     the bytes of bf16 per cached token.
     gguf_keep_packed: a GGUF model's Q8_0/Q4_K/Q5_K/Q6_K linear layers stay in their blocks on the
-    device, multiplied by Triton kernels (`onebit.models.gguf.packed`); None (the default): on CUDA
-    only; False dequantizes them to the run dtype at load.
+    device, multiplied by Triton kernels (`onebit.models.gguf.packed`); None or False (the default)
+    dequantizes them to the run dtype at load (packed is slower than bf16 on the H200 so far).
     triton_gemv: at start-up on CUDA in half precision, time the Triton few-row kernels against
     cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
     adaptive_at: one engine serving `--adaptive` on one device: the primary's regime (drafting,

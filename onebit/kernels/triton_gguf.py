@@ -8,9 +8,9 @@ sub-block, expands the quants into two [BLOCK_N, 128] float tiles in the order t
 them (low and high nibbles: no shuffling of weights), and multiplies each with the activations
 gathered at the matching columns (`tl.dot`, fp32 accumulation). The activations are tiny and
 cached; the weights, the bytes that set the time, are read once per row tile.
-- up to 16 rows (decoding): one row tile of 16, narrow BLOCK_N for enough programs;
-- up to MAX_KERNEL_ROWS: row tiles of 64 (each weight tile read and expanded once per row tile);
-- more rows (prefill chunks): the weight is expanded to bf16 by `dequantize` (same tile code,
+- up to MAX_KERNEL_ROWS = 16 rows (decoding): one row tile of 16, narrow BLOCK_N for enough programs
+  (64-row tiles ran out of shared memory on the H200; they wait for a tuned launch);
+- more rows (prefill chunks, large batches): the weight is expanded to bf16 by `dequantize` (same tile code,
   stored instead of multiplied) and multiplied by cuBLAS; the expansion is one pass over the
   weight, small next to a product of hundreds of rows.
 Reference: `onebit.kernels.gguf_quants.packed_linear_ref`.
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-MAX_KERNEL_ROWS = 128
+MAX_KERNEL_ROWS = 16  # the 64-row tile ran out of shared memory on the H200 (413,696 > 232,448 bytes)
 QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 STEP = {"Q8_0": 128, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 # (BLOCK_N, UNROLL steps per loop turn, num_warps). Unmeasured guesses until bench/gpu_gguf_quant.py
@@ -224,7 +224,7 @@ def matmul(x: torch.Tensor, weight, out: torch.Tensor | None = None,
         return out.copy_(F.linear(x, dequantize(weight, x.dtype)))
     x = x.contiguous()
     block_n, unroll, warps = config or (FEW_ROWS_CONFIG if m <= 4 else DEFAULT_CONFIG if m <= 16 else MANY_ROWS_CONFIG)
-    block_m = 16 if m <= 16 else 64
+    block_m = 16
     steps = weight.cols // STEP[weight.qtype]
     while steps % unroll:
         unroll //= 2

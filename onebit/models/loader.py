@@ -205,7 +205,7 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype, load_format
 
     load_format "dummy" skips the checkpoint and draws random weights on the device
     (only config.json and the tokenizer are read), as vLLM's option of that name does.
-    gguf_keep_packed: for a GGUF file, keep quantized linear layers packed (None: on CUDA only).
+    gguf_keep_packed: for a GGUF file, keep quantized linear layers packed (None: dequantize at load).
     """
     if load_format not in ("auto", "dummy"):
         raise ModelLoadError(f"unknown load format {load_format!r}; use auto or dummy")

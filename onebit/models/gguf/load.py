@@ -22,7 +22,8 @@ def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, load_f
 
     load_format "dummy" reads only the metadata and draws random weights, as for a directory.
     keep_packed: linear layers of Q8_0/Q4_K/Q5_K/Q6_K stay in their blocks on the device
-    (`onebit.models.gguf.packed`); None: on CUDA only (the CPU keeps dequantizing at load, faster there).
+    (`onebit.models.gguf.packed`); None or False: dequantized at load. Packed is opt-in until its
+    kernels beat bf16: on the H200 the Q4_K kernel read 0.40 TB/s (2.5x slower than bf16 cuBLAS).
     """
     from onebit.models.gguf.packed import fill_packed, plan_packed, skipping_packed, swap_in_packed
     from onebit.models.loader import build_on_device, fill_random
@@ -30,8 +31,7 @@ def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, load_f
     gfile = open_gguf(path)
     cfg = config_from_gguf(gfile)
     rename = base_rename(cfg)
-    if keep_packed is None:
-        keep_packed = device.type == "cuda"
+    keep_packed = bool(keep_packed)
     plans = {}
 
     def build() -> CausalLM:
