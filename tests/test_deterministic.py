@@ -195,6 +195,62 @@ def test_matmul_rows_do_not_depend_on_the_batch():
     assert torch.equal(batch_invariant.matmul_ref(x[shuffled].cpu(), w.cpu(), b.cpu()), ref_full[shuffled])
 
 
+@pytest.mark.parametrize("k,splits,used", [(600, 2, 2), (768, 3, 3)])
+def test_split_matmul_rows_do_not_depend_on_the_batch(monkeypatch, k, splits, used):
+    """Fixed split-K: the partials of K pieces cut by K and the split count alone, added in split
+    order, so row i is the same bits for M = 1, 3, 64, 65, 130, wherever it sits, and when the
+    rows are launched in pieces (a small workspace bound); the reference of the same structure too."""
+    assert -(-k // triton_matmul.chunk_len(k, splits)) == used
+    gen = torch.Generator().manual_seed(k)
+    x, w, b = _bf16(130, k, gen=gen), _bf16(48, k, gen=gen), _bf16(48, gen=gen)
+    config = None if DEVICE == "cuda" else triton_matmul.launch_config(1, 48)
+    full = triton_matmul.matmul(x, w, b, config, splits=splits)
+    ref_full = batch_invariant.matmul_ref(x.cpu(), w.cpu(), b.cpu(), splits=splits)
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    for got in (full, ref_full):
+        assert ((got.double().to(want.device) - want).norm() / want.norm()).item() < 1e-2
+    for m in (1, 3, 64, 65):
+        assert torch.equal(triton_matmul.matmul(x[:m], w, b, config, splits=splits), full[:m]), m
+        assert torch.equal(triton_matmul.matmul(x[-m:], w, b, config, splits=splits), full[-m:]), m
+        assert torch.equal(batch_invariant.matmul_ref(x[:m].cpu(), w.cpu(), b.cpu(), splits=splits), ref_full[:m]), m
+    shuffled = torch.randperm(130, generator=gen)
+    assert torch.equal(triton_matmul.matmul(x[shuffled], w, b, config, splits=splits), full[shuffled])
+    assert torch.equal(batch_invariant.matmul_ref(x[shuffled].cpu(), w.cpu(), b.cpu(), splits=splits),
+                       ref_full[shuffled])
+    monkeypatch.setattr(triton_matmul, "WORKSPACE_BYTES", used * 48 * 4 * 64)  # 64 rows a launch: 3 launches
+    assert torch.equal(triton_matmul.matmul(x, w, b, config, splits=splits), full)
+    # one split is the unsplit kernel, bit for bit, and so is its reference
+    assert torch.equal(triton_matmul.matmul(x, w, b, config, splits=1), triton_matmul.matmul(x, w, b, config))
+    assert torch.equal(batch_invariant.matmul_ref(x.cpu(), w.cpu(), b.cpu(), splits=1),
+                       batch_invariant.matmul_ref(x.cpu(), w.cpu(), b.cpu()))
+
+
+def test_launch_table_lookup(tmp_path, monkeypatch):
+    """The sweep's JSON loads into the table; a shape's rows pick the first launch whose max_m
+    covers them (the last one beyond), its split count is the same for every M, and other
+    devices or shapes get nothing."""
+    from onebit.kernels import invariant_launch_table as table
+    monkeypatch.setattr(table, "TABLE", {})
+    monkeypatch.setattr(table, "_device_name", lambda device: "GPU-A")
+    path = tmp_path / "table.json"
+    path.write_text('{"device": "GPU-A", "shapes": {"96,512": {"splits": 2, "launches": '
+                    '[[64, 64, 4, 4, 64, 64], [16, 32, 4, 5, 64, 128]]}}}')
+    table.load(str(path))
+    cuda = torch.device("cuda", 0)
+    assert table.lookup(96, 512, 1, cuda) == (2, (32, 4, 5, 64, 128))
+    assert table.lookup(96, 512, 17, cuda) == (2, (64, 4, 4, 64, 64))
+    assert table.lookup(96, 512, 300, cuda) == (2, (64, 4, 4, 64, 64))
+    assert table.lookup(96, 256, 1, cuda) is None
+    assert triton_matmul.split_count(96, 512, cuda) == 2 and triton_matmul.split_count(96, 512, None) == 1
+    assert triton_matmul.launch_config(1, 96, 512, cuda) == triton_matmul.Launch(32, 4, 5, 64, 128)
+    assert triton_matmul.launch_config(1, 96, 512, torch.device("cpu")) == triton_matmul.default_launch(1, 96)
+    monkeypatch.setattr(table, "_device_name", lambda device: "GPU-B")
+    assert table.lookup(96, 512, 1, cuda) is None
+    path.write_text('{"device": "GPU-A", "shapes": {"96,512": {"splits": 2, "launches": [[64, 64, 4]]}}}')
+    with pytest.raises(ValueError, match="launches"):
+        table.load(str(path))
+
+
 def _paged(gen, context=76, heads=4, kv_heads=2, head_dim=16, block_size=16, num_blocks=12):
     k = _bf16(num_blocks, block_size, kv_heads, head_dim, gen=gen)
     v = _bf16(num_blocks, block_size, kv_heads, head_dim, gen=gen)

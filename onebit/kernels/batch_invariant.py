@@ -67,22 +67,38 @@ def _fold(t: torch.Tensor) -> torch.Tensor:
     return t[..., 0]
 
 
-def matmul_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def matmul_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               splits: int = 1) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T + bias in float32, each output summed over K in FOLD-wide chunks
     (pairwise inside a chunk, chunk after chunk), then rounded to x's dtype. Row i of the result
-    depends on x[i] alone, bit for bit."""
+    depends on x[i] alone, bit for bit. With `splits` > 1, the structure of the GPU kernel's fixed
+    split-K: K is cut at `triton_invariant_matmul.chunk_len(K, splits)` boundaries, each piece
+    summed as above from zero, and the partials added in split order, then the bias."""
     m, k = x.shape
     n = weight.shape[0]
-    acc = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    chunk = k if splits <= 1 else _split_len(k, splits)
+    total = None
     rows = max(1, (1 << 22) // max(n * FOLD, 1))  # bound the [rows, N, FOLD] product tensor
     wf = weight.float()
-    for r0 in range(0, m, rows):
-        xr = x[r0:r0 + rows].float()
-        for k0 in range(0, k, FOLD):
-            acc[r0:r0 + rows] += _fold(xr[:, None, k0:k0 + FOLD] * wf[None, :, k0:k0 + FOLD])
+    for s0 in range(0, k, chunk) if k else [0]:
+        acc = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+        for r0 in range(0, m, rows):
+            xr = x[r0:r0 + rows].float()
+            for k0 in range(s0, min(s0 + chunk, k), FOLD):
+                end = min(k0 + FOLD, s0 + chunk)
+                acc[r0:r0 + rows] += _fold(xr[:, None, k0:end] * wf[None, :, k0:end])
+        total = acc if total is None else total + acc
     if bias is not None:
-        acc += bias.float()
-    return acc.to(x.dtype)
+        total += bias.float()
+    return total.to(x.dtype)
+
+
+def _split_len(k: int, splits: int) -> int:
+    """The K length of one split, as the GPU kernel cuts it (kept here too for CPU-only installs)."""
+    if triton_invariant_matmul is not None:
+        return triton_invariant_matmul.chunk_len(k, splits)
+    per_split = -(-k // splits)
+    return 256 * -(-per_split // 256)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
