@@ -2,6 +2,14 @@
 
     PYTHONPATH=. python3 bench/gpu_gguf_quant.py --out DIR [--shape qwen3-8b] [--skip-kernels]
     PYTHONPATH=. python3 bench/gpu_gguf_quant.py --out DIR --device cpu --shape qwen3-tiny   # CPU try-out
+    PYTHONPATH=. python3 bench/gpu_gguf_quant.py --out DIR --few-rows-only   # the few-row kernel sweep only
+
+0. --few-rows-only: Q4_K, Q6_K, Q8_0 at the 8B products and the head (151936x4096), 1/4/8/16 rows: the
+   tile kernel (DEFAULT_CONFIG), every triton_gguf.FEW_ROWS_CONFIGS variant of the second design
+   (`matmul_few_rows`; the CUDA-core "gemv" ones up to 8 rows) and bf16 cuBLAS, timed inside CUDA
+   graphs; TB/s of the packed bytes; every variant's relative error against the float32 product with
+   the dequantized weight; then per config the geometric-mean speed-up vs bf16 per row count and the
+   best config per row count (DIR/few_rows.md, DIR/few_rows.json).
 
 1. Kernels: for each product of the Qwen3-8B layers and each packed type (Q8_0, Q4_K, Q5_K, Q6_K),
    random weights (Q8_0/Q4_K/Q6_K encoded from random bf16 by onebit.testing.gguf_encode; Q5_K
@@ -94,6 +102,88 @@ def kernel_table() -> list[str]:
                              f"({w.nbytes / default_us / 1e6:.2f}) | {best} | {bf16_us:.1f} | "
                              f"{bf16_us / default_us:.2f}x |")
                 print(lines[-1], flush=True)
+    return lines
+
+
+FEW_ROWS_PRODUCTS = dict(PRODUCTS, lm_head=(151936, 4096))
+FEW_ROWS = (1, 4, 8, 16)
+
+
+def few_rows_table(out: Path, device: str = "cuda", timer=None) -> list[str]:
+    """Old tile kernel vs every triton_gguf.FEW_ROWS_CONFIGS variant vs bf16 cuBLAS at 1/4/8/16 rows, for
+    Q4_K, Q6_K, Q8_0 at the 8B products and the head; every variant checked against the float32
+    product with the dequantized weight. Markdown lines (also DIR/few_rows.json)."""
+    import math
+
+    import torch.nn.functional as F
+
+    from onebit.kernels import triton_gguf
+    from onebit.kernels.timing import graph_us
+
+    dev = torch.device(device)
+    timer = timer or graph_us
+    configs = triton_gguf.FEW_ROWS_CONFIGS
+    records = []
+    lines = ["| product | type | rows | tile kernel us (TB/s) | best new us (TB/s) | best new config | "
+             "bf16 cuBLAS us (TB/s) | new vs bf16 | new vs tile | worst rel err (config) |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for name, (n, k) in FEW_ROWS_PRODUCTS.items():
+        for qtype in ("Q4_K", "Q6_K", "Q8_0"):
+            w = random_packed(qtype, n, k, dev)
+            dense = w.dequantize(torch.float32)
+            dense16 = dense.to(torch.bfloat16)
+            tb = w.nbytes / 1e6  # bytes / us / 1e6 = TB/s
+            for m in FEW_ROWS:
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                want = x.float() @ dense.t()
+                tile = triton_gguf.FEW_ROWS_CONFIG if m <= 4 else triton_gguf.DEFAULT_CONFIG  # its own default
+                rec = {"product": name, "n": n, "k": k, "qtype": qtype, "rows": m, "bytes": w.nbytes,
+                       "tile_us": timer(lambda: triton_gguf.matmul(x, w, config=tile)),
+                       "bf16_us": timer(lambda: F.linear(x, dense16)), "new_us": {}, "rel_err": {}}
+                for label, config in configs.items():
+                    if config.kernel == "gemv" and m > 8:
+                        continue
+                    try:
+                        got = triton_gguf.matmul_few_rows(x, w, config=config).float()
+                        rec["rel_err"][label] = ((got - want).norm() / want.norm()).item()
+                        rec["new_us"][label] = timer(lambda: triton_gguf.matmul_few_rows(x, w, config=config))
+                    except Exception as err:  # a launch failure (resources) is a result, not a crash
+                        rec["new_us"][label] = float("nan")
+                        rec["rel_err"][label] = float("nan")
+                        print(f"{name} {qtype} {m} {label}: {type(err).__name__}: {str(err)[:200]}", flush=True)
+                records.append(rec)
+                timed = {c: t for c, t in rec["new_us"].items() if not math.isnan(t)}
+                best = min(timed, key=timed.get) if timed else None
+                worst = max(rec["rel_err"], key=lambda c: rec["rel_err"][c] if not math.isnan(rec["rel_err"][c]) else -1)
+                b_us = timed.get(best, float("nan"))
+                lines.append(f"| {name} {n}x{k} | {qtype} | {m} | {rec['tile_us']:.1f} ({tb / rec['tile_us']:.2f}) | "
+                             f"{b_us:.1f} ({tb / b_us:.2f}) | {best} | {rec['bf16_us']:.1f} "
+                             f"({n * k * 2 / 1e6 / rec['bf16_us']:.2f}) | {rec['bf16_us'] / b_us:.2f}x | "
+                             f"{rec['tile_us'] / b_us:.2f}x | {rec['rel_err'][worst]:.1e} ({worst}) |")
+                print(lines[-1], flush=True)
+            del w, dense, dense16
+            torch.cuda.empty_cache()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "few_rows.json").write_text(json.dumps(records, indent=1))
+    # Per config and row count: geometric mean over products and types of (bf16 us / config us); the
+    # best per row count is the FEW_ROWS_DEFAULT candidate.
+    lines += ["", "Per config: geometric mean of the speed-up vs bf16 cuBLAS over products and types (n/a: not run)",
+              "", "| config | " + " | ".join(f"{m} rows" for m in FEW_ROWS) + " |", "|---|" + "---:|" * len(FEW_ROWS)]
+    means = {}
+    for label in configs:
+        row = []
+        for m in FEW_ROWS:
+            ratios = [r["bf16_us"] / r["new_us"][label] for r in records
+                      if r["rows"] == m and label in r["new_us"] and not math.isnan(r["new_us"][label])]
+            means[label, m] = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
+            row.append(f"{means[label, m]:.2f}x" if ratios else "n/a")
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    tile = [math.exp(sum(math.log(r["bf16_us"] / r["tile_us"]) for r in records if r["rows"] == m)
+                     / sum(r["rows"] == m for r in records)) for m in FEW_ROWS]
+    lines.append("| tile kernel (its default config) | " + " | ".join(f"{t:.2f}x" for t in tile) + " |")
+    picks = {m: max((c for c in configs if not math.isnan(means[c, m])), key=lambda c: means[c, m]) for m in FEW_ROWS}
+    lines += ["", "Best config per row count (FEW_ROWS_DEFAULT candidates): "
+              + ", ".join(f"{m}: {picks[m]} ({means[picks[m], m]:.2f}x)" for m in FEW_ROWS)]
     return lines
 
 
@@ -217,6 +307,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gguf_quant",
                     help="where the model files go (~14 GB for the 8B shape; not under --out)")
     ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--few-rows-only", action="store_true",
+                    help="only the few-row sweep (old tile kernel vs FEW_ROWS_CONFIGS vs bf16, 1-16 rows)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to try the engine part at --shape qwen3-tiny")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--packed", default="1", help=argparse.SUPPRESS)
@@ -230,6 +322,12 @@ def main() -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    if args.few_rows_only:
+        text = "\n".join(few_rows_table(args.out))
+        (args.out / "few_rows.md").write_text(text + "\n")
+        print(text)
+        print(f"total {time.perf_counter() - started:.0f} s")
+        return 0
     kernels = [] if args.skip_kernels or args.device != "cuda" else kernel_table()
     print(f"kernels done at {time.perf_counter() - started:.0f} s", flush=True)
     engine = engine_table(args.out, args.work, args.shape, args.device, batches)

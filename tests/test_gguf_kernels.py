@@ -126,3 +126,63 @@ def test_packed_linear_stacks_parts_of_different_types_and_adds_the_bias():
 
 def _p_cpu(p: gq.PackedMatrix) -> gq.PackedMatrix:
     return gq.PackedMatrix(p.qtype, p.rows, p.cols, p.quants.cpu(), p.scales.cpu(), p.d.cpu())
+
+
+FEW_ROWS_VARIANTS = [
+    triton_gguf.FewRowsConfig("gemv", 8, 2, 0, "sum", 4, 3),
+    triton_gguf.FewRowsConfig("gemv", 4, 1, 1, "sum", 2, 2),  # one program along K: stores directly
+    triton_gguf.FewRowsConfig("gemv", 8, 1, 2, "atomic", 4, 3),
+    triton_gguf.FewRowsConfig("dot", 16, 1, 0, "sum", 4, 3),
+    triton_gguf.FewRowsConfig("dot", 16, 2, 1, "sum", 4, 3),
+    triton_gguf.FewRowsConfig("dot", 32, 1, 2, "atomic", 4, 3),
+]
+
+
+def _few_rows_close(qtype, m, n, k, configs):
+    w = _weight(qtype, n, k, seed=m + n + 1)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + 7)).to(DEVICE)
+    want = gq.packed_linear_ref(x.float(), [w])
+    for config in configs:
+        got = triton_gguf.matmul_few_rows(x, w, config=config)
+        err = ((got.float() - want).norm() / want.norm()).item()
+        assert err < (1e-5 if DEVICE == "cpu" else 2e-3), (config, err)
+
+
+@pytest.mark.parametrize("qtype", gq.PACKED_TYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 40, 512), (3, 24, 256), (16, 16, 1024)])
+def test_few_rows_kernel_matches_the_reference(qtype, m, n, k):
+    # k = 256: one super-block (Q6_K's d's then read as halves, not words; no split); n not a multiple
+    # of the tile; the CUDA-core variant (gemv) up to 8 rows, as the device sweep runs it
+    _few_rows_close(qtype, m, n, k, [c for c in FEW_ROWS_VARIANTS if c.kernel == "dot" or m <= 8])
+
+
+@pytest.mark.parametrize("qtype", gq.PACKED_TYPES)
+def test_every_swept_few_rows_config_matches_the_reference(qtype):
+    _few_rows_close(qtype, 4, 24, 512, triton_gguf.FEW_ROWS_CONFIGS.values())
+
+
+def test_few_rows_kernel_writes_a_column_slice_and_is_picked_by_matmul(monkeypatch):
+    w = _weight("Q4_K", 32, 512, seed=4)
+    x = torch.randn(2, 512).to(DEVICE)
+    want = x @ w.dequantize().t()
+    for config in (triton_gguf.FewRowsConfig("gemv", 8, 1, 2, "sum"), triton_gguf.FewRowsConfig("dot", 16, 1, 2,
+                                                                                                  "atomic")):
+        out = torch.full((2, 96), 7.0, device=DEVICE)
+        triton_gguf.matmul(x, w, out[:, 32:64], config=config)
+        assert (out[:, :32] == 7).all() and (out[:, 64:] == 7).all()
+        assert ((out[:, 32:64] - want).norm() / want.norm()).item() < 2e-3
+    calls = []
+    monkeypatch.setattr(triton_gguf, "matmul_few_rows", lambda *a: calls.append(a[3]) or a[2])
+    monkeypatch.setattr(triton_gguf, "FEW_ROWS_DEFAULT", lambda rows: triton_gguf.FewRowsConfig(block_n=rows))
+    triton_gguf.matmul(x, w)
+    assert calls == [triton_gguf.FewRowsConfig(block_n=2)]
+    monkeypatch.setattr(triton_gguf, "FEW_ROWS_DEFAULT", None)  # the default: the tile kernel
+    assert ((triton_gguf.matmul(x, w) - want).norm() / want.norm()).item() < 2e-3 and len(calls) == 1
+
+
+def test_few_rows_split_and_sb_shrink_to_divide_the_steps():
+    w = _weight("Q4_K", 8, 768, seed=6)  # 3 super-blocks: SB 2 and split 2 both fall back to 1
+    x = torch.randn(1, 768).to(DEVICE)
+    got = triton_gguf.matmul_few_rows(x, w, config=triton_gguf.FewRowsConfig(sb=2, split=2))
+    want = x @ w.dequantize().t()
+    assert ((got - want).norm() / want.norm()).item() < 1e-5
