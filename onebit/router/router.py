@@ -174,6 +174,16 @@ class Router:
             self._leave(future)
             future.set_result(self.claim(route, user))
 
+    def pass_slot(self, lease: Lease, future: asyncio.Future) -> None:
+        """Give the slot `lease` holds straight to the waiting `future` (a preemption), without freeing it
+        in between, so nobody else can take it; `lease` counts as released."""
+        user = self._waiters.user_of(future)
+        self._leave(future)
+        lease.released = True
+        self._waiters.ended(lease.user)
+        self.users.ended(lease.user)
+        future.set_result(self._lease(lease.route, user))
+
     def _lease(self, route: Route, user: str | None) -> Lease:
         self._waiters.started(user)
         self.users.started(user)
