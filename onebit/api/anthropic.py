@@ -9,7 +9,6 @@ message_stop. A failure mid-stream is an `error` event and the stream ends witho
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from typing import AsyncIterator
 
@@ -17,14 +16,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from onebit.api.anthropic_request import CountTokensRequest, MessagesRequest, messages_params, messages_prompt
-from onebit.api.errors import error_body
+from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS
 from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.single_choice import Outcome, deltas, run_whole, start
 from onebit.api.state import ServerState
-from onebit.protocol import Cancelled, InternalError, RequestError
+from onebit.protocol import Cancelled
 
-log = logging.getLogger("onebit.api")
 router = APIRouter()
 
 
@@ -60,10 +58,7 @@ async def _events(state: ServerState, rid: str, outcome: Outcome, ticket) -> Asy
             if delta.text:
                 yield event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": delta.text}})
     except Exception as error:
-        if not isinstance(error, RequestError):
-            log.exception("messages stream %s failed", rid)
-            error = InternalError("internal server error")
-        body = error_body(error)["error"]
+        body = error_body(as_request_error(error, f"messages stream {rid}"))["error"]
         yield event("error", {"error": {"type": body["type"], "message": body["message"]}})
         return
     reason, word = _stop_reason(state, outcome)

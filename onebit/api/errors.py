@@ -78,6 +78,16 @@ def error_body(error: RequestError) -> dict:
     return {"error": body}
 
 
+def as_request_error(error: Exception, what: str) -> RequestError:
+    """What a client is told about a failure: `error` itself when it is one of ours; anything else is a
+    bug, logged with its traceback as "`what` failed" and told as a plain internal error (call it
+    inside the `except` block, where the traceback is still at hand)."""
+    if isinstance(error, RequestError):
+        return error
+    log.exception("%s failed", what)
+    return InternalError("internal server error")
+
+
 def error_response(error: RequestError) -> JSONResponse:
     """The error as an HTTP response (with `Retry-After` when the error says when to retry)."""
     retry_after = getattr(error, "retry_after", None)

@@ -9,14 +9,13 @@ error event and no `stop: true` event, so it never looks finished.
 from __future__ import annotations
 
 import contextlib
-import logging
 import uuid
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from onebit.api.errors import error_body
+from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS, sse
 from onebit.api.generation import Choice, TokenCounter, merge_choices, take_tickets
 from onebit.api.llama_fields import completion_probabilities, generation_settings, stop_fields
@@ -25,9 +24,8 @@ from onebit.api.llama_request import (InfillRequest, LlamaCompletionRequest, fim
 from onebit.api.pipeline import unless_disconnected
 from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.state import ServerState
-from onebit.protocol import Cancelled, InternalError, RequestError, StepDelta
+from onebit.protocol import Cancelled, StepDelta
 
-log = logging.getLogger("onebit.api")
 router = APIRouter()
 
 
@@ -98,11 +96,8 @@ async def _events(state: ServerState, request: LlamaCompletionRequest, choices: 
                     yield sse(event)
                 if delta.finished:
                     yield sse(_final(state, request, results[index], counter, ""))
-    except RequestError as error:
-        yield sse(error_body(error))
-    except Exception:
-        log.exception("llama-style stream failed")
-        yield sse(error_body(InternalError("internal server error")))
+    except Exception as error:
+        yield sse(error_body(as_request_error(error, "llama-style stream")))
 
 
 async def _serve(http: Request, state: ServerState, request: LlamaCompletionRequest, prompts, rid: str):

@@ -10,7 +10,6 @@ max_output_tokens cut it). A failure mid-stream is an `error` event, and nothing
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from typing import AsyncIterator
@@ -18,15 +17,14 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from onebit.api.errors import error_body
+from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS
 from onebit.api.responses_request import ResponsesRequest, responses_params, responses_prompt
 from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.single_choice import Outcome, deltas, run_whole, start
 from onebit.api.state import ServerState
-from onebit.protocol import Cancelled, InternalError, RequestError
+from onebit.protocol import Cancelled
 
-log = logging.getLogger("onebit.api")
 router = APIRouter()
 
 
@@ -92,10 +90,7 @@ async def _events(shapes: _Shapes, ticket) -> AsyncIterator[str]:
             if delta.text:
                 yield event("response.output_text.delta", delta=delta.text, logprobs=[], **where)
     except Exception as error:
-        if not isinstance(error, RequestError):
-            log.exception("responses stream %s failed", shapes.id)
-            error = InternalError("internal server error")
-        body = error_body(error)["error"]
+        body = error_body(as_request_error(error, f"responses stream {shapes.id}"))["error"]
         yield event("error", code=body["code"], message=body["message"], param=body["param"])
         return
     text = shapes.outcome.content
