@@ -20,7 +20,7 @@ from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS
 from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.single_choice import Outcome, deltas, run_whole, start
-from onebit.api.state import ServerState
+from onebit.api.state import ServerState, serving_state
 from onebit.protocol import Cancelled
 
 router = APIRouter()
@@ -71,9 +71,7 @@ async def _events(state: ServerState, rid: str, outcome: Outcome, ticket) -> Asy
 @router.post("/v1/messages", response_model=None, responses=ERROR_RESPONSES)
 async def messages(request: MessagesRequest, http: Request):
     """A message from the model: one JSON `message` object, or its event stream with `stream: true`."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     text, ids = messages_prompt(state, request)
     params = messages_params(state, request)
     rid = f"msg_{uuid.uuid4().hex}"
@@ -92,7 +90,5 @@ async def messages(request: MessagesRequest, http: Request):
 @router.post("/v1/messages/count_tokens", responses=ERROR_RESPONSES)
 async def count_tokens(request: CountTokensRequest, http: Request) -> dict:
     """How many input tokens these messages (and system prompt) take, without generating."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     return {"input_tokens": len(messages_prompt(state, request)[1])}

@@ -13,6 +13,7 @@ from onebit.api.prepare import completion_prompt_texts, completion_prompts, comp
 from onebit.api.protocol import CompletionRequest
 from onebit.api.responses import CompletionResponse
 from onebit.api.routes_chat import ERROR_RESPONSES
+from onebit.api.state import serving_state
 
 router = APIRouter()
 
@@ -23,9 +24,7 @@ router = APIRouter()
 @router.post("/completions", response_model=None, include_in_schema=False)  # base_url without /v1
 async def completions(request: CompletionRequest, http: Request):
     """Text completion: a JSON response, or an SSE stream with `stream: true`."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     prompts = completion_prompts(state, request)
     texts = completion_prompt_texts(request)
     if request.suffix is not None:  # the prompt sent is the FIM prompt, not the text the client sent

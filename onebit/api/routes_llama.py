@@ -23,7 +23,7 @@ from onebit.api.llama_request import (InfillRequest, LlamaCompletionRequest, fim
                                       llama_sampling_params)
 from onebit.api.pipeline import unless_disconnected
 from onebit.api.routes_chat import ERROR_RESPONSES
-from onebit.api.state import ServerState
+from onebit.api.state import ServerState, serving_state
 from onebit.protocol import Cancelled, StepDelta
 
 router = APIRouter()
@@ -117,18 +117,14 @@ async def _serve(http: Request, state: ServerState, request: LlamaCompletionRequ
 @router.post("/completion", response_model=None, responses=ERROR_RESPONSES)
 async def completion(request: LlamaCompletionRequest, http: Request):
     """llama-server's completion: a JSON object (a list for several prompts), or its SSE stream."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     return await _serve(http, state, request, llama_prompts(state, request.prompt), f"cmpl-{uuid.uuid4().hex}")
 
 
 @router.post("/infill", response_model=None, responses=ERROR_RESPONSES)
 async def infill(request: InfillRequest, http: Request):
     """Fill in the middle between `input_prefix` and `input_suffix` (models with FIM tokens only)."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     return await _serve(http, state, request, [fim_prompt(state, request)], f"infill-{uuid.uuid4().hex}")
 
 

@@ -22,7 +22,7 @@ from onebit.api.formatting import SSE_HEADERS
 from onebit.api.responses_request import ResponsesRequest, responses_params, responses_prompt
 from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.single_choice import Outcome, deltas, run_whole, start
-from onebit.api.state import ServerState
+from onebit.api.state import ServerState, serving_state
 from onebit.protocol import Cancelled
 
 router = APIRouter()
@@ -105,9 +105,7 @@ async def _events(shapes: _Shapes, ticket) -> AsyncIterator[str]:
 @router.post("/responses", response_model=None, include_in_schema=False)  # base_url without /v1
 async def responses(request: ResponsesRequest, http: Request):
     """A model response: one JSON `response` object, or its event stream with `stream: true`."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     text, ids = responses_prompt(state, request)
     params = responses_params(state, request)
     outcome, ticket = start(state, ids, params, f"resp-{uuid.uuid4().hex}", text)
