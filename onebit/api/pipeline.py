@@ -25,13 +25,14 @@ from onebit.protocol import Cancelled
 from onebit.router import Ticket
 
 
-async def serve(http: Request, state: ServerState, fmt: Formatter, choices: list[Choice], *, stream: bool,
-                include_usage: bool, fields: SamplingFields | None = None) -> Response:
+async def serve(http: Request, state: ServerState, fmt: Formatter, choices: list[Choice],
+                request: SamplingFields) -> Response:
     """Admit the request and take its slots now (so a full queue is a 503, a key over its limits
     a 429, before any stream starts), then stream its chunks as SSE or answer with the whole
-    response. `fields` is the API request (its `user` and `priority`)."""
-    tickets = admit(http, state, choices, fields)
-    if stream:
+    response. `request` is the API request (its `stream`, `stream_options`, `user` and `priority`)."""
+    tickets = admit(http, state, choices, request)
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = stream_events(state, fmt, choices, tickets, include_usage)
         return StreamingResponse(guarded_sse(events, f"stream {fmt.rid}"), media_type="text/event-stream",
                                  headers=SSE_HEADERS)

@@ -38,6 +38,4 @@ async def chat_completions(request: ChatCompletionRequest, http: Request):
     choices = [Choice(i, ids, p, f"{rid}-{i}", prompt_text) for i, p in enumerate(params)]
     split = (request.reasoning_format or state.reasoning_format) != "none"
     fmt = ChatFormatter(state, rid, choices, split, split and prompt_opens_reasoning(prompt_text), tools)
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return await serve(http, state, fmt, choices, stream=request.stream, include_usage=include_usage,
-                       fields=request)
+    return await serve(http, state, fmt, choices, request)

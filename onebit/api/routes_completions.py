@@ -35,6 +35,4 @@ async def completions(request: CompletionRequest, http: Request):
     choices = [Choice(p * n + j, ids, sp, f"{rid}-{p * n + j}", texts[p])
                for p, ids in enumerate(prompts) for j, sp in enumerate(params)]
     fmt = CompletionFormatter(state, rid, choices, n, request.return_token_ids, request.echo)
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return await serve(http, state, fmt, choices, stream=request.stream, include_usage=include_usage,
-                       fields=request)
+    return await serve(http, state, fmt, choices, request)
