@@ -168,3 +168,19 @@ def queue_users(server: ServerProcess, key: str | None = None) -> dict:
 async def wait_idle(server: ServerProcess, key: str | None = None) -> None:
     """Wait until no user has anything running or waiting (tests start from an empty server)."""
     await wait_for(lambda: all(r["running"] + r["waiting"] == 0 for r in queue_users(server, key).values()), "idle")
+
+
+def server_props(server: ServerProcess) -> dict:
+    """GET /props."""
+    return httpx.get(f"{server.root}/props", timeout=10).json()
+
+
+def wait_backends_ready(server: ServerProcess, timeout: float = 60) -> list[dict]:
+    """/props' backends once every one is ready (a guard against hanging: fails after `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        backends = server_props(server)["backends"]
+        if all(b["state"] == "ready" for b in backends):
+            return backends
+        time.sleep(0.1)
+    raise AssertionError(f"backends not ready: {server_props(server)['backends']}\n{server.log()}")
