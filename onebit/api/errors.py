@@ -1,6 +1,6 @@
 """OpenAI-shaped errors: `{"error": {"message", "type", "param", "code", ...}}` with the right status.
 
-Every failure is one of the shared exception types (`onebit.protocol.errors`, plus the three
+Every failure is one of the shared exception types (`onebit.protocol.errors`, plus the four
 HTTP-only kinds below); `ERRORS` is the one table that maps each kind to its HTTP status,
 error type and default code. The type is OpenAI's, except context overflow, which keeps
 llama-server's `exceed_context_size_error` (with `n_prompt_tokens` and `n_ctx` beside it) and
