@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from onebit.testing.tiny import make_tiny_model  # noqa: E402
+from server_utils import openai_clients  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +36,15 @@ def tiny_models(tmp_path_factory):
 def tiny_model_dir(tiny_models):
     """The default tiny Qwen3 model (2 layers, hidden 64, GQA 4:2, tied embeddings)."""
     return tiny_models("qwen3")
+
+
+@pytest.fixture(scope="module")
+def clients(server):
+    """(sync, async) openai clients of the module's `server` fixture."""
+    return openai_clients(server)
+
+
+@pytest.fixture(scope="module")
+def client(clients):
+    """The sync openai client of the module's `server` fixture."""
+    return clients[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -146,3 +147,40 @@ def openai_clients(server: ServerProcess, **options):
 
     options = {"api_key": "unused", "max_retries": 0, "timeout": 60, **options}
     return openai.OpenAI(base_url=server.base_url, **options), openai.AsyncOpenAI(base_url=server.base_url, **options)
+
+
+async def wait_for(predicate, what: str, limit_s: float = 60) -> None:
+    """Poll until `predicate()` holds (a guard against hanging, not a timing assertion)."""
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def queue_users(server: ServerProcess, key: str | None = None) -> dict:
+    """GET /queue's rows as {user: row} (`key`: the API key to ask with, where the server wants one)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    body = httpx.get(f"{server.root}/queue", headers=headers, timeout=10).json()
+    return {row["user"]: row for row in body["users"]}
+
+
+async def wait_idle(server: ServerProcess, key: str | None = None) -> None:
+    """Wait until no user has anything running or waiting (tests start from an empty server)."""
+    await wait_for(lambda: all(r["running"] + r["waiting"] == 0 for r in queue_users(server, key).values()), "idle")
+
+
+def server_props(server: ServerProcess) -> dict:
+    """GET /props."""
+    return httpx.get(f"{server.root}/props", timeout=10).json()
+
+
+def wait_backends_ready(server: ServerProcess, timeout: float = 60) -> list[dict]:
+    """/props' backends once every one is ready (a guard against hanging: fails after `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        backends = server_props(server)["backends"]
+        if all(b["state"] == "ready" for b in backends):
+            return backends
+        time.sleep(0.1)
+    raise AssertionError(f"backends not ready: {server_props(server)['backends']}\n{server.log()}")

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 from kill_mid_stream import completion_body, run_streams
-from server_utils import openai_clients, pid_alive, start_server, stop_server
+from server_utils import openai_clients, pid_alive, running_server, server_props, wait_backends_ready
 
 # Two explicit backends: two worker processes (plain --adaptive on one device is one engine).
 ARGS = ("--adaptive", "--adaptive-at", "4", "--adaptive-slots", "8", "--backend", "native:cpu", "--backend", "native:cpu",
@@ -19,25 +19,8 @@ ARGS = ("--adaptive", "--adaptive-at", "4", "--adaptive-slots", "8", "--backend"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    server = start_server(tiny_model_dir, *ARGS)
-    try:
-        yield server
-    finally:
-        stop_server(server)
-
-
-def _props(server) -> dict:
-    return httpx.get(f"{server.root}/props", timeout=10).json()
-
-
-def _wait_all_ready(server, timeout: float = 60) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        backends = _props(server)["backends"]
-        if all(b["state"] == "ready" for b in backends):
-            return backends
-        time.sleep(0.1)
-    raise AssertionError(f"backends not ready: {_props(server)['backends']}\n{server.log()}")
+    with running_server(tiny_model_dir, *ARGS) as s:
+        yield s
 
 
 async def _streams(server, n: int, max_tokens: int) -> tuple[list[int], dict[str, int]]:
@@ -81,7 +64,7 @@ async def _streams(server, n: int, max_tokens: int) -> tuple[list[int], dict[str
 
 
 def test_props_show_two_native_backends(server):
-    props = _props(server)
+    props = server_props(server)
     backends = props["backends"]
     assert [(b["name"], b["kind"], b["capacity"], b["state"]) for b in backends] == [
         ("native-0", "native", 4, "ready"), ("native-1", "native", 8, "ready")]
@@ -93,7 +76,7 @@ def test_props_show_two_native_backends(server):
 
 
 def _served(server) -> dict[str, int]:
-    return {b["name"]: b["served"] for b in _props(server)["backends"]}
+    return {b["name"]: b["served"] for b in server_props(server)["backends"]}
 
 
 def test_twelve_streams_fill_both_backends_and_all_complete(server):
@@ -107,11 +90,11 @@ def test_twelve_streams_fill_both_backends_and_all_complete(server):
     metrics = httpx.get(f"{server.root}/metrics").text
     for name in ("native-0", "native-1"):
         assert f'onebit:request_success_total{{backend="{name}",finished_reason="length"}}' in metrics
-    assert all(b["in_flight"] == 0 for b in _props(server)["backends"])
+    assert all(b["in_flight"] == 0 for b in server_props(server)["backends"])
 
 
 def test_killed_worker_moves_its_stream_others_keep_serving_and_it_comes_back(server):
-    backends = _wait_all_ready(server)
+    backends = wait_backends_ready(server)
     victim = backends[0]["pid"]
     # The first request lands on the primary; its worker dies mid-stream and the stream goes on elsewhere.
     (result,) = run_streams(server.root, [completion_body("long story", 200)], kill=victim)
@@ -121,7 +104,7 @@ def test_killed_worker_moves_its_stream_others_keep_serving_and_it_comes_back(se
     assert httpx.get(f"{server.root}/health").status_code == 200
     counts, _ = asyncio.run(_streams(server, 4, 8))
     assert counts == [8] * 4
-    backends = _wait_all_ready(server)
+    backends = wait_backends_ready(server)
     assert backends[0]["pid"] != victim and backends[0]["restarts"] >= 1
     assert not pid_alive(victim)
     counts, peak = asyncio.run(_streams(server, 4, 30))
@@ -129,7 +112,7 @@ def test_killed_worker_moves_its_stream_others_keep_serving_and_it_comes_back(se
 
 
 def test_kill_9_of_the_server_leaves_no_worker(server):
-    workers = [b["pid"] for b in _wait_all_ready(server)]
+    workers = [b["pid"] for b in wait_backends_ready(server)]
     assert len(workers) == 2
     os.kill(server.proc.pid, signal.SIGKILL)
     server.proc.wait(10)

@@ -7,48 +7,35 @@ import contextlib
 
 import pytest
 
-from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest
+from onebit.backends.base import BackendError, EngineStats, GenerateRequest
 from onebit.protocol import InvalidRequest
 from onebit.engine.outputs import StepDelta
 from onebit.engine.sampling_params import SamplingParams
 from onebit.router import Router
 from onebit.router.supervisor import Backoff, Supervisor
 
+from router_fakes import StubBackend
 
-class DyingBackend(Backend):
+
+class DyingBackend(StubBackend):
     """A fake that streams `steps` deltas per request and can die (failing its streams) and come back."""
-
-    kind = "fake"
 
     def __init__(self, name: str, capacity: int, steps: int = 3, delay: float = 0.001):
         self.name, self.capacity, self.steps, self.delay = name, capacity, steps, delay
-        self._state = "ready"
         self.active: dict[str, asyncio.Queue] = {}
         self.peak = self.total = self.starts = 0
         self.first_delay = 0.0  # seconds before the first delta (a request "in the engine's queue")
         self.with_ids = True  # False: stream text only, as a peer that sends no token ids
         self.requests: list[GenerateRequest] = []
 
-    @property
-    def state(self) -> str:
-        return self._state
-
-    def _set(self, state: str) -> None:
-        self._state = state
-        if self.on_state_change:
-            self.on_state_change()
-
     async def start(self) -> None:
         self.starts += 1
-        self._set("ready")
-
-    async def stop(self) -> None:
-        self._set("stopped")
+        await super().start()
 
     def die(self) -> None:
         for queue in self.active.values():
             queue.put_nowait(BackendError(f"{self.name} died"))
-        self._set("down")
+        self.set_state("down")
 
     async def generate(self, request: GenerateRequest):
         if self._state != "ready":
@@ -82,12 +69,6 @@ class DyingBackend(Backend):
         finally:
             task.cancel()
             del self.active[request.request_id]
-
-    async def abort(self, request_id: str) -> None:
-        pass
-
-    def slots(self):
-        return []
 
     def stats(self):
         return EngineStats(num_running=len(self.active))
@@ -250,7 +231,7 @@ def test_supervisor_restarts_a_down_backend_with_backoff():
         primary.starts += 1
         if fails["left"]:
             fails["left"] -= 1
-            primary._set("down")
+            primary.set_state("down")
             raise BackendError("not yet")
         await real_start()
 
@@ -277,7 +258,7 @@ def test_supervisor_restarts_a_down_backend_with_backoff():
 def test_start_survives_one_failing_backend_but_not_all():
     class Broken(DyingBackend):
         async def start(self):
-            self._set("down")
+            self.set_state("down")
             raise BackendError("cannot load")
 
     async def go(backends):

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 import pytest
-from server_utils import SERVER_ARGS, openai_clients, running_server
+from server_utils import SERVER_ARGS, running_server
 
 
 @pytest.fixture(scope="module")
@@ -14,18 +14,6 @@ def server(tiny_model_dir):
     """One server for the module."""
     with running_server(tiny_model_dir, *SERVER_ARGS) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def clients(server):
-    """(sync, async) openai clients."""
-    return openai_clients(server)
-
-
-@pytest.fixture(scope="module")
-def client(clients):
-    """The sync openai client."""
-    return clients[0]
 
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]

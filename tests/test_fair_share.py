@@ -4,13 +4,12 @@ the /queue view and queued-position comments. One real server (`--parallel 2`) w
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import openai
 import pytest
 
-from tests.server_utils import running_server
+from tests.server_utils import queue_users, running_server, wait_for, wait_idle
 
 KEYS = """\
 # KEY NAME [limits]
@@ -47,28 +46,13 @@ def sync_client(server, key: str) -> openai.OpenAI:
 
 def queue_view(server) -> dict:
     """GET /queue as {user: row}."""
-    body = httpx.get(f"{server.root}/queue", headers={"Authorization": "Bearer key-alice"}, timeout=10).json()
-    return {row["user"]: row for row in body["users"]}
-
-
-async def wait_for(predicate, what: str, limit_s: float = 60) -> None:
-    """Poll until `predicate()` holds (a guard against hanging, not a timing assertion)."""
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def idle(server) -> None:
-    """Wait until no user has anything running or waiting (tests start from an empty server)."""
-    await wait_for(lambda: all(r["running"] + r["waiting"] == 0 for r in queue_view(server).values()), "idle")
+    return queue_users(server, "key-alice")
 
 
 def test_light_user_is_not_stuck_behind_a_burst(server):
     """Alice sends 12 requests of 150 tokens, then Bob one of 5: Bob finishes before Alice's 4th does."""
     async def main():
-        await idle(server)
+        await wait_idle(server, "key-alice")
         alice, bob = client(server, "key-alice"), client(server, "key-bob")
         done: list[str] = []
 
@@ -96,7 +80,7 @@ def test_two_backlogged_users_take_turns(server):
     """Alice queues 6 equal requests, then Bob 6: from Bob's arrival on, completions alternate
     between them (FIFO would finish all of Alice's waiting requests first)."""
     async def main():
-        await idle(server)
+        await wait_idle(server, "key-alice")
         alice, bob = client(server, "key-alice"), client(server, "key-bob")
         done: list[str] = []
         kw = {"max_tokens": 40, "temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -143,7 +127,7 @@ def test_queue_and_metrics_show_users_not_texts(server):
 def test_slots_name_the_user_of_each_running_request(server):
     """While Carol's request runs, its slot in /slots says `user: carol`."""
     async def main():
-        await idle(server)
+        await wait_idle(server, "key-alice")
         carol = client(server, "key-carol")
         stream = await carol.completions.create(model="tiny", prompt="slot owner", stream=True, **LONG)
         async for _ in stream:
@@ -159,7 +143,7 @@ def test_slots_name_the_user_of_each_running_request(server):
 def test_over_max_concurrent_is_429_with_retry_after(server):
     """Carol may have one request at once: a second while the first streams is a 429."""
     async def main():
-        await idle(server)
+        await wait_idle(server, "key-alice")
         carol = client(server, "key-carol")
         stream = await carol.completions.create(model="tiny", prompt="first", stream=True, **LONG)
         async for _ in stream:
@@ -194,7 +178,7 @@ def test_over_tokens_per_minute_is_429_until_the_window_passes(server):
 def test_over_max_queued_is_429(server):
     """Erin may have one request waiting: with both slots taken, her second waiting one is a 429."""
     async def main():
-        await idle(server)
+        await wait_idle(server, "key-alice")
         alice, erin = client(server, "key-alice"), client(server, "key-erin")
         hold = [asyncio.create_task(alice.completions.create(model="tiny", prompt=f"hold {i}", **LONG))
                 for i in range(2)]
@@ -229,7 +213,7 @@ def test_a_waiting_stream_is_told_its_place(server):
     """With both slots busy, a stream's first lines are a `: queued position N` comment; the
     OpenAI client ignores it and reads the stream whole."""
     async def main():
-        await idle(server)
+        await wait_idle(server, "key-alice")
         alice = client(server, "key-alice")
         hold = [asyncio.create_task(alice.completions.create(model="tiny", prompt=f"hold {i}", **LONG))
                 for i in range(2)]
@@ -268,7 +252,7 @@ def test_a_request_without_a_known_key_is_401(server):
 def test_priority_orders_one_users_waiting_requests(server):
     """Alice's two waiting requests: the one with the lower `priority` value gets the next slot."""
     async def main():
-        await idle(server)
+        await wait_idle(server, "key-alice")
         alice = client(server, "key-alice")
         done: list[str] = []
 

@@ -6,59 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from onebit.backends.base import Backend, EngineStats, GenerateRequest
+from onebit.backends.base import GenerateRequest
 from onebit.engine.outputs import StepDelta
 from onebit.engine.sampling_params import SamplingParams
 from onebit.router import Router
 
-
-class CountingBackend(Backend):
-    """A fake whose token at each position is the position itself, one token per `delay` s, up to
-    max_tokens: a stream continued anywhere from prompt + tokens so far reads as one count."""
-
-    kind = "fake"
-
-    def __init__(self, name: str, capacity: int, delay: float):
-        self.name, self.capacity, self.delay = name, capacity, delay
-        self.requests: list[GenerateRequest] = []
-        self.aborted = 0
-        self.active = 0
-
-    @property
-    def state(self) -> str:
-        return "ready"
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    async def generate(self, request: GenerateRequest):
-        self.requests.append(request)
-        self.active += 1
-        assert self.active <= self.capacity, "router overfilled a backend"
-        start, n = len(request.prompt_token_ids), request.params.max_tokens
-        finished = False
-        try:
-            for i in range(n):
-                await asyncio.sleep(self.delay)
-                finished = i == n - 1
-                yield StepDelta(request.request_id, [start + i], f"<{start + i}>", finished,
-                                "length" if finished else None, num_prompt_tokens=start, num_output_tokens=i + 1)
-        finally:
-            self.active -= 1
-            if not finished:
-                self.aborted += 1
-
-    async def abort(self, request_id: str) -> None:
-        pass
-
-    def slots(self):
-        return []
-
-    def stats(self):
-        return EngineStats()
+from router_fakes import CountingBackend
 
 
 async def _consume(router: Router, i: int, max_tokens: int) -> list[StepDelta]:

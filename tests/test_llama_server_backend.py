@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from server_utils import openai_clients, pid_alive, start_server, stop_server
+from server_utils import openai_clients, pid_alive, server_props, start_server, stop_server, wait_backends_ready
 from kill_mid_stream import completion_body, migrated_requests, run_streams
-from test_adaptive_e2e import _props, _streams, _wait_all_ready
+from test_adaptive_e2e import _streams
 
 from onebit.backends.llama_server_build import BuildPlan, default_cache_dir
 from onebit.testing.gguf_export import export_gguf  # the one import of the exporter (it may move to onebit.testing)
@@ -99,7 +99,7 @@ def test_openai_sdk_streams_and_non_streams_the_reference_tokens(server, tiny_mo
 
 
 def test_slots_props_and_metrics_show_the_child(server):
-    props = _props(server)
+    props = server_props(server)
     (backend,) = props["backends"]
     assert (backend["name"], backend["kind"], backend["capacity"], backend["state"]) == (
         "llama-server-0", "llama-server", 2, "ready")
@@ -111,7 +111,7 @@ def test_slots_props_and_metrics_show_the_child(server):
     client, _ = openai_clients(server)
     client.completions.create(model="tiny", prompt="count", max_tokens=7, extra_body={"ignore_eos": True})
     # The child's own counters arrive with its next poll (every 2 s).
-    _wait(lambda: _props(server)["backends"][0]["stats"].get("llamacpp_tokens_predicted_total", 0) >= 7,
+    _wait(lambda: server_props(server)["backends"][0]["stats"].get("llamacpp_tokens_predicted_total", 0) >= 7,
           "the child's tokens_predicted counter")
     metrics = httpx.get(f"{server.root}/metrics").text
     assert 'onebit:backend_up{backend="llama-server-0"} 1.0' in metrics
@@ -123,16 +123,16 @@ def test_router_counts_the_childs_slots(server):
     # Every stream completes in full, and no poll of the router's own count ever saw more than the
     # child's 2 slots reserved (a poll can miss the peak when streams are fast, so no lower bound).
     assert counts == [200] * 5 and set(peak) == {"llama-server-0"} and peak["llama-server-0"] <= 2
-    assert _props(server)["backends"][0]["in_flight"] == 0
+    assert server_props(server)["backends"][0]["in_flight"] == 0
 
 
 def test_killed_child_moves_its_stream_to_the_restarted_one(server):
-    victim = _props(server)["backends"][0]["pid"]
+    victim = server_props(server)["backends"][0]["pid"]
     # The only backend dies mid-stream: the stream waits for the restarted child and goes on there.
     (result,) = run_streams(server.root, [completion_body("long story", 1000)], kill=victim)
     assert result.status == 200 and not result.errors and result.done, result.events[-3:]
     assert result.finish_reasons == ["length"] and result.usage["completion_tokens"] == 1000
-    backend = _wait(lambda: (b := _props(server)["backends"][0])["state"] == "ready" and b["pid"] != victim and b,
+    backend = _wait(lambda: (b := server_props(server)["backends"][0])["state"] == "ready" and b["pid"] != victim and b,
                     "the restarted child")
     assert backend["restarts"] >= 1 and not pid_alive(victim)
     counts, _ = asyncio.run(_streams(server, 2, 10))
@@ -140,7 +140,7 @@ def test_killed_child_moves_its_stream_to_the_restarted_one(server):
 
 
 def test_kill_9_of_1bit_leaves_no_llama_server(server):
-    child = _wait_all_ready(server)[0]["pid"]
+    child = wait_backends_ready(server)[0]["pid"]
     os.kill(server.proc.pid, signal.SIGKILL)
     server.proc.wait(10)
     _wait(lambda: not pid_alive(child), "the orphaned llama-server to die", timeout=10)
@@ -194,13 +194,13 @@ def adaptive(request, llama_server_bin, tiny_model_dir, tiny_gguf):
 
 def test_adaptive_twelve_streams_fill_both_backends(adaptive):
     server, names = adaptive
-    backends = _wait_all_ready(server)
+    backends = wait_backends_ready(server)
     assert [(b["name"], b["capacity"]) for b in backends] == [(names[0], 4), (names[1], 8)]
     before = {b["name"]: b["served"] for b in backends}
     # 300 tokens each: a llama-server child is fast enough to finish a shorter request before the
     # burst's last one arrives, which would then find a free primary slot.
     counts, _ = asyncio.run(_streams(server, 12, 300))
-    after = {b["name"]: b["served"] for b in _props(server)["backends"]}
+    after = {b["name"]: b["served"] for b in server_props(server)["backends"]}
     assert counts == [300] * 12
     # The router's own counts: a request goes on to the overflow only while the primary holds 4, so 8
     # there means the primary was full. (The peak seen by polling /props can miss short requests.)
@@ -219,10 +219,11 @@ def test_adaptive_greedy_streams_survive_kill_9_of_their_backend(adaptive):
     n = 200 if names[0] == "native-0" else 1000
     bodies = [completion_body(f"story number {i}", n) for i in range(4)]
     reference = run_streams(server.root, bodies)
-    victim = _wait_all_ready(server)[0]["pid"]
+    victim = wait_backends_ready(server)[0]["pid"]
     # The reference streams' slots are released just after their clients read the end: until then a new
     # request could overflow to the other backend and never be on the victim (failed once in CI: 3 == 4).
-    _wait(lambda: all(b["in_flight"] == 0 for b in _props(server)["backends"]), "no request in flight", timeout=30)
+    _wait(lambda: all(b["in_flight"] == 0 for b in server_props(server)["backends"]), "no request in flight",
+          timeout=30)
     migrated = migrated_requests(server.log())
     results = run_streams(server.root, bodies, kill=victim)
     assert len(migrated_requests(server.log()) - migrated) == 4  # each stream moved
@@ -231,17 +232,17 @@ def test_adaptive_greedy_streams_survive_kill_9_of_their_backend(adaptive):
         assert got.finish_reasons == ["length"] and got.usage["completion_tokens"] == n
         assert got.text == ref.text
     assert httpx.get(f"{server.root}/health").status_code == 200
-    backends = _wait_all_ready(server)
+    backends = wait_backends_ready(server)
     assert backends[0]["pid"] != victim and backends[0]["restarts"] >= 1 and not pid_alive(victim)
-    before = _props(server)["backends"][0]["served"]
+    before = server_props(server)["backends"][0]["served"]
     counts, _ = asyncio.run(_streams(server, 4, 30))
     # The router's own count (a peak seen by polling /props could miss requests this short).
-    assert counts == [30] * 4 and _props(server)["backends"][0]["served"] - before == 4
+    assert counts == [30] * 4 and server_props(server)["backends"][0]["served"] - before == 4
 
 
 def test_adaptive_kill_9_of_1bit_leaves_no_child(adaptive):
     server, _ = adaptive
-    children = [b["pid"] for b in _wait_all_ready(server)]
+    children = [b["pid"] for b in wait_backends_ready(server)]
     os.kill(server.proc.pid, signal.SIGKILL)
     server.proc.wait(10)
     _wait(lambda: not any(pid_alive(p) for p in children), "every child to die", timeout=10)

@@ -3,12 +3,9 @@ stream completes on the other worker (or the restarted one) with exactly the und
 
 from __future__ import annotations
 
-import time
-
-import httpx
 import pytest
 from kill_mid_stream import completion_body, migrated_requests, run_streams
-from server_utils import start_server, stop_server
+from server_utils import running_server, wait_backends_ready
 
 ARGS = ("--adaptive", "--adaptive-at", "4", "--adaptive-slots", "4", "--backend", "native:cpu",
         "--backend", "native:cpu", "--ctx-size", "1024", "--alias", "tiny", "--backend-timeout", "10")
@@ -17,31 +14,14 @@ MAX_TOKENS = 200
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    server = start_server(tiny_model_dir, *ARGS)
-    try:
-        yield server
-    finally:
-        stop_server(server)
-
-
-def _backends(server) -> list[dict]:
-    return httpx.get(f"{server.root}/props", timeout=10).json()["backends"]
-
-
-def _ready(server, timeout: float = 60) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        backends = _backends(server)
-        if all(b["state"] == "ready" for b in backends):
-            return backends
-        time.sleep(0.1)
-    raise AssertionError(f"backends not ready: {_backends(server)}\n{server.log()}")
+    with running_server(tiny_model_dir, *ARGS) as s:
+        yield s
 
 
 def _kill_primary_mid_stream(server, bodies: list[dict]):
     """The undisturbed streams, then the same streams with the primary killed while they run."""
     reference = run_streams(server.root, bodies)
-    backends = _ready(server)
+    backends = wait_backends_ready(server)
     assert [b["in_flight"] for b in backends] == [0, 0]
     migrated = migrated_requests(server.log())
     results = run_streams(server.root, bodies, kill=backends[0]["pid"])
@@ -59,11 +39,11 @@ def _assert_same_complete_streams(reference, results) -> None:
 
 def test_greedy_streams_survive_kill_9_of_their_worker(server):
     bodies = [completion_body(f"story number {i}", MAX_TOKENS) for i in range(4)]
-    victim = _ready(server)[0]["pid"]
+    victim = wait_backends_ready(server)[0]["pid"]
     reference, results = _kill_primary_mid_stream(server, bodies)
     _assert_same_complete_streams(reference, results)
     assert len({r.text for r in reference}) == 4  # four different texts, each continued exactly
-    backends = _ready(server)
+    backends = wait_backends_ready(server)
     assert backends[0]["pid"] != victim and backends[0]["restarts"] >= 1
 
 

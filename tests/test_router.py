@@ -8,37 +8,20 @@ import gc
 
 import pytest
 
-from onebit.backends.base import Backend, EngineStats, GenerateRequest
+from onebit.backends.base import GenerateRequest
 from onebit.engine.outputs import StepDelta
 from onebit.engine.sampling_params import SamplingParams
 from onebit.router import NoBackendAvailable, QueueFull, Router
 
+from router_fakes import StubBackend
 
-class FakeBackend(Backend):
+
+class FakeBackend(StubBackend):
     """Counts its own concurrent streams; each stream yields `steps` deltas."""
-
-    kind = "fake"
 
     def __init__(self, name: str, capacity: int, steps: int = 3):
         self.name, self.capacity, self.steps = name, capacity, steps
-        self._state = "ready"
         self.active = self.peak = self.total = 0
-        self.on_state_change = None
-
-    @property
-    def state(self) -> str:
-        return self._state
-
-    def set_state(self, state: str) -> None:
-        self._state = state
-        if self.on_state_change:
-            self.on_state_change()
-
-    async def start(self) -> None:
-        self.set_state("ready")
-
-    async def stop(self) -> None:
-        self.set_state("stopped")
 
     async def generate(self, request: GenerateRequest):
         self.active += 1
@@ -52,15 +35,6 @@ class FakeBackend(Backend):
                                 finish_reason="length" if i == self.steps - 1 else None)
         finally:
             self.active -= 1
-
-    async def abort(self, request_id: str) -> None:
-        pass
-
-    def slots(self):
-        return []
-
-    def stats(self):
-        return EngineStats()
 
 
 def _request(i: int) -> GenerateRequest:

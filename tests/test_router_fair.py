@@ -6,61 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from onebit.backends.base import Backend, EngineStats, GenerateRequest
+from onebit.backends.base import GenerateRequest
 from onebit.engine.outputs import StepDelta
 from onebit.engine.sampling_params import SamplingParams
 from onebit.router import Router
 
+from router_fakes import CountingBackend
+
 PROMPT = [7, 7]
 
 
-class CountBackend(Backend):
-    """A fake peer whose token at each position is the position itself (one per `delay` s), so a
-    stream continued from prompt + tokens so far reads as one count; it records what it was sent."""
-
-    kind = "remote"
-
-    def __init__(self, capacity: int, delay: float = 0.002):
-        self.name, self.capacity, self.delay = "fake", capacity, delay
-        self.requests: list[GenerateRequest] = []
-        self.active = 0
-        self.aborted = 0
-
-    @property
-    def state(self) -> str:
-        return "ready"
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    async def generate(self, request: GenerateRequest):
-        self.requests.append(request)
-        self.active += 1
-        assert self.active <= self.capacity, "router overfilled the backend"
-        start, n = len(request.prompt_token_ids), request.params.max_tokens
-        finished = False
-        try:
-            for i in range(n):
-                await asyncio.sleep(self.delay)
-                finished = i == n - 1
-                yield StepDelta(request.request_id, [start + i], f"<{start + i}>", finished,
-                                "length" if finished else None, num_prompt_tokens=start, num_output_tokens=i + 1)
-        finally:
-            self.active -= 1
-            if not finished:
-                self.aborted += 1
-
-    async def abort(self, request_id: str) -> None:
-        pass
-
-    def slots(self):
-        return []
-
-    def stats(self):
-        return EngineStats()
+def _peer(capacity: int) -> CountingBackend:
+    """A counting fake of a peer's kind (a url peer or a llama-server child)."""
+    return CountingBackend("fake", capacity, kind="remote")
 
 
 def _request(name: str, user: str, max_tokens: int, priority: int = 0) -> GenerateRequest:
@@ -85,13 +43,13 @@ def _assert_whole(deltas: list[StepDelta], max_tokens: int) -> None:
     assert all(d.num_prompt_tokens == len(PROMPT) for d in deltas)
 
 
-def _starts(backend: CountBackend) -> list[str]:
+def _starts(backend: CountingBackend) -> list[str]:
     return [r.request_id for r in backend.requests]
 
 
 def test_fair_line_serves_the_light_user_before_the_burst():
     """One slot: Alice's four requests are in line first, Bob's one comes next after her running one."""
-    backend = CountBackend(1)
+    backend = _peer(1)
     router = Router([backend], supervisor=None)
 
     async def go():
@@ -109,7 +67,7 @@ def test_fair_line_serves_the_light_user_before_the_burst():
 
 def test_priority_orders_one_users_line_only():
     """Alice's urgent request passes her other waiting one, not Bob's (who was served less)."""
-    backend = CountBackend(1)
+    backend = _peer(1)
     router = Router([backend], supervisor=None)
 
     async def go():
@@ -122,7 +80,7 @@ def test_priority_orders_one_users_line_only():
     assert asyncio.run(go()) == ["a0", "b0", "a2", "b1", "a1"]
 
 
-async def _preempt_scenario(router: Router, backend: CountBackend, urgent_user: str):
+async def _preempt_scenario(router: Router, backend: CountingBackend, urgent_user: str):
     """Alice's long priority-5 request runs; once it streamed 5 tokens, `urgent_user` sends a short
     priority -1 request. Returns (completion order, the long stream's deltas)."""
     await router.start()
@@ -148,7 +106,7 @@ async def _preempt_scenario(router: Router, backend: CountBackend, urgent_user: 
 
 
 def test_preemption_passes_the_slot_and_the_stream_continues_whole():
-    backend = CountBackend(1)
+    backend = _peer(1)
     router = Router([backend], supervisor=None, priority_preempt=True)
     done, deltas = asyncio.run(_preempt_scenario(router, backend, "alice"))
     assert done == ["urgent", "long"]
@@ -165,7 +123,7 @@ def test_preemption_passes_the_slot_and_the_stream_continues_whole():
 
 def test_another_users_priority_never_preempts():
     """Bob's priority -1 does not take Alice's slot: he waits for it to end."""
-    backend = CountBackend(1)
+    backend = _peer(1)
     router = Router([backend], supervisor=None, priority_preempt=True)
     done, deltas = asyncio.run(_preempt_scenario(router, backend, "bob"))
     assert done == ["long", "urgent"] and router.preemption.preemptions == 0 and backend.aborted == 0
@@ -174,7 +132,7 @@ def test_another_users_priority_never_preempts():
 
 def test_without_fair_share_priority_preempts_across_users():
     """One shared line (--no-fair-share): priority orders everyone's requests, so Bob's preempts."""
-    backend = CountBackend(1)
+    backend = _peer(1)
     router = Router([backend], supervisor=None, priority_preempt=True, fair=False)
     done, deltas = asyncio.run(_preempt_scenario(router, backend, "bob"))
     assert done == ["urgent", "long"] and router.preemption.preemptions == 1
@@ -182,7 +140,7 @@ def test_without_fair_share_priority_preempts_across_users():
 
 
 def test_without_the_flag_nothing_is_preempted():
-    backend = CountBackend(1)
+    backend = _peer(1)
     router = Router([backend], supervisor=None)
     done, deltas = asyncio.run(_preempt_scenario(router, backend, "alice"))
     assert done == ["long", "urgent"] and backend.aborted == 0
@@ -192,7 +150,7 @@ def test_without_the_flag_nothing_is_preempted():
 def test_the_least_urgent_latest_running_request_yields():
     """Two slots, Alice runs priorities 1 and 7 (started in that order) and a 7 again: an urgent
     request preempts the later priority-7 one; the others run on undisturbed."""
-    backend = CountBackend(2)
+    backend = _peer(2)
     router = Router([backend], supervisor=None, priority_preempt=True)
 
     async def go():

@@ -6,12 +6,11 @@ never time."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import openai
 import pytest
-from server_utils import start_server, stop_server
+from server_utils import queue_users, start_server, stop_server, wait_for, wait_idle
 
 LONG_TOKENS = 300  # the preemption test's long streams: far longer than the urgent request
 
@@ -38,36 +37,12 @@ def client(server) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
 
 
-def queue(server) -> dict:
-    """GET /queue."""
-    return httpx.get(f"{server.root}/queue", timeout=10).json()
-
-
-def users(server) -> dict:
-    """/queue's rows by user."""
-    return {row["user"]: row for row in queue(server)["users"]}
-
-
-async def wait_for(predicate, what: str, limit_s: float = 60) -> None:
-    """Poll until `predicate()` holds (a guard against hanging, not a timing assertion)."""
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def idle(server) -> None:
-    """Nothing running or waiting."""
-    await wait_for(lambda: all(r["running"] + r["waiting"] == 0 for r in users(server).values()), "idle")
-
-
 def test_url_and_native_slots_are_shared_fairly_and_show_who_waits(front):
     """Alice queues 6 long requests on the two slots (url, native), then Bob one short one: Bob finishes before
     Alice's 4th (first come first served: after all 6). While Alice waits, /queue shows her waiting
     requests and /slots names her on both slots."""
     async def main():
-        await idle(front)
+        await wait_idle(front)
         c = client(front)
         done: list[str] = []
 
@@ -77,8 +52,8 @@ def test_url_and_native_slots_are_shared_fairly_and_show_who_waits(front):
             done.append(user)
 
         burst = [asyncio.create_task(one("alice", i, 150)) for i in range(6)]
-        await wait_for(lambda: users(front).get("alice", {}).get("waiting", 0) >= 3, "alice's burst queued")
-        seen_queue = users(front)["alice"]
+        await wait_for(lambda: queue_users(front).get("alice", {}).get("waiting", 0) >= 3, "alice's burst queued")
+        seen_queue = queue_users(front)["alice"]
         seen_slots = httpx.get(f"{front.root}/slots", timeout=10).json()
         await one("bob", 0, 5)
         before_bob = done[:done.index("bob")].count("alice")
@@ -117,10 +92,10 @@ async def _preempt_one(server, priorities: tuple[int, int]):
     native one) with these priorities, then her priority -1 request. Returns the undisturbed runs, the
     disturbed ones, the completion order, the urgent response and the preemptions per backend."""
     prompts = ["the first long story", "the second long story"]
-    await idle(server)
+    await wait_idle(server)
     c = client(server)
     reference = await asyncio.gather(*(_stream(c, p, []) for p in prompts))
-    await idle(server)
+    await wait_idle(server)
     before = _preempted(server)
     done: list[str] = []
     chunks: list[list[str]] = [[] for _ in prompts]

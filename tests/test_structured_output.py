@@ -9,7 +9,7 @@ import json
 import jsonschema
 import openai
 import pytest
-from server_utils import openai_clients, running_server
+from server_utils import running_server
 
 ARGS = ("--ctx-size", "1024", "--parallel", "8", "--alias", "tiny")
 MESSAGES = [{"role": "user", "content": "describe a person"}]
@@ -42,12 +42,6 @@ def server(tiny_model_dir):
     """One server for the module."""
     with running_server(tiny_model_dir, *ARGS) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def clients(server):
-    """(sync, async) openai clients."""
-    return openai_clients(server)
 
 
 def _schema_format(strict: bool = True) -> dict:

@@ -35,18 +35,6 @@ def server(tiny_model_dir):
         yield s
 
 
-@pytest.fixture(scope="module")
-def clients(server):
-    """(sync, async) openai clients."""
-    return openai_clients(server)
-
-
-@pytest.fixture(scope="module")
-def client(clients):
-    """The sync openai client."""
-    return clients[0]
-
-
 def _ask(client, **options):
     return client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, max_tokens=200, **options)
 

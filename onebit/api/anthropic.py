@@ -9,7 +9,6 @@ message_stop. A failure mid-stream is an `error` event and the stream ends witho
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from typing import AsyncIterator
 
@@ -17,14 +16,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from onebit.api.anthropic_request import CountTokensRequest, MessagesRequest, messages_params, messages_prompt
-from onebit.api.errors import error_body
+from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS
 from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.single_choice import Outcome, deltas, run_whole, start
-from onebit.api.state import ServerState
-from onebit.protocol import Cancelled, InternalError, RequestError
+from onebit.api.state import ServerState, serving_state
+from onebit.protocol import Cancelled
 
-log = logging.getLogger("onebit.api")
 router = APIRouter()
 
 
@@ -60,10 +58,7 @@ async def _events(state: ServerState, rid: str, outcome: Outcome, ticket) -> Asy
             if delta.text:
                 yield event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": delta.text}})
     except Exception as error:
-        if not isinstance(error, RequestError):
-            log.exception("messages stream %s failed", rid)
-            error = InternalError("internal server error")
-        body = error_body(error)["error"]
+        body = error_body(as_request_error(error, f"messages stream {rid}"))["error"]
         yield event("error", {"error": {"type": body["type"], "message": body["message"]}})
         return
     reason, word = _stop_reason(state, outcome)
@@ -76,9 +71,7 @@ async def _events(state: ServerState, rid: str, outcome: Outcome, ticket) -> Asy
 @router.post("/v1/messages", response_model=None, responses=ERROR_RESPONSES)
 async def messages(request: MessagesRequest, http: Request):
     """A message from the model: one JSON `message` object, or its event stream with `stream: true`."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     text, ids = messages_prompt(state, request)
     params = messages_params(state, request)
     rid = f"msg_{uuid.uuid4().hex}"
@@ -97,7 +90,5 @@ async def messages(request: MessagesRequest, http: Request):
 @router.post("/v1/messages/count_tokens", responses=ERROR_RESPONSES)
 async def count_tokens(request: CountTokensRequest, http: Request) -> dict:
     """How many input tokens these messages (and system prompt) take, without generating."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     return {"input_tokens": len(messages_prompt(state, request)[1])}

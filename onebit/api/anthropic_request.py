@@ -7,10 +7,10 @@ from typing import Any, Literal, Union
 
 from pydantic import Field
 
-from onebit.api.prepare import render_chat, sampling_params
+from onebit.api.prepare import rendered_prompt, sampling_params
 from onebit.api.protocol import ChatMessage, SamplingFields, _Lenient
 from onebit.api.state import ServerState
-from onebit.protocol import InvalidRequest, SamplingParams, check_prompt
+from onebit.protocol import InvalidRequest, SamplingParams
 
 
 class ContentBlock(_Lenient):
@@ -74,9 +74,7 @@ def chat_messages(request: CountTokensRequest) -> list[ChatMessage]:
 
 def messages_prompt(state: ServerState, request: CountTokensRequest) -> tuple[str, list[int]]:
     """The rendered prompt and its token ids (a final assistant turn is continued, as Anthropic does)."""
-    text = render_chat(state, chat_messages(request))
-    ids = state.tokenizer.encode(text, add_special_tokens=False)
-    return text, check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, "messages")
+    return rendered_prompt(state, chat_messages(request), "messages")
 
 
 def messages_params(state: ServerState, request: MessagesRequest) -> SamplingParams:

@@ -1,6 +1,6 @@
 """OpenAI-shaped errors: `{"error": {"message", "type", "param", "code", ...}}` with the right status.
 
-Every failure is one of the shared exception types (`onebit.protocol.errors`, plus the three
+Every failure is one of the shared exception types (`onebit.protocol.errors`, plus the four
 HTTP-only kinds below); `ERRORS` is the one table that maps each kind to its HTTP status,
 error type and default code. The type is OpenAI's, except context overflow, which keeps
 llama-server's `exceed_context_size_error` (with `n_prompt_tokens` and `n_ctx` beside it) and
@@ -76,6 +76,16 @@ def error_body(error: RequestError) -> dict:
     body = {"message": error.message, "type": type_, "param": error.param, "code": error.code or code}
     body.update(error.fields())
     return {"error": body}
+
+
+def as_request_error(error: Exception, what: str) -> RequestError:
+    """What a client is told about a failure: `error` itself when it is one of ours; anything else is a
+    bug, logged with its traceback as "`what` failed" and told as a plain internal error (call it
+    inside the `except` block, where the traceback is still at hand)."""
+    if isinstance(error, RequestError):
+        return error
+    log.exception("%s failed", what)
+    return InternalError("internal server error")
 
 
 def error_response(error: RequestError) -> JSONResponse:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from onebit.api.metric_table import labelled_families
 from onebit.api.user_metrics import UserCollector
+
+if TYPE_CHECKING:
+    from onebit.engine.outputs import EngineStats
+    from onebit.router import Route
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -45,6 +52,29 @@ class _SpecFamilies:
         return (self.drafted, self.accepted, self.drafted_pos, self.accepted_pos, self.steps, self.draft_steps)
 
 
+class _BackendRow(NamedTuple):
+    """One backend at scrape time: its route and the engine stats it reported."""
+
+    route: Route
+    stats: EngineStats
+
+
+_BACKEND_COLUMNS = (
+    (GaugeMetricFamily, "onebit:num_requests_running", "Requests in the engine's running batch",
+     lambda row: row.stats.num_running),
+    (GaugeMetricFamily, "onebit:num_requests_waiting", "Requests waiting inside the engine",
+     lambda row: row.stats.num_waiting),
+    (GaugeMetricFamily, "onebit:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)",
+     lambda row: row.stats.kv_usage),
+    (GaugeMetricFamily, "onebit:kv_cache_blocks", "KV cache blocks in the pool", lambda row: row.stats.num_kv_blocks),
+    (CounterMetricFamily, "onebit:num_preemptions", "Sequences preempted for lack of KV blocks",
+     lambda row: row.stats.num_preemptions),
+    (GaugeMetricFamily, "onebit:router_in_flight", "Slots reserved by the router", lambda row: row.route.in_flight),
+    (GaugeMetricFamily, "onebit:backend_up", "1 when the backend serves",
+     lambda row: 1.0 if row.route.backend.state == "ready" else 0.0),
+)
+
+
 class _BackendCollector:
     """Reads the router's per-backend engine stats at scrape time."""
 
@@ -53,34 +83,14 @@ class _BackendCollector:
 
     def collect(self):
         """Yield one family per engine-side number, labelled by backend."""
-        running = GaugeMetricFamily("onebit:num_requests_running", "Requests in the engine's running batch",
-                                    labels=["backend"])
-        waiting = GaugeMetricFamily("onebit:num_requests_waiting", "Requests waiting inside the engine",
-                                    labels=["backend"])
-        kv = GaugeMetricFamily("onebit:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)",
-                               labels=["backend"])
-        blocks = GaugeMetricFamily("onebit:kv_cache_blocks", "KV cache blocks in the pool", labels=["backend"])
-        preempt = CounterMetricFamily("onebit:num_preemptions", "Sequences preempted for lack of KV blocks",
-                                      labels=["backend"])
-        in_flight = GaugeMetricFamily("onebit:router_in_flight", "Slots reserved by the router",
-                                      labels=["backend"])
-        up = GaugeMetricFamily("onebit:backend_up", "1 when the backend serves", labels=["backend"])
+        rows = [(route.name, _BackendRow(route, route.backend.stats())) for route in self.router.routes]
         spec = _SpecFamilies()
-        for route in self.router.routes:
-            name = route.name
-            stats = route.backend.stats()
-            running.add_metric([name], stats.num_running)
-            waiting.add_metric([name], stats.num_waiting)
-            kv.add_metric([name], stats.kv_usage)
-            blocks.add_metric([name], stats.num_kv_blocks)
-            preempt.add_metric([name], stats.num_preemptions)
-            in_flight.add_metric([name], route.in_flight)
-            up.add_metric([name], 1.0 if route.backend.state == "ready" else 0.0)
-            if stats.spec is not None:
-                spec.add(name, stats.spec)
+        for name, row in rows:
+            if row.stats.spec is not None:
+                spec.add(name, row.stats.spec)
         queued = GaugeMetricFamily("onebit:num_requests_queued", "Requests waiting in the router for a slot")
         queued.add_metric([], self.router.queue_size)
-        yield from (running, waiting, kv, blocks, preempt, in_flight, up, queued, *spec.families())
+        yield from (*labelled_families("backend", _BACKEND_COLUMNS, rows), queued, *spec.families())
 
 
 class Metrics:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from onebit.api.errors import error_body
+from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatters import Collected, Formatter
 from onebit.api.formatting import SSE_DONE, SSE_HEADERS, ChunkWriter, sse
 from onebit.api.admission import admit
@@ -22,19 +21,18 @@ from onebit.api.generation import Choice, TokenCounter, merge_choices
 from onebit.api.protocol import SamplingFields
 from onebit.api.queue_notice import queue_notices
 from onebit.api.state import ServerState
-from onebit.protocol import Cancelled, InternalError, RequestError
+from onebit.protocol import Cancelled
 from onebit.router import Ticket
 
-log = logging.getLogger("onebit.api")
 
-
-async def serve(http: Request, state: ServerState, fmt: Formatter, choices: list[Choice], *, stream: bool,
-                include_usage: bool, fields: SamplingFields | None = None) -> Response:
+async def serve(http: Request, state: ServerState, fmt: Formatter, choices: list[Choice],
+                request: SamplingFields) -> Response:
     """Admit the request and take its slots now (so a full queue is a 503, a key over its limits
     a 429, before any stream starts), then stream its chunks as SSE or answer with the whole
-    response. `fields` is the API request (its `user` and `priority`)."""
-    tickets = admit(http, state, choices, fields)
-    if stream:
+    response. `request` is the API request (its `stream`, `stream_options`, `user` and `priority`)."""
+    tickets = admit(http, state, choices, request)
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = stream_events(state, fmt, choices, tickets, include_usage)
         return StreamingResponse(guarded_sse(events, f"stream {fmt.rid}"), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
@@ -82,11 +80,8 @@ async def guarded_sse(events: AsyncIterator[str], what: str) -> AsyncIterator[st
             async for event in stream:
                 yield event
         yield SSE_DONE
-    except RequestError as error:
-        yield sse(error_body(error))
-    except Exception:
-        log.exception("%s failed", what)
-        yield sse(error_body(InternalError("internal server error")))
+    except Exception as error:
+        yield sse(error_body(as_request_error(error, what)))
 
 
 async def _until_disconnected(receive) -> None:

@@ -63,6 +63,14 @@ def render_chat(state: ServerState, messages: list[ChatMessage], tools=None, tem
     return text if prefill is None else text + prefill
 
 
+def rendered_prompt(state: ServerState, messages: list[ChatMessage], param: str) -> tuple[str, list[int]]:
+    """The chat template applied to `messages` (see `render_chat`) and the text's token ids, checked
+    against the vocabulary and the context; `param` names the request field an error points at."""
+    text = render_chat(state, messages)
+    ids = state.tokenizer.encode(text, add_special_tokens=False)
+    return text, check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, param)
+
+
 def check_ids(state: ServerState, ids: list[int], param: str) -> None:
     """400 unless every id is inside the vocabulary."""
     for token in ids:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from onebit.api.prepare import render_chat, sampling_params
+from onebit.api.prepare import rendered_prompt, sampling_params
 from onebit.api.protocol import ChatMessage, SamplingFields, _Lenient
 from onebit.api.state import ServerState
-from onebit.protocol import InvalidRequest, SamplingParams, check_prompt
+from onebit.protocol import InvalidRequest, SamplingParams
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 ROLES = ("user", "assistant", "system", "developer")
@@ -63,9 +63,7 @@ def input_messages(request: ResponsesRequest) -> list[ChatMessage]:
 
 def responses_prompt(state: ServerState, request: ResponsesRequest) -> tuple[str, list[int]]:
     """The rendered prompt and its token ids."""
-    text = render_chat(state, input_messages(request))
-    ids = state.tokenizer.encode(text, add_special_tokens=False)
-    return text, check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, "input")
+    return rendered_prompt(state, input_messages(request), "input")
 
 
 def responses_params(state: ServerState, request: ResponsesRequest) -> SamplingParams:

@@ -14,6 +14,7 @@ from onebit.api.prepare import chat_prompt, chat_sampling_params
 from onebit.api.protocol import ChatCompletionRequest, ErrorResponse
 from onebit.api.reasoning import prompt_opens_reasoning
 from onebit.api.responses import ChatCompletionResponse
+from onebit.api.state import serving_state
 from onebit.api.tool_calls import plan_tools
 
 router = APIRouter()
@@ -27,9 +28,7 @@ ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 41
 @router.post("/chat/completions", response_model=None, include_in_schema=False)  # base_url without /v1
 async def chat_completions(request: ChatCompletionRequest, http: Request):
     """Chat completion: a JSON response, or an SSE stream with `stream: true`."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     tools = plan_tools(state, request)
     prompt_text, ids = chat_prompt(state, request, tools.tools)
     params = chat_sampling_params(state, request, tools.grammar)
@@ -39,6 +38,4 @@ async def chat_completions(request: ChatCompletionRequest, http: Request):
     choices = [Choice(i, ids, p, f"{rid}-{i}", prompt_text) for i, p in enumerate(params)]
     split = (request.reasoning_format or state.reasoning_format) != "none"
     fmt = ChatFormatter(state, rid, choices, split, split and prompt_opens_reasoning(prompt_text), tools)
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return await serve(http, state, fmt, choices, stream=request.stream, include_usage=include_usage,
-                       fields=request)
+    return await serve(http, state, fmt, choices, request)

@@ -13,6 +13,7 @@ from onebit.api.prepare import completion_prompt_texts, completion_prompts, comp
 from onebit.api.protocol import CompletionRequest
 from onebit.api.responses import CompletionResponse
 from onebit.api.routes_chat import ERROR_RESPONSES
+from onebit.api.state import serving_state
 
 router = APIRouter()
 
@@ -23,9 +24,7 @@ router = APIRouter()
 @router.post("/completions", response_model=None, include_in_schema=False)  # base_url without /v1
 async def completions(request: CompletionRequest, http: Request):
     """Text completion: a JSON response, or an SSE stream with `stream: true`."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     prompts = completion_prompts(state, request)
     texts = completion_prompt_texts(request)
     if request.suffix is not None:  # the prompt sent is the FIM prompt, not the text the client sent
@@ -36,6 +35,4 @@ async def completions(request: CompletionRequest, http: Request):
     choices = [Choice(p * n + j, ids, sp, f"{rid}-{p * n + j}", texts[p])
                for p, ids in enumerate(prompts) for j, sp in enumerate(params)]
     fmt = CompletionFormatter(state, rid, choices, n, request.return_token_ids, request.echo)
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return await serve(http, state, fmt, choices, stream=request.stream, include_usage=include_usage,
-                       fields=request)
+    return await serve(http, state, fmt, choices, request)

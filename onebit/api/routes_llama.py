@@ -9,14 +9,13 @@ error event and no `stop: true` event, so it never looks finished.
 from __future__ import annotations
 
 import contextlib
-import logging
 import uuid
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from onebit.api.errors import error_body
+from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS, sse
 from onebit.api.generation import Choice, TokenCounter, merge_choices, take_tickets
 from onebit.api.llama_fields import completion_probabilities, generation_settings, stop_fields
@@ -24,10 +23,9 @@ from onebit.api.llama_request import (InfillRequest, LlamaCompletionRequest, fim
                                       llama_sampling_params)
 from onebit.api.pipeline import unless_disconnected
 from onebit.api.routes_chat import ERROR_RESPONSES
-from onebit.api.state import ServerState
-from onebit.protocol import Cancelled, InternalError, RequestError, StepDelta
+from onebit.api.state import ServerState, serving_state
+from onebit.protocol import Cancelled, StepDelta
 
-log = logging.getLogger("onebit.api")
 router = APIRouter()
 
 
@@ -98,11 +96,8 @@ async def _events(state: ServerState, request: LlamaCompletionRequest, choices: 
                     yield sse(event)
                 if delta.finished:
                     yield sse(_final(state, request, results[index], counter, ""))
-    except RequestError as error:
-        yield sse(error_body(error))
-    except Exception:
-        log.exception("llama-style stream failed")
-        yield sse(error_body(InternalError("internal server error")))
+    except Exception as error:
+        yield sse(error_body(as_request_error(error, "llama-style stream")))
 
 
 async def _serve(http: Request, state: ServerState, request: LlamaCompletionRequest, prompts, rid: str):
@@ -122,18 +117,14 @@ async def _serve(http: Request, state: ServerState, request: LlamaCompletionRequ
 @router.post("/completion", response_model=None, responses=ERROR_RESPONSES)
 async def completion(request: LlamaCompletionRequest, http: Request):
     """llama-server's completion: a JSON object (a list for several prompts), or its SSE stream."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     return await _serve(http, state, request, llama_prompts(state, request.prompt), f"cmpl-{uuid.uuid4().hex}")
 
 
 @router.post("/infill", response_model=None, responses=ERROR_RESPONSES)
 async def infill(request: InfillRequest, http: Request):
     """Fill in the middle between `input_prefix` and `input_suffix` (models with FIM tokens only)."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     return await _serve(http, state, request, [fim_prompt(state, request)], f"infill-{uuid.uuid4().hex}")
 
 

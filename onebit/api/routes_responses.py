@@ -10,7 +10,6 @@ max_output_tokens cut it). A failure mid-stream is an `error` event, and nothing
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from typing import AsyncIterator
@@ -18,15 +17,14 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from onebit.api.errors import error_body
+from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS
 from onebit.api.responses_request import ResponsesRequest, responses_params, responses_prompt
 from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.single_choice import Outcome, deltas, run_whole, start
-from onebit.api.state import ServerState
-from onebit.protocol import Cancelled, InternalError, RequestError
+from onebit.api.state import ServerState, serving_state
+from onebit.protocol import Cancelled
 
-log = logging.getLogger("onebit.api")
 router = APIRouter()
 
 
@@ -92,10 +90,7 @@ async def _events(shapes: _Shapes, ticket) -> AsyncIterator[str]:
             if delta.text:
                 yield event("response.output_text.delta", delta=delta.text, logprobs=[], **where)
     except Exception as error:
-        if not isinstance(error, RequestError):
-            log.exception("responses stream %s failed", shapes.id)
-            error = InternalError("internal server error")
-        body = error_body(error)["error"]
+        body = error_body(as_request_error(error, f"responses stream {shapes.id}"))["error"]
         yield event("error", code=body["code"], message=body["message"], param=body["param"])
         return
     text = shapes.outcome.content
@@ -110,9 +105,7 @@ async def _events(shapes: _Shapes, ticket) -> AsyncIterator[str]:
 @router.post("/responses", response_model=None, include_in_schema=False)  # base_url without /v1
 async def responses(request: ResponsesRequest, http: Request):
     """A model response: one JSON `response` object, or its event stream with `stream: true`."""
-    state = http.app.state.server
-    state.require_ready()
-    state.check_model(request.model)
+    state = serving_state(http, request.model)
     text, ids = responses_prompt(state, request)
     params = responses_params(state, request)
     outcome, ticket = start(state, ids, params, f"resp-{uuid.uuid4().hex}", text)

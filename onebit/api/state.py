@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from fastapi import Request
+
 from onebit.api.limits import RateLimits
 from onebit.api.metrics import Metrics
 from onebit.protocol.errors import NotFound, Unavailable
@@ -70,3 +72,12 @@ class ServerState:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._piece_cache[token_id] = text
         return text
+
+
+def serving_state(http: Request, model: str | None) -> ServerState:
+    """The server's state for a request that generates with `model`: 503 unless the server can take
+    requests, 404 when it does not serve that model (see `ServerState.check_model`)."""
+    state = http.app.state.server
+    state.require_ready()
+    state.check_model(model)
+    return state

@@ -9,7 +9,8 @@ from typing import AsyncIterator, Callable
 from onebit.engine.outputs import EngineStats, SlotInfo  # re-exported for backends
 from onebit.protocol import GenerateRequest, InternalError, StepDelta
 
-__all__ = ["Backend", "BackendError", "EngineStats", "GenerateRequest", "SlotInfo", "StepDelta", "coalesced"]
+__all__ = ["Backend", "BackendError", "EngineStats", "GenerateRequest", "SlotInfo", "StatefulBackend", "StepDelta",
+           "coalesced"]
 
 
 class BackendError(InternalError):
@@ -97,3 +98,20 @@ class Backend(abc.ABC):
     def info(self) -> dict:
         """What /props shows about this backend."""
         return {"name": self.name, "kind": self.kind, "capacity": self.capacity, "state": self.state}
+
+
+class StatefulBackend(Backend):
+    """A backend that keeps its state in `_state` and calls `on_state_change()` on every change."""
+
+    _state: str = "stopped"
+
+    @property
+    def state(self) -> str:
+        """One of "loading", "ready", "down", "stopped"."""
+        return self._state
+
+    def _set_state(self, state: str) -> None:
+        if state != self._state:
+            self._state = state
+            if self.on_state_change is not None:
+                self.on_state_change()

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Callable
 
 import httpx
 
-from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, SlotInfo
+from onebit.backends.base import BackendError, EngineStats, GenerateRequest, SlotInfo, StatefulBackend
 from onebit.backends.heartbeat import Heartbeat
 from onebit.backends.llama_server_child import LlamaServerChild, check_binary, draft_flags
 from onebit.backends.remote import RemoteBackend
@@ -43,7 +43,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-class LlamaServerBackend(Backend):
+class LlamaServerBackend(StatefulBackend):
     """A llama-server child with `capacity` slots serving the GGUF `model`.
 
     The child gets -m, --parallel, --ctx-size (`ctx_per_slot` x slots: llama-server splits its
@@ -93,20 +93,9 @@ class LlamaServerBackend(Backend):
     # ---- lifecycle -------------------------------------------------------
 
     @property
-    def state(self) -> str:
-        """One of "loading", "ready", "down", "stopped"."""
-        return self._state
-
-    @property
     def pid(self) -> int | None:
         """The child's process id, while it runs."""
         return self._child.pid if self._child is not None else None
-
-    def _set_state(self, state: str) -> None:
-        if state != self._state:
-            self._state = state
-            if self.on_state_change is not None:
-                self.on_state_change()
 
     async def start(self) -> None:
         """Start a fresh child (after ending any earlier one) and return once it serves."""

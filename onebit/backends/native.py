@@ -10,7 +10,7 @@ import multiprocessing as mp
 import os
 from typing import AsyncIterator, Callable
 
-from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, SlotInfo, coalesced
+from onebit.backends.base import BackendError, EngineStats, GenerateRequest, SlotInfo, StatefulBackend, coalesced
 from onebit.backends.heartbeat import Heartbeat
 from onebit.backends.native_worker import worker_main
 from onebit.backends.pipe_writer import PipeWriter
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 _STOP_GRACE_S = 5.0
 
 
-class NativeBackend(Backend):
+class NativeBackend(StatefulBackend):
     """Runs an LLMEngine in a spawned worker process (own GIL, owns the device).
 
     The worker sends one message per engine step with every request's delta; the
@@ -67,23 +67,12 @@ class NativeBackend(Backend):
     # ---- lifecycle -------------------------------------------------------
 
     @property
-    def state(self) -> str:
-        """One of "loading", "ready", "down", "stopped"."""
-        return self._state
-
-    @property
     def pid(self) -> int | None:
         """The worker's process id, while it runs."""
         return self._process.pid if self._process is not None else None
 
     def _idle_slots(self) -> list[SlotInfo]:
         return [SlotInfo(id=i, backend=self.name, is_processing=False) for i in range(self.capacity)]
-
-    def _set_state(self, state: str) -> None:
-        if state != self._state:
-            self._state = state
-            if self.on_state_change is not None:
-                self.on_state_change()
 
     async def start(self) -> None:
         """Spawn the worker and wait until the model is loaded; raise BackendError on failure.

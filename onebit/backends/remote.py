@@ -9,7 +9,7 @@ from typing import AsyncIterator, Callable
 
 import httpx
 
-from onebit.backends.base import Backend, BackendError, EngineStats, GenerateRequest, SlotInfo
+from onebit.backends.base import BackendError, EngineStats, GenerateRequest, SlotInfo, StatefulBackend
 from onebit.backends.heartbeat import Heartbeat
 from onebit.backends.remote_protocol import (StreamState, completion_body, error_from_body, final_delta, parse_chunk,
                                              sse_lines)
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 _LOADING_WAIT_S = 300.0  # how long start() waits for a peer that says it is still loading
 
 
-class RemoteBackend(Backend):
+class RemoteBackend(StatefulBackend):
     """Proxies requests to `url`'s /v1/completions with streaming, `capacity` at a time.
 
     The prompt goes as token ids (`prompt_mode="ids"`: the peer must serve the same
@@ -63,17 +63,6 @@ class RemoteBackend(Backend):
         self._heartbeat = Heartbeat(self._send_probe, self._on_silent, health_interval, health_timeout)
 
     # ---- lifecycle -------------------------------------------------------
-
-    @property
-    def state(self) -> str:
-        """One of "loading", "ready", "down", "stopped"."""
-        return self._state
-
-    def _set_state(self, state: str) -> None:
-        if state != self._state:
-            self._state = state
-            if self.on_state_change is not None:
-                self.on_state_change()
 
     def _new_client(self) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}

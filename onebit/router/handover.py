@@ -52,8 +52,7 @@ class HandOver:
             if stream is None:
                 return
             del self._streams[stream]
-            primary.in_flight += 1
-            primary.served += 1
+            lease = router.claim(primary, stream.request.user)  # counts the user as running there
             log.info("request %s: handing over from %s to %s (load fell to %d)", stream.request.request_id,
                      stream.backend, primary.name, router.in_flight)
-            stream.move_to(router._lease(primary, stream.request.user))  # counts the user as running there
+            stream.move_to(lease)

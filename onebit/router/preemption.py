@@ -82,14 +82,7 @@ class Preemption:
         head = next(((p, f) for p, f in router._waiters.waiting_in(line) if not f.done()), None)
         if head is None or head[0] >= stream.request.priority:
             return False
-        future = head[1]
-        user = router._waiters.user_of(future)
-        router._leave(future)
-        # The slot passes on without being freed: nobody else can take it in between.
-        lease.released = True
-        router._waiters.ended(lease.user)
-        router.users.ended(lease.user)
-        future.set_result(router._lease(lease.route, user))
+        router.pass_slot(lease, head[1])
         self.preemptions += 1
         lease.route.preempted += 1
         log.info("request %s (priority %d) yields its slot on %s to a request of priority %d of the same line; "

@@ -129,17 +129,25 @@ class Router:
 
     # ---- choose and reserve ----------------------------------------------
 
-    def _try_claim(self) -> Route | None:
-        """Pick and claim a slot in one synchronous step; None when all are full."""
+    def _free_route(self) -> Route | None:
+        """The route a new request goes to now; None when all are full (claim it before any `await`)."""
         order = self.routes
         if self.overflow == "switch" and self.in_flight >= self.routes[0].limit:
             order = self.routes[1:] + self.routes[:1]
         for route in order:
             if route.in_flight < route.limit and route.backend.state == "ready":
-                route.in_flight += 1
-                route.served += 1
                 return route
         return None
+
+    def claim(self, route: Route, user: str | None) -> Lease:
+        """Reserve one slot on `route` for `user` now, counting it as served there.
+
+        The caller has checked, with no `await` since, that the route has a free slot: the router
+        itself for a request it picked, the hand-over for a stream it moves to the primary.
+        """
+        route.in_flight += 1
+        route.served += 1
+        return self._lease(route, user)
 
     def _release(self, route: Route, user: str | None = None) -> None:
         self._waiters.ended(user)
@@ -158,13 +166,23 @@ class Router:
             if self._waiters.peek().done():  # cancelled while waiting (Ticket.close removes it too)
                 self._leave(self._waiters.peek())
                 continue
-            route = self._try_claim()
+            route = self._free_route()
             if route is None:
                 return
             future = self._waiters.peek()
             user = self._waiters.user_of(future)
             self._leave(future)
-            future.set_result(self._lease(route, user))
+            future.set_result(self.claim(route, user))
+
+    def pass_slot(self, lease: Lease, future: asyncio.Future) -> None:
+        """Give the slot `lease` holds straight to the waiting `future` (a preemption), without freeing it
+        in between, so nobody else can take it; `lease` counts as released."""
+        user = self._waiters.user_of(future)
+        self._leave(future)
+        lease.released = True
+        self._waiters.ended(lease.user)
+        self.users.ended(lease.user)
+        future.set_result(self._lease(lease.route, user))
 
     def _lease(self, route: Route, user: str | None) -> Lease:
         self._waiters.started(user)
@@ -212,9 +230,9 @@ class Router:
             raise NoBackendAvailable("no backend is available")
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         if front or not self.queue_size:
-            route = self._try_claim()
+            route = self._free_route()
             if route is not None:
-                future.set_result(self._lease(route, user))
+                future.set_result(self.claim(route, user))
                 return Ticket(future, self._leave)
         if not front and self.queue_size >= self.max_queue:
             raise QueueFull(f"all slots are busy and {self.max_queue} requests are waiting")
