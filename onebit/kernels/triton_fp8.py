@@ -15,8 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from onebit.kernels.triton_tiles import load_row_tiles, store_with_bias
-
 MAX_ROWS = 128
 # (BLOCK_N, BLOCK_K, num_warps): the default, and the candidates bench/gpu_fp8.py times. On the
 # H200 (32, 256, 4) and (32, 512, 4) were best at 1-16 rows, (32, 128, 4) at 64 and 128 rows
@@ -36,10 +34,14 @@ def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
     pid = tl.program_id(0)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < N
+    m_ok, n_ok = rm < M, rn < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        x, w = load_row_tiles(x_ptr, w_ptr, rm, rn, k0, M, N, K, stride_xm, stride_wn, BLOCK_K)
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if SCALE_BN == 0:
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
         else:
@@ -47,7 +49,10 @@ def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
             acc += tl.dot(x, tl.trans(w.to(x.dtype))) * s[None, :]
     if SCALE_BN == 0:
         acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    store_with_bias(acc, b_ptr, y_ptr, rm, rn, M, N, stride_ym, HAS_BIAS)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
 
 
 def weight_only(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
