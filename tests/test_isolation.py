@@ -138,3 +138,17 @@ def test_the_server_tokenizes_content_as_text(server, tiny_model_dir):
     assert out.usage.prompt_tokens == len(safe_ids)
     rendered = httpx.post(f"{server.root}/apply-template", json={"messages": messages}, timeout=10).json()["prompt"]
     assert len(tok.encode(rendered)) != len(safe_ids)
+
+
+def test_anthropic_and_responses_tokenize_content_as_text(server, tiny_model_dir):
+    """/v1/messages and /v1/responses render through the same safe tokenization as chat: the
+    special-token strings in the content stay text (their prompt had the naive count before)."""
+    tok = Tokenizer.from_dir(tiny_model_dir)
+    messages = [{"role": "user", "content": INJECTION}]
+    _, safe_ids = tok.chat_prompt_ids(messages)
+    counted = httpx.post(f"{server.root}/v1/messages/count_tokens", json={"model": "tiny", "messages": messages},
+                         timeout=30).json()["input_tokens"]
+    assert counted == len(safe_ids)
+    sync = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+    response = sync.responses.create(model="tiny", input=messages, max_output_tokens=2)
+    assert response.usage.input_tokens == len(safe_ids)

@@ -63,11 +63,17 @@ def render_chat(state: ServerState, messages: list[ChatMessage], tools=None, tem
     return text if prefill is None else text + prefill
 
 
-def rendered_prompt(state: ServerState, messages: list[ChatMessage], param: str) -> tuple[str, list[int]]:
-    """The chat template applied to `messages` (see `render_chat`) and the text's token ids, checked
-    against the vocabulary and the context; `param` names the request field an error points at."""
-    text = render_chat(state, messages)
-    ids = state.tokenizer.encode(text, add_special_tokens=False)
+def rendered_prompt(state: ServerState, messages: list[ChatMessage], param: str, tools: list[dict] | None = None,
+                    template_kwargs: dict | None = None) -> tuple[str, list[int]]:
+    """The chat template applied to `messages` (showing `tools`) and the prompt's token ids, checked
+    against the vocabulary and the context; `param` names the request field an error points at.
+    Special-token strings inside message content are tokenized as plain text (only the template
+    makes special tokens). A final assistant message is continued (see `_split_prefill`)."""
+    dicts, prefill = _split_prefill(messages, True)
+    text, ids = _template_call(lambda: state.tokenizer.chat_prompt_ids(
+        dicts, add_generation_prompt=True, tools=tools, **(template_kwargs or {})))
+    if prefill:  # the continued message is the client's text: no special tokens in it either
+        text, ids = text + prefill, ids + state.tokenizer.encode_plain(prefill)
     return text, check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, param)
 
 
@@ -79,15 +85,8 @@ def check_ids(state: ServerState, ids: list[int], param: str) -> None:
 
 def chat_prompt(state: ServerState, request: ChatCompletionRequest, tools: list[dict] | None = None
                 ) -> tuple[str, list[int]]:
-    """The rendered prompt text (showing `tools`) and its token ids; special-token strings inside
-    message content are tokenized as plain text (only the template makes special tokens). A final
-    assistant message is continued (see `_split_prefill`)."""
-    dicts, prefill = _split_prefill(request.messages, True)
-    text, ids = _template_call(lambda: state.tokenizer.chat_prompt_ids(
-        dicts, add_generation_prompt=True, tools=tools, **(request.chat_template_kwargs or {})))
-    if prefill:  # the continued message is the client's text: no special tokens in it either
-        text, ids = text + prefill, ids + state.tokenizer.encode_plain(prefill)
-    return text, check_prompt(ids, state.tokenizer.vocab_size, state.n_ctx, "messages")
+    """The chat request's rendered prompt text (showing `tools`) and its token ids (see `rendered_prompt`)."""
+    return rendered_prompt(state, request.messages, "messages", tools, request.chat_template_kwargs)
 
 
 def completion_prompts(state: ServerState, request: CompletionRequest) -> list[list[int]]:
