@@ -45,7 +45,7 @@ class Preemption:
         self.yielding: set["RoutedStream"] = set()  # asked to give up their slot at their next delta
 
     def _line(self, stream: "RoutedStream") -> str:
-        return self.router._waiters.line_of(stream.request.user)
+        return self.router.line_of(stream.request.user)
 
     def track(self, stream: "RoutedStream") -> None:
         """A stream started on a slot."""
@@ -63,7 +63,7 @@ class Preemption:
     def review(self, line: str) -> None:
         """Ask as many of the line's running streams to yield as it has waiting requests that would go
         before them: the i-th most urgent waiting request against the i-th least urgent running one."""
-        waiting = [p for p, future in self.router._waiters.waiting_in(line) if not future.done()]
+        waiting = [p for p, _ in self.router.waiting_in(line)]
         running = sorted((s for s in self._running if self._line(s) == line and s.can_yield),
                          key=lambda s: (s.request.priority, self._running[s]), reverse=True)
         victims = {s for s, p in zip(running, waiting) if p < s.request.priority}
@@ -79,7 +79,7 @@ class Preemption:
         self.yielding.discard(stream)
         router = self.router
         line = self._line(stream)
-        head = next(((p, f) for p, f in router._waiters.waiting_in(line) if not f.done()), None)
+        head = next(iter(router.waiting_in(line)), None)
         if head is None or head[0] >= stream.request.priority:
             return False
         router.pass_slot(lease, head[1])

@@ -200,6 +200,14 @@ class Router:
         self._waiters.charge(user, tokens)
         self.users.charge(user, tokens)
 
+    def line_of(self, user: str | None) -> str:
+        """The waiting line `user`'s requests join: their own under fair share, one shared line without."""
+        return self._waiters.line_of(user)
+
+    def waiting_in(self, line: str) -> list[tuple[int, asyncio.Future]]:
+        """(priority, future) of the requests still waiting in `line`, in the order they will be served."""
+        return [(p, f) for p, f in self._waiters.waiting_in(line) if not f.done()]
+
     def position(self, ticket: Ticket) -> int:
         """The ticket's estimated place in line (0 once it holds a slot)."""
         return self._waiters.position(ticket.future)
