@@ -106,7 +106,7 @@ class PeakMemory:
 def child(model: str, device: str, out: Path) -> None:
     """In a fresh process: load `model` in the engine, time it, record RSS, logits and decode speed."""
     import onebit.engine.build as llm_engine  # where the engine calls load_model
-    from onebit import LLM, SamplingParams
+    from onebit import LLM
     from tests.model_probe import all_logits
 
     record: dict = {"model": model, "rss_before_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
@@ -128,10 +128,19 @@ def child(model: str, device: str, out: Path) -> None:
     llm_engine.load_model = timed
     llm = LLM(model, device=device, parallel=64, ctx_size=512, dtype="bfloat16")
     torch.save(all_logits(llm, PROBE).float().cpu(), out)
+    record["decode_tok_s"] = decode_tok_s(llm, (1, 8, 64))
+    print(json.dumps(record))
+
+
+def decode_tok_s(llm, batches) -> dict[int, float]:
+    """Decode tokens/s of `llm` at each batch size: 64 new tokens after 128-token random prompts, the
+    time of a 1-token run with other prompts subtracted (prefill), after a short warm-up run."""
+    from onebit import SamplingParams
+
     rng = random.Random(0)
     vocab = llm.engine.model_config.vocab_size
     speed = {}
-    for b in (1, 8, 64):
+    for b in batches:
         def run(tokens: int) -> float:
             prompts = [[rng.randrange(1000, vocab) for _ in range(128)] for _ in range(b)]
             start = time.perf_counter()
@@ -139,8 +148,7 @@ def child(model: str, device: str, out: Path) -> None:
             return time.perf_counter() - start
         run(4)  # warm-up
         speed[b] = round(b * 64 / max(run(65) - run(1), 1e-9), 1)
-    record["decode_tok_s"] = speed
-    print(json.dumps(record))
+    return speed
 
 
 def run_child(model: Path, device: str, logits: Path) -> dict:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import subprocess
 import sys
@@ -218,7 +217,8 @@ def write_quantized(model, shape_dir: Path, out: Path, recipe: str) -> Path:
 
 def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: str, batches: list[int]) -> None:
     """In a fresh process: load, record logits of PROBE and decode tok/s at each batch size."""
-    from onebit import LLM, SamplingParams
+    from bench.gpu_gguf import decode_tok_s
+    from onebit import LLM
     from tests.model_probe import all_logits
 
     start = time.perf_counter()
@@ -227,18 +227,7 @@ def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: s
     record = {"start_s": time.perf_counter() - start,
               "gpu_gb": torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")}
     torch.save(all_logits(llm, PROBE).float().cpu(), logits_out)
-    rng = random.Random(0)
-    vocab = llm.engine.model_config.vocab_size
-    speed = {}
-    for b in batches:
-        def run(tokens: int) -> float:
-            prompts = [[rng.randrange(1000, vocab) for _ in range(128)] for _ in range(b)]
-            t0 = time.perf_counter()
-            llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
-            return time.perf_counter() - t0
-        run(4)  # warm-up
-        speed[b] = round(b * 64 / max(run(65) - run(1), 1e-9), 1)
-    record["decode_tok_s"] = speed
+    record["decode_tok_s"] = decode_tok_s(llm, batches)
     print(json.dumps(record))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from types import SimpleNamespace
 
 from onebit import LLM, SamplingParams
 from onebit.bench.online import requests_per_level
@@ -22,12 +23,10 @@ from onebit.bench.prompts import DEFAULT_RANDOM_IDS, make_prompts
 
 def bench_prompts(spec: str, levels: list[int], seed: int, warmup: int) -> list[list[int]]:
     """Every distinct token-id prompt the bench sends at these levels (warm-up included)."""
-    class _Cfg:  # what requests_per_level reads: the bench's defaults (no --requests, no --duration)
-        requests = None
-        duration_s = None
+    defaults = SimpleNamespace(requests=None, duration_s=None)  # the bench without --requests or --duration
     pools = [make_prompts(spec, max(warmup, 1), "completions", seed="warm-up", id_range=DEFAULT_RANDOM_IDS)]
     for c in levels:
-        pools.append(make_prompts(spec, requests_per_level(_Cfg, c), "completions", seed=seed + c,
+        pools.append(make_prompts(spec, requests_per_level(defaults, c), "completions", seed=seed + c,
                                   id_range=DEFAULT_RANDOM_IDS))
     seen, prompts = set(), []
     for pool in pools:

@@ -65,8 +65,11 @@ class Speculator:
         if self.policy is None:
             return [], False
         decoding = scheduler.decoding()
-        primary = self.primary(scheduler.running)
-        eligible = [seq for seq in decoding if seq in primary]
+        if self.max_running is None:
+            eligible = decoding
+        else:
+            primary = self.primary(scheduler.running)
+            eligible = [seq for seq in decoding if seq in primary]
         self.step_k = self.policy.choose(len(decoding), drafting=len(eligible)) if eligible else 0
         if not self.step_k:
             return [], False
