@@ -112,9 +112,28 @@ def test_abort_while_a_step_is_in_flight(tiny_model_dir):
     _no_leak(llm)
 
 
-def test_speculative_decoding_turns_overlap_off(tiny_model_dir):
-    llm = LLM(str(tiny_model_dir), device="cpu", parallel=2, overlap=True, speculative="ngram")
-    assert not llm.engine.overlap
+def test_plain_steps_overlap_beside_drafting_steps():
+    """With a drafter, the steps the policy keeps plain overlap and the drafting ones wait for the
+    tokens before them: the greedy output stays that of plain steps (the MTP head's states too,
+    which it takes from the non-overlapped steps)."""
+    from onebit.models.default_model import default_model_dir
+    prompts = [[(11 * i + 5 * j) % 300 + 40 for j in range(6 + 3 * i)] for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(str(default_model_dir()), device="cpu", parallel=3, overlap=False).generate(prompts, params)
+    llm = LLM(str(default_model_dir()), device="cpu", parallel=3, overlap=True, speculative="mtp")
+    assert llm.engine.overlap
+    policy, calls = llm.engine.speculator.policy, []
+
+    def runs_of_four(batch, drafting=None):  # the measured policy would depend on timing
+        calls.append(batch)  # four drafting steps, four plain ones, ...: the head drafts from the
+        return policy.k_max if len(calls) // 4 % 2 else 0  # second of a run on (it needs fresh states)
+    policy.choose = runs_of_four
+    fed = _count_feeds(llm)
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert llm.engine.spec_proposed > 0, "the drafting steps should have drafted"
+    assert sum(fed) > 0, "the plain steps should have read their input ids from the step before"
+    _no_leak(llm)
 
 
 def test_prefix_cache_hits_are_the_same_with_overlap(tiny_model_dir):

@@ -120,11 +120,8 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     drafter = _make_drafter(config, draft, runner, cfg, num_blocks, ctx_size, device, dtype)
     speculator = Speculator(drafter, spec.draft_max if spec else 3, spec is not None and spec.policy == "always",
                             sampler.generator, config.adaptive_at, sampler.eos_token_ids)
-    # Drafting reads each step's tokens on the host before the next step, so never with overlap.
-    wanted = config.overlap if config.overlap is not None else device.type == "cuda"
-    overlap = wanted and spec is None
-    if config.overlap and not overlap:
-        log.warning("overlapped steps are off: speculative decoding needs each step's tokens first")
+    # With a drafter, only plain steps overlap: a drafting step waits for the tokens before it.
+    overlap = config.overlap if config.overlap is not None else device.type == "cuda"
     log.info("KV cache: %d blocks of %d tokens (%.1f MiB), context %d tokens, %d slots%s",
              num_blocks, config.block_size, num_blocks * kv_block_bytes(cfg, config.block_size, kv_dtype) / 2**20,
              ctx_size, config.parallel, "; overlapped steps" if overlap else "")

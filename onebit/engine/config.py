@@ -20,8 +20,8 @@ class EngineConfig:
     fields such as {"method": "ngram", "draft_max": 2}, is turned into one).
     load_format: "auto" reads the checkpoint; "dummy" draws random weights from config.json
     alone (benchmarks of a model's shape only).
-    overlap: prepare and queue step n+1 while the GPU still runs step n; ignored with speculative
-    decoding, where drafting needs each step's tokens on the host first. None (the default) turns
+    overlap: prepare and queue step n+1 while the GPU still runs step n; with speculative decoding
+    only plain steps overlap (a drafting step needs the tokens before it). None (the default) turns
     it on for CUDA, where it was checked and measured faster at every batch size (docs/perf.md),
     and off on the CPU, where there is no device queue to hide host work behind.
     quantize: None, or "fp8": the decoder's linear layers quantized after loading (e4m3 weights with

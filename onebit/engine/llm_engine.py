@@ -50,6 +50,8 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self._pending: list[StepDelta] = []
         self._inflight: LaunchedStep | None = None
+        self._busy = False  # whether the last step() call ran or finished a step
+        self._clock = 0.0  # when the last step was done (the start of the next one's cost)
         self._arrivals = itertools.count()
         self.faults = FaultInjector.from_env()  # None unless a test asks for faults
         self.speculator.faults = self.faults
@@ -118,22 +120,26 @@ class LLMEngine:
         """
         deltas, self._pending = self._pending, []
         started = time.perf_counter()
+        if not self._busy:  # the engine was idle: step times count from here
+            self._clock = started
         previous, self._inflight = self._inflight, None
         worked = previous is not None
-        if previous is not None and not previous.can_feed():
-            deltas += self._update(previous)
+        drafts = self.speculator.decide(self.scheduler, {seq for seq, _ in previous.plain} if previous else ())
+        if previous is not None and (drafts or not previous.can_feed()):
+            deltas += self._update(previous)  # drafts are made from the tokens the last step chose
             previous = None
         launched = self._launch(previous, deltas)  # schedule -> run -> sample (queued on the device)
         if previous is not None:
             deltas += self._update(previous)
         if launched is not None:
             worked = True
-            if self.overlap:  # never on with speculation, so a launched step has no drafts
+            if self.overlap and not launched.drafting:
                 self._inflight = launched
             else:
                 deltas += self._update(launched)
         if worked:
             self.busy_s += time.perf_counter() - started
+        self._busy = worked
         return deltas
 
     def _schedule(self, previous: LaunchedStep | None, deltas: list[StepDelta]):
@@ -230,8 +236,13 @@ class LLMEngine:
                 verified = True
                 deltas.append(self._guarded(seq, self._verify, seq, step.out.logits[row:row + count]))
         self.scheduler.commit(step.plan)
+        # A step's cost is the wall time since the step before it was done (or since the engine
+        # woke): with overlap a plain step costs about one GPU step, a drafting step also its
+        # exposed host work, so the policy weighs drafting against overlapped plain steps at
+        # their true price.
         self.speculator.observe(step.plan, step.out, step.computed, step.decodes, bool(step.drafting), verified,
-                                step.started)
+                                self._clock)
+        self._clock = time.perf_counter()
         return deltas
 
     def _verify(self, seq: Sequence, logits: torch.Tensor) -> StepDelta:

@@ -53,6 +53,6 @@ class LaunchedStep:
     def can_feed(self) -> bool:
         """Whether the next step may start before this one's tokens reach the host: not when a
         penalty needs them (they count the output so far), nor a grammar (its next mask depends on
-        them): a step with a constrained row runs without overlap."""
-        return self.sampled is not None and not any(seq.params.has_penalties or seq.grammar is not None
+        them), nor drafts (verification decides the next tokens): such steps run without overlap."""
+        return self.sampled is not None and not self.drafting and not any(seq.params.has_penalties or seq.grammar is not None
                                                     for seq, _ in self.plain)

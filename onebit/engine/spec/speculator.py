@@ -56,23 +56,37 @@ class Speculator:
                 self.failed.append(seq)
         return out
 
-    def propose(self, scheduler) -> tuple[list[Sequence], bool]:
-        """Append drafts to running decodes when the policy says drafting pays for this batch,
-        with blocks reserved through the scheduler. Returns the drafting sequences and whether
-        any sequence was chosen to draft (the MTP head then wants this step's states)."""
-        self.step_k = 0
-        self.failed = []
-        if self.policy is None:
-            return [], False
+    def _eligible(self, scheduler, awaiting=frozenset()) -> tuple[list[Sequence], list[Sequence]]:
+        """(running decodes, those of them that may draft); `awaiting`: sequences whose next token
+        an in-flight step is still computing (decodes of the coming step too)."""
         decoding = scheduler.decoding()
+        if awaiting:
+            decoding += [seq for seq in scheduler.running if seq in awaiting and seq.num_uncomputed == 0]
         if self.max_running is None:
-            eligible = decoding
-        else:
-            primary = self.primary(scheduler.running)
-            eligible = [seq for seq in decoding if seq in primary]
+            return decoding, decoding
+        primary = self.primary(scheduler.running)
+        return decoding, [seq for seq in decoding if seq in primary]
+
+    def decide(self, scheduler, awaiting=frozenset()) -> int:
+        """The policy's draft length for the coming step (0: a plain step), asked once per step
+        before it is scheduled: a drafting step needs the previous step's tokens on the host, so
+        the engine gives up overlap for it. `propose` then drafts with this k. `awaiting`: the
+        sequences an in-flight step is computing a token for."""
+        self.step_k = 0
+        if self.policy is None:
+            return 0
+        decoding, eligible = self._eligible(scheduler, awaiting)
         self.step_k = self.policy.choose(len(decoding), drafting=len(eligible)) if eligible else 0
+        return self.step_k
+
+    def propose(self, scheduler) -> tuple[list[Sequence], bool]:
+        """Append drafts (of the length `decide` chose) to running decodes, with blocks reserved
+        through the scheduler. Returns the drafting sequences and whether any sequence was chosen
+        to draft (the MTP head then wants this step's states)."""
+        self.failed = []
         if not self.step_k:
             return [], False
+        _, eligible = self._eligible(scheduler)
         chosen = []
         for seq in eligible:
             k = draft_budget(seq, self.step_k)
