@@ -225,6 +225,43 @@ def test_split_matmul_rows_do_not_depend_on_the_batch(monkeypatch, k, splits, us
                        batch_invariant.matmul_ref(x.cpu(), w.cpu(), b.cpu()))
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_tma_variants_give_the_pointer_kernels_bits(splits):
+    """The TMA variants (one program per tile, persistent, warp-specialized, both) walk K like
+    the pointer kernel: the same bits as it for the same blocks, rows the same for M = 1, 65 and
+    130 at any position, split or not; persistent programs (4 in the interpreter) walk several
+    tiles each. K = 512 is a whole number of BLOCK_K tiles (the pointer kernel drops its K mask)."""
+    if DEVICE == "cpu":
+        pytest.importorskip("triton.tools.tensor_descriptor")
+    gen = torch.Generator().manual_seed(5 + splits)
+    x, w, b = _bf16(130, 512, gen=gen), _bf16(80, 512, gen=gen), _bf16(80, gen=gen)
+    blocks = (16, 4, 3, 64, 64)
+    full = triton_matmul.matmul(x, w, b, (*blocks, 0), splits=splits)
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    assert ((full.double() - want).norm() / want.norm()).item() < 1e-2
+    assert torch.equal(full, triton_matmul.matmul(x, w, b, (16, 4, 3, 64, 128, 0), splits=splits))  # BLOCK_K 128
+    for variant in (1, 2, 3, 4):
+        config = (*blocks, variant)
+        assert torch.equal(triton_matmul.matmul(x, w, b, config, splits=splits), full), variant
+        assert torch.equal(triton_matmul.matmul(x[-65:], w, b, config, splits=splits), full[-65:]), variant
+    assert torch.equal(triton_matmul.matmul(x[7:8], w, b, (*blocks, 2), splits=splits), full[7:8])
+
+
+def test_tma_launch_on_layouts_tma_cannot_address():
+    """A weight whose rows are not 16-byte aligned runs a TMA launch through pointers (the same
+    blocks); an x that starts off alignment is copied first; the bits are those of the aligned case."""
+    if DEVICE == "cpu":
+        pytest.importorskip("triton.tools.tensor_descriptor")
+    gen = torch.Generator().manual_seed(9)
+    w_wide, x_wide = _bf16(40, 101, gen=gen), _bf16(9, 100, gen=gen)
+    w, x = w_wide[:, :100], x_wide[1:]  # rows of 202 bytes; x starts 200 bytes in
+    assert not triton_matmul.tma_addressable(w) and not triton_matmul.tma_addressable(x)
+    blocks = (16, 4, 3, 16, 64)
+    want = triton_matmul.matmul(x.contiguous(), w.contiguous(), None, (*blocks, 0))
+    assert torch.equal(triton_matmul.matmul(x, w, None, (*blocks, 1)), want)
+    assert torch.equal(triton_matmul.matmul(x, w.contiguous(), None, (*blocks, 2)), want)
+
+
 def test_launch_table_lookup(tmp_path, monkeypatch):
     """The sweep's JSON loads into the table; a shape's rows pick the first launch whose max_m
     covers them (the last one beyond), its split count is the same for every M, and other
@@ -246,6 +283,10 @@ def test_launch_table_lookup(tmp_path, monkeypatch):
     assert triton_matmul.launch_config(1, 96, 512, torch.device("cpu")) == triton_matmul.default_launch(1, 96)
     monkeypatch.setattr(table, "_device_name", lambda device: "GPU-B")
     assert table.lookup(96, 512, 1, cuda) is None
+    path.write_text('{"device": "GPU-A", "shapes": {"96,512": {"splits": 1, "launches": [[256, 128, 8, 3, 128, 64, 2]]}}}')
+    monkeypatch.setattr(table, "_device_name", lambda device: "GPU-A")
+    table.load(str(path))  # a 7th column: the kernel variant
+    assert triton_matmul.launch_config(300, 96, 512, cuda) == triton_matmul.Launch(128, 8, 3, 128, 64, 2)
     path.write_text('{"device": "GPU-A", "shapes": {"96,512": {"splits": 2, "launches": [[64, 64, 4]]}}}')
     with pytest.raises(ValueError, match="launches"):
         table.load(str(path))

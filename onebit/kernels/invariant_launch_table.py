@@ -108,8 +108,9 @@ def load(path: str) -> None:
     shapes = TABLE.setdefault(data["device"], {})
     for key, entry in data["shapes"].items():
         launches = sorted((list(map(int, row)) for row in entry["launches"]), key=lambda row: row[0])
-        if not launches or any(len(row) != 6 for row in launches):
-            raise ValueError(f"{path}: launches of {key} must be [max_m, block_n, warps, stages, block_m, block_k] rows")
+        if not launches or any(len(row) not in (6, 7) for row in launches):  # 7th: the kernel variant
+            raise ValueError(f"{path}: launches of {key} must be [max_m, block_n, warps, stages, block_m, block_k"
+                             "(, variant)] rows")
         shapes[key] = {"splits": int(entry["splits"]), "launches": launches}
 
 
@@ -122,9 +123,9 @@ def _device_name(device: torch.device) -> str:
     return _name_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def lookup(n: int, k: int, m: int, device: torch.device) -> tuple[int, tuple[int, int, int, int, int]] | None:
-    """(splits, (block_n, warps, stages, block_m, block_k)) for M rows of an [N, K] weight on
-    this CUDA device, or None when the table has no entry for it."""
+def lookup(n: int, k: int, m: int, device: torch.device) -> tuple[int, tuple[int, ...]] | None:
+    """(splits, (block_n, warps, stages, block_m, block_k[, variant])) for M rows of an [N, K]
+    weight on this CUDA device, or None when the table has no entry for it."""
     if not TABLE:
         return None
     entry = TABLE.get(_device_name(device), {}).get(f"{n},{k}")

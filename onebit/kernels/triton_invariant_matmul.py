@@ -19,10 +19,22 @@ count every element is thus summed the same way for every M, and few-row product
 splits x more programs streaming the weight. The split count is per weight shape, the same for
 every M (the table stores one per shape). Programs walk M fastest, so the M tiles of one weight
 tile run together and share it through L2.
+
+Variants (`Launch.variant`; the same K walk, so the same sums, wherever the sweep confirms it):
+0 loads tiles through pointers with masks (a K mask only where K or the split is not a whole
+number of BLOCK_K tiles); the others load them with Hopper's tensor memory accelerator (TMA,
+host-built `TensorDescriptor`s that fill rows and columns past the tensor with zeros, as the
+masks do): 1 one program per tile, 2 persistent (one program per SM walking tiles in order,
+the tile loop flattened into the K loop so a tile's stores overlap the next tile's loads),
+3 one program per tile with a warp-specialized K loop (producer warps issue the loads),
+4 persistent and warp-specialized. A variant this Triton or device lacks fails to compile and
+the sweep drops it; `matmul` runs a TMA launch through pointers (variant 0, same blocks) only
+for a weight whose layout TMA cannot address, which the sweep's shapes never are.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -31,6 +43,11 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import invariant_launch_table
+
+try:  # host-side TMA descriptors (Triton 3.4+); without them only variant 0 runs
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - depends on the install
+    TensorDescriptor = None
 
 BLOCK_M = 64
 BLOCK_K = 64
@@ -42,21 +59,26 @@ DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class Launch(NamedTuple):
-    """One launch of the product kernel. Only block_n, warps and stages are free; block_m and
-    block_k other than 64 are valid only where a device sweep showed they give the same bits."""
+    """One launch of the product kernel. Only block_n, warps and stages are free; block_m,
+    block_k other than 64 and variant other than 0 are valid only where a device sweep showed
+    they give the same bits."""
 
     block_n: int
     warps: int
     stages: int
     block_m: int = BLOCK_M
     block_k: int = BLOCK_K
+    variant: int = 0  # 0 pointers; 1 TMA; 2 TMA persistent; 3 TMA warp-specialized; 4 both (module doc)
+
+
+TMA_VARIANTS = {1: (False, False), 2: (True, False), 3: (False, True), 4: (True, True)}  # (persistent, ws)
 
 
 # M is not specialized (Triton would compile M == 1 apart): one binary serves every row count.
 @triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_CHUNK, stride_xm, stride_wn, stride_ym, stride_ys,
                    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -72,9 +94,13 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_CHUNK, stride_xm, stri
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = rk < k_hi
-        x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if EVEN_K:  # every tile lies inside [k_lo, k_hi): the K mask would be all true
+            x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None], other=0.0)
+            w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
+        else:
+            k_ok = rk < k_hi
+            x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if DOT_FP32:
             x, w = x.to(tl.float32), w.to(tl.float32)
         acc = tl.dot(x, tl.trans(w), acc)
@@ -85,6 +111,53 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_CHUNK, stride_xm, stri
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _tma_tile(x_desc, w_desc, b_ptr, y_ptr, tile, M, N, K, K_CHUNK, stride_ym, stride_ys,
+              HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT_FP32: tl.constexpr):
+    # tile -> (split, N tile, M tile), M fastest as in _matmul_kernel
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_mn = num_m * tl.cdiv(N, BLOCK_N)
+    split = tile // num_mn
+    pid_n = (tile % num_mn) // num_m
+    pid_m = tile % num_m
+    k_lo = split * K_CHUNK
+    k_hi = tl.minimum(k_lo + K_CHUNK, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # split boundaries are multiples of SPLIT_ALIGN, so a tile crosses only K's end, where TMA reads zeros
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+        x = x_desc.load([pid_m * BLOCK_M, k0])
+        w = w_desc.load([pid_n * BLOCK_N, k0])
+        if DOT_FP32:
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = (rm < M)[:, None] & (rn < N)[None, :]
+    out = y_ptr + split.to(tl.int64) * stride_ys + rm[:, None].to(tl.int64) * stride_ym + rn[None, :]
+    if SPLIT:
+        tl.store(out, acc, mask=ok)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _matmul_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, M, N, K, K_CHUNK, SPLITS, stride_ym, stride_ys,
+                       HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PERSISTENT: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                       WARP_SPECIALIZE: tl.constexpr, DOT_FP32: tl.constexpr):
+    if PERSISTENT:  # NUM_PROGRAMS programs, each walking tiles pid, pid + NUM_PROGRAMS, ...
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N) * SPLITS
+        for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=True):
+            _tma_tile(x_desc, w_desc, b_ptr, y_ptr, tile, M, N, K, K_CHUNK, stride_ym, stride_ys, HAS_BIAS, SPLIT,
+                      BLOCK_M, BLOCK_N, BLOCK_K, WARP_SPECIALIZE, DOT_FP32)
+    else:
+        _tma_tile(x_desc, w_desc, b_ptr, y_ptr, tl.program_id(0), M, N, K, K_CHUNK, stride_ym, stride_ys, HAS_BIAS,
+                  SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, WARP_SPECIALIZE, DOT_FP32)
 
 
 @triton.jit
@@ -139,8 +212,44 @@ def split_count(n: int, k: int, device: torch.device | None = None) -> int:
     return 1
 
 
+def tma_addressable(t: torch.Tensor) -> bool:
+    """True when a TMA descriptor can address the 2-D tensor t: unit column stride and 16-byte
+    aligned start and rows."""
+    return (TensorDescriptor is not None and t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+            and t.stride(0) * t.element_size() % 16 == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def persistent_programs(device: torch.device) -> int:
+    """Programs of a persistent launch: one per SM (4 in the CPU interpreter, so that a test's
+    programs each walk several tiles)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _launch(x, weight, b, out, rows, n, k, chunk, used, stride_ys, launch, split, has_bias):
+    """One launch of the product kernel of `launch.variant` over `rows` rows of x into out
+    (bf16 [rows, N], or float32 partials [used, rows, N] when `split`)."""
+    common = dict(HAS_BIAS=has_bias, SPLIT=split, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
+                  BLOCK_K=launch.block_k, DOT_FP32=DOT_FP32, num_warps=launch.warps, num_stages=launch.stages)
+    tiles_mn = triton.cdiv(rows, launch.block_m) * triton.cdiv(n, launch.block_n)
+    if launch.variant == 0:
+        even_k = chunk % launch.block_k == 0 and k % launch.block_k == 0
+        _matmul_kernel[(tiles_mn, used)](x, weight, b, out, rows, n, k, chunk, x.stride(0), weight.stride(0), n,
+                                         stride_ys, EVEN_K=even_k, **common)
+        return
+    persistent, warp_specialize = TMA_VARIANTS[launch.variant]
+    programs = persistent_programs(x.device)
+    x_desc = TensorDescriptor(x, [rows, k], [x.stride(0), 1], [launch.block_m, launch.block_k])
+    w_desc = TensorDescriptor(weight, [n, k], [weight.stride(0), 1], [launch.block_n, launch.block_k])
+    grid = (min(tiles_mn * used, programs) if persistent else tiles_mn * used,)
+    _matmul_tma_kernel[grid](x_desc, w_desc, b, out, rows, n, k, chunk, used, n, stride_ys, PERSISTENT=persistent,
+                             NUM_PROGRAMS=programs, WARP_SPECIALIZE=warp_specialize, **common)
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           config: Launch | tuple[int, int, int] | None = None, splits: int | None = None) -> torch.Tensor:
+           config: Launch | tuple[int, ...] | None = None, splits: int | None = None) -> torch.Tensor:
     """x [M, K] (unit column stride) @ weight [N, K].T (unit column stride) + bias, in x's dtype.
     `config` overrides `launch_config` (tests use it to show the result does not depend on it);
     `splits` overrides the shape's split count (which does change the bits, identically for every M)."""
@@ -151,24 +260,23 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
+    if launch.variant:
+        if not tma_addressable(weight):  # fixed per weight, so the same for every M (module doc)
+            launch = launch._replace(variant=0)
+        elif not tma_addressable(x):  # a row view at an odd offset: a fresh copy is aligned
+            x = x.clone(memory_format=torch.contiguous_format)
     chunk = chunk_len(k, splits)
     used = -(-k // chunk)  # splits that hold at least one K value
-    common = dict(HAS_BIAS=bias is not None, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
-                  BLOCK_K=launch.block_k, DOT_FP32=DOT_FP32, num_warps=launch.warps, num_stages=launch.stages)
     b = bias if bias is not None else weight
     if used == 1:
-        grid = (triton.cdiv(m, launch.block_m) * triton.cdiv(n, launch.block_n), 1)
-        _matmul_kernel[grid](x, weight, b, y, m, n, k, k, x.stride(0), weight.stride(0), y.stride(0), 0,
-                             SPLIT=False, **common)
+        _launch(x, weight, b, y, m, n, k, k, 1, 0, launch, False, bias is not None)
         return y
     # Rows are independent, so cutting M into pieces bounds the partials without changing any row.
     step = max(launch.block_m, WORKSPACE_BYTES // (used * n * 4) // launch.block_m * launch.block_m)
     for r0 in range(0, m, step):
         rows = min(step, m - r0)
         partial = torch.empty((used, rows, n), dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(rows, launch.block_m) * triton.cdiv(n, launch.block_n), used)
-        _matmul_kernel[grid](x[r0:], weight, b, partial, rows, n, k, chunk, x.stride(0), weight.stride(0), n,
-                             rows * n, SPLIT=True, **common)
+        _launch(x[r0:], weight, b, partial, rows, n, k, chunk, used, rows * n, launch, True, bias is not None)
         block = 1024
         _sum_splits_kernel[(triton.cdiv(rows * n, block),)](partial, b, y[r0:], rows * n, n, SPLITS=used,
                                                             HAS_BIAS=bias is not None, BLOCK=block)
