@@ -189,7 +189,8 @@ class LLMEngine:
                     deltas += [self._fail(seq, f"internal error during sampling: {exc}") for seq, _ in plain]
                     plain, sampled = [], None
         computed = self.scheduler.mark_computed(plan)
-        return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting, started)
+        return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting, started,
+                            cold=self.overlap and previous is None)
 
     def _without_failing(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]],
                          deltas: list[StepDelta]) -> list[tuple[Sequence, int]]:
@@ -241,7 +242,7 @@ class LLMEngine:
         # exposed host work, so the policy weighs drafting against overlapped plain steps at
         # their true price.
         self.speculator.observe(step.plan, step.out, step.computed, step.decodes, bool(step.drafting), verified,
-                                self._clock)
+                                self._clock, step.cold)
         self._clock = time.perf_counter()
         return deltas
 

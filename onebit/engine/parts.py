@@ -49,6 +49,7 @@ class LaunchedStep:
     decodes: int
     drafting: list[Sequence]
     started: float
+    cold: bool = False  # launched with no step in flight although overlap is on
 
     def can_feed(self) -> bool:
         """Whether the next step may start before this one's tokens reach the host: not when a

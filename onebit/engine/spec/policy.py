@@ -30,6 +30,10 @@ class DraftPolicy:
     tokens per second of the whole batch: (1 + a + a^2 + ... + a^k) / time(k). A pair never
     measured is tried once; every `explore_every` steps the runner-up is re-measured so the
     estimates follow the machine and the load. With `always`, every step drafts k_max.
+
+    With overlapped steps a drafting step also makes the plain step after it start cold (its
+    host work no longer hides behind the GPU): plain steps that started cold are timed apart
+    ("cold"), and drafting is charged their extra time over an overlapped plain step.
     """
 
     def __init__(self, k_max: int, explore_every: int = 1024, always: bool = False):
@@ -37,6 +41,7 @@ class DraftPolicy:
         self.always = always  # draft k_max whenever possible, measured or not
         self.explore_every = explore_every
         self.times: dict[tuple[int, int], float] = {}
+        self.cold: dict[int, float] = {}  # bucket -> time of a plain step that could not overlap
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
 
@@ -61,17 +66,20 @@ class DraftPolicy:
             if (k, b) not in self.times:
                 return k
         drafting = batch if drafting is None else drafting
+        restart = max(0.0, self.cold[b] - self.times[(0, b)]) if b in self.cold else 0.0
         ranked = sorted(range(self.k_max + 1),
-                        key=lambda k: -(batch - drafting + drafting * self.expected_tokens(k)) / self.times[(k, b)])
+                        key=lambda k: -(batch - drafting + drafting * self.expected_tokens(k))
+                        / (self.times[(k, b)] + (restart if k else 0.0)))
         if self.steps % self.explore_every == 0:
             return ranked[1]
         return ranked[0]
 
-    def record_step(self, batch: int, k: int, seconds: float) -> None:
-        """Fold a measured step time into its (k, bucket) estimate (exponential moving average)."""
-        key = (k, self.bucket(batch))
-        old = self.times.get(key)
-        self.times[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
+    def record_step(self, batch: int, k: int, seconds: float, cold: bool = False) -> None:
+        """Fold a measured step time into its (k, bucket) estimate (exponential moving average);
+        `cold`: a plain step that started without overlap although overlap is on."""
+        table, key = (self.cold, self.bucket(batch)) if cold and not k else (self.times, (k, self.bucket(batch)))
+        old = table.get(key)
+        table[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
 
     def record_acceptance(self, proposed: int, accepted: int) -> None:
         """Fold one verification into the estimate of the chance that a draft is kept given the
