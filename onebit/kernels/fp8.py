@@ -137,17 +137,40 @@ def candidates(rows: int, n: int, k: int) -> list[tuple[str, tuple | None]]:
     return out
 
 
-def rotated(fn, *tensors: torch.Tensor, min_bytes: int = 128 << 20):
-    """A no-argument callable running `fn(*tensors)` over enough copies of `tensors` that
-    consecutive calls in a timing loop read more than the L2 cache holds (50 MB on the H200), as
-    a decode step reads each layer's weight once; one copy where memory is short."""
+def weight_copies(*tensors: torch.Tensor, min_bytes: int = 128 << 20) -> list[tuple[torch.Tensor, ...]]:
+    """`tensors` and enough copies of them that cycling through the copies reads more than the L2
+    cache holds (50 MB on the H200), as a decode step reads each layer's weight once; only the
+    originals where memory is short."""
     size = sum(t.numel() * t.element_size() for t in tensors)
     copies = min(8, max(2, -(-min_bytes // size)))
     free, _ = torch.cuda.mem_get_info(tensors[0].device)
     if free < copies * size + (1 << 30):
         copies = 1
-    sets = itertools.cycle([tensors] + [tuple(t.clone() for t in tensors) for _ in range(copies - 1)])
+    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(copies - 1)]
+
+
+def rotated(fn, copies: list[tuple[torch.Tensor, ...]]):
+    """A no-argument callable that runs `fn(*copy)` for the next of `copies` on each call (for
+    `graph_us`: the calls of one replay then read different memory)."""
+    sets = itertools.cycle(copies)
     return lambda: fn(*next(sets))
+
+
+def _references(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                rows_per_chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight_only_ref, w8a8_ref) of x in float32, the weight widened a slice of rows at a time
+    (at most 128 MB of float32 at once, not a float32 copy of the whole matrix)."""
+    xq, xs = quantize_rows(x)
+    x32, xq32 = x.float(), xq.float()
+    exact, both = [], []
+    step = max(1, rows_per_chunk_elements // q.shape[1])
+    for start in range(0, q.shape[0], step):
+        w = q[start:start + step].float().t()
+        s = scale[start:start + step][None, :]
+        b = bias[start:start + step].float()[None, :] if bias is not None else 0.0
+        exact.append(x32 @ w * s + b)
+        both.append(xq32 @ w * xs[:, None] * s + b)
+    return torch.cat(exact, dim=1), torch.cat(both, dim=1)
 
 
 @torch.inference_mode()
@@ -167,11 +190,10 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
             continue
         seen.add(shape)
         n, k = q.shape
-        table = []
+        table, copies = [], weight_copies(q, scale)
         for m in sorted(r for r in set(rows) if r <= MAX_CALIBRATED_ROWS):
             x = torch.randn(m, k, device=q.device, dtype=dtype)
-            exact = weight_only_ref(x.float(), q, scale, bias)
-            both = w8a8_ref(x.float(), q, scale, bias)
+            exact, both = _references(x, q, scale, bias)
             timed = {}
             for kind, config in candidates(m, n, k):
                 try:
@@ -183,8 +205,7 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
                 if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
                     log.warning("fp8 %s %s gave wrong results for %s; not used", kind, config, name)
                     continue
-                run = rotated(lambda w, s, kind=kind, config=config: run_kernel(kind, config, x, w, s, bias),
-                              q, scale)
+                run = rotated(lambda w, s, kind=kind, config=config: run_kernel(kind, config, x, w, s, bias), copies)
                 timed[(kind, config)] = graph_us(run, replays=7)
             if not timed:
                 continue
@@ -197,6 +218,8 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
                          f"({n * k / timed[best] / 1e6:.2f} TB/s); best split_k "
                          f"{f'{best_split[0]:.1f} {best_split[1]}' if best_split else '-'}; {others}")
         _CHOSEN[shape] = table
+        del copies
+        torch.cuda.empty_cache()  # the copies' memory back to the device before the graphs are captured
     return lines
 
 

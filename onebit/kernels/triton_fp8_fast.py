@@ -4,7 +4,7 @@ product for few rows, and a one-pass per-token quantizer feeding `torch._scaled_
 `split_k`: decoding reads every weight once per step, so the kernel's job is to keep enough
 bytes in flight. The first weight-only kernel (`triton_fp8`) ran one program per 32 output
 columns, 128-192 programs for the 4096- and 6144-wide products on 132 SMs, and streamed e4m3 at
-1.6-2.7 TB/s. Here the grid is (column tiles, row tiles, SPLIT slices of K): each program walks
+1.6-2.7 TB/s. Here the grid is (row tiles, column tiles, SPLIT slices of K): each program walks
 its K slice in BLOCK_K tiles of whole weight rows (K contiguous, so each thread loads 16
 consecutive bytes), widens them in registers and accumulates in float32, with an elementwise
 product and a row sum for one row (BLOCK_M == 1) and `tl.dot` for more. With SPLIT == 1 the
@@ -39,7 +39,8 @@ MANY_ROW_CONFIGS = [(32, 32, 256, 4, 4), (32, 64, 256, 2, 4), (64, 32, 128, 2, 4
 def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr):
-    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     # Columns past N read row 0 instead of masking: the weight loads stay unmasked and vectorized;
@@ -120,7 +121,7 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     even_k = k_per_split * split == k
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     b_arg = bias if bias is not None else scale
     if split == 1:
         _split_k_kernel[grid](x, q, scale, b_arg, y, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), 0,
