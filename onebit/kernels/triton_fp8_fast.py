@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0
+FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
 # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). BLOCK_M is 1 (one row, no tl.dot) or 16/32/64.
 ONE_ROW_CONFIGS = [(1, 16, 512, 1, 4), (1, 16, 512, 4, 4), (1, 32, 256, 4, 4), (1, 16, 1024, 2, 4),
@@ -32,7 +32,8 @@ ONE_ROW_CONFIGS = [(1, 16, 512, 1, 4), (1, 16, 512, 4, 4), (1, 32, 256, 4, 4), (
 FEW_ROW_CONFIGS = [(16, 16, 512, 1, 4), (16, 16, 512, 4, 4), (16, 32, 256, 4, 4), (16, 32, 512, 2, 4),
                    (16, 64, 256, 4, 4), (16, 64, 256, 2, 8), (16, 16, 256, 8, 4), (16, 32, 256, 8, 4)]
 MANY_ROW_CONFIGS = [(32, 32, 256, 4, 4), (32, 64, 256, 2, 4), (64, 32, 128, 2, 4), (64, 64, 128, 2, 4),
-                    (64, 64, 256, 4, 8), (64, 128, 128, 1, 8), (64, 128, 128, 4, 8)]
+                    (64, 32, 256, 4, 4), (64, 64, 128, 4, 4), (64, 64, 256, 4, 8), (64, 128, 128, 1, 8),
+                    (64, 128, 128, 4, 8)]
 
 
 @triton.jit
@@ -54,10 +55,10 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             rk = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 x = tl.load(x_row + rk).to(tl.float32)
-                w = tl.load(w_rows + rk[None, :])
+                w = tl.load(w_rows + rk[None, :], eviction_policy="evict_first")
             else:
                 x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
-                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
             acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         out = out_ptr + pid_m * stride_om + rn
         if SPLIT == 1:
@@ -76,10 +77,10 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             rk = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None], other=0.0)
-                w = tl.load(w_rows + rk[None, :])
+                w = tl.load(w_rows + rk[None, :], eviction_policy="evict_first")
             else:
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
-                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0)
+                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
         out = out_ptr + rm[:, None] * stride_om + rn[None, :]
         out_ok = m_ok[:, None] & n_ok[None, :]
@@ -144,7 +145,7 @@ def candidates(rows: int) -> list[tuple[int, int, int, int, int]]:
         return ONE_ROW_CONFIGS + FEW_ROW_CONFIGS[:2]
     if rows <= 16:
         return FEW_ROW_CONFIGS
-    return [c for c in MANY_ROW_CONFIGS if c[0] <= max(32, rows)] if rows <= MAX_ROWS else []
+    return MANY_ROW_CONFIGS if rows <= MAX_ROWS else []
 
 
 def default_config(rows: int) -> tuple[int, int, int, int, int]:
@@ -178,7 +179,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K:
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         amax = tl.maximum(amax, tl.abs(tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)))
-    scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / FP8_MAX
+    scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), FP8_MAX)  # IEEE division, as torch's
     tl.store(s_ptr + row, scale)
     for k0 in range(0, K, BLOCK_K):  # the second read of the row comes from the cache
         rk = k0 + tl.arange(0, BLOCK_K)
