@@ -113,14 +113,15 @@ def chosen_summary() -> list[str]:
             for (n, k, _), table in fp8._CHOSEN.items()]
 
 
-def engine_decode(batches: list[int], calibration: list[str]) -> list[str]:
+def engine_decode(batches: list[int], calibration: list[str], shape_name: str = "qwen3-8b",
+                  device: str = "cuda") -> list[str]:
     """Part 2: one table line per engine, decode tok/s per batch size; the new engine's calibration
     lines go to `calibration`."""
     from onebit.bench.offline import run_batch
     from onebit.engine.build import build_engine
     from onebit.engine.config import EngineConfig
 
-    shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", "qwen3-8b")
+    shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", shape_name)
     lines = ["| engine | " + " | ".join(f"B={b}" for b in batches) + " | build s |",
              "|---|" + "---:|" * (len(batches) + 1)]
     for label, quantize, fast in (("bf16", None, True), ("fp8 old (v0.8 dispatch)", "fp8", False),
@@ -130,10 +131,11 @@ def engine_decode(batches: list[int], calibration: list[str]) -> list[str]:
         try:
             start = time.perf_counter()
             engine = build_engine(EngineConfig(
-                model=str(shape), device="cuda", dtype="bfloat16", parallel=max(batches),
+                model=str(shape), device=device, dtype="bfloat16", parallel=max(batches),
                 ctx_size=PROMPT + NEW + 16, max_batch_tokens=8192, enable_prefix_caching=False,
                 load_format="dummy", cuda_graphs=True, overlap=True, quantize=quantize))
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
             built = time.perf_counter() - start
             if quantize and fast:
                 calibration.extend(line for line in engine.runner.gemv_report if line.startswith("fp8 "))
@@ -149,7 +151,8 @@ def engine_decode(batches: list[int], calibration: list[str]) -> list[str]:
             traceback.print_exc()
             lines.append(f"| {label} | FAILED (traceback above) |")
         gc.collect()
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     fp8.FAST = True
     return lines
 
@@ -163,14 +166,17 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--skip-products", action="store_true")
     ap.add_argument("--skip-engines", action="store_true")
+    ap.add_argument("--shape", default="qwen3-8b", help="qwen3-tiny with --device cpu --skip-products tries part 2 on a CPU")
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     start = time.perf_counter()
-    notes = [f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton "
+    notes = [f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}  torch {torch.__version__}  triton "
              f"{__import__('triton').__version__}; first weight-only kernel up to {triton_fp8.MAX_ROWS} rows"]
     calibration: list[str] = []
     products = [] if args.skip_products else time_products([int(r) for r in args.rows.split(",")], notes)
     products_s = time.perf_counter() - start
-    engines = [] if args.skip_engines else engine_decode([int(b) for b in args.batches.split(",")], calibration)
+    engines = [] if args.skip_engines else engine_decode([int(b) for b in args.batches.split(",")], calibration,
+                                                            args.shape, args.device)
     tables = ["", f"products ({products_s:.0f} s): us per call in a CUDA graph, weights rotated past L2; "
               "TB/s of the weight bytes (bf16: 2 per weight, FP8: 1)", ""] + products + \
         ["", f"engine decode tok/s, Qwen3-8B shape, {PROMPT} + {NEW} tokens, graphs + overlap "
@@ -180,3 +186,7 @@ def main() -> None:
         (args.out / "fp8_fast.md").write_text("\n".join(notes + calibration + tables) + "\n")
     skipped = [f"({len(notes) - 11} more notes in fp8_fast.md)"] if len(notes) > 11 else []
     print("\n" + "\n".join(notes[:11] + skipped + [c for c in calibration if c.startswith("chosen")] + tables))
+
+
+if __name__ == "__main__":
+    main()
