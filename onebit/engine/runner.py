@@ -11,9 +11,10 @@ from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder, ladder_for
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
-from onebit.kernels import batch_invariant, gemv
+from onebit.kernels import batch_invariant, fp8, gemv
 from onebit.kernels.attention import AttentionMetadata, triton_decode
 from onebit.models.config import ModelConfig
+from onebit.models.quantize import fp8_layers
 from onebit.models.rope import rope_cos_sin
 from onebit.models.transformer import CausalLM
 
@@ -89,6 +90,12 @@ class ModelRunner:
             self.gemv_report = gemv.calibrate(model.linear_weights(), few_rows)
             for line in self.gemv_report:
                 log.info(line)
+        if device.type == "cuda" and fp8_layers(model):  # --quantize fp8: its kernel per row count
+            lines = fp8.calibrate(fp8_layers(model), [b for b in ladder_for(rows) if b <= fp8.MAX_CALIBRATED_ROWS],
+                                  dtype)
+            for line in lines:
+                log.info(line)
+            self.gemv_report += lines
         if cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
                                            -(-ctx_size // block_size), self.num_splits, ctx_size)

@@ -1,33 +1,53 @@
 """FP8 (e4m3) weights: per-output-channel quantization and the products that read them.
 
 A weight [N, K] is stored as e4m3 values with one float32 scale per output row, so
-`weight ~= q * scale[:, None]`. Two ways to multiply by it, chosen by the number of rows:
-- up to 64 rows (decoding): weight-only. A Triton kernel (`triton_fp8`) loads the e4m3 weight
-  (half the bytes of bf16), widens it in registers and multiplies with the activations as they
-  are; the scale is applied to each output column at the end.
-- more rows (prefill, large batches): both operands in FP8 on the tensor cores. The activations
-  are quantized per token on the fly (one scale per row, as vLLM's dynamic per-token scheme)
-  and `torch._scaled_mm` multiplies with row-wise scales.
+`weight ~= q * scale[:, None]`. Two ways to multiply by it:
+- weight-only (few rows, decoding): a Triton kernel loads the e4m3 weight (half the bytes of
+  bf16), widens it in registers and multiplies with the activations as they are; the scale is
+  applied to each output column once. `triton_fp8_fast.split_k` splits K over several programs
+  so the 4096-wide products keep enough loads in flight; `triton_fp8.weight_only` is the first
+  kernel (one program per column tile), kept as a candidate and for block-scaled checkpoints.
+- w8a8 (many rows): both operands in FP8 on the tensor cores. The activations are quantized per
+  token (one scale per row, as vLLM's dynamic per-token scheme) by one Triton kernel
+  (`triton_fp8_fast.quantize_rows`) and `torch._scaled_mm` multiplies with row-wise scales.
+Which one runs for a (shape, row count) is measured at start-up (`calibrate`, inside CUDA graphs
+like the decode steps), never assumed; unmeasured cases take a fixed rule (`default_choice`).
 On the CPU (and wherever neither applies) the plain-torch references below run; tests compare
 the kernels against them.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import logging
+
 import torch
+
+from onebit.kernels.timing import graph_us
+
+log = logging.getLogger(__name__)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-# Measured on the H200 (docs/perf-history.md, FP8): at 64 rows the weight-only kernel beat
-# `_scaled_mm` with per-token quantization on the attention products (25.6 vs 36.2 us, 18.7 vs 35.9)
-# and tied on the MLP's down product; at 128 rows it lost everywhere. Both are slower than bf16
-# cuBLAS above 16 rows.
+# Measured on the H200 (docs/perf-history.md, FP8): at 64 rows the first weight-only kernel beat
+# `_scaled_mm` with per-token quantization by torch ops on the attention products (25.6 vs 36.2 us,
+# 18.7 vs 35.9) and tied on the MLP's down product; at 128 rows it lost everywhere. The rule for
+# uncalibrated cases and for block-scaled checkpoints.
 MAX_WEIGHT_ONLY_ROWS = 64
+MAX_CALIBRATED_ROWS = 256
+# False: the first dispatch (v0.8: `triton_fp8.weight_only` up to 64 rows, `_scaled_mm` after
+# quantizing by torch ops above), for A/B runs (bench/gpu_fp8_fast.py).
+FAST = True
 
 try:
-    from onebit.kernels import triton_fp8
+    from onebit.kernels import triton_fp8, triton_fp8_fast
 except ImportError:  # pragma: no cover - depends on the install
-    triton_fp8 = None
+    triton_fp8 = triton_fp8_fast = None
+
+# (N, K, has bias) -> [(rows, (kind, config))] sorted by rows: the winner measured at each row
+# count; a product of m rows takes the entry of the fewest calibrated rows >= m.
+_CHOSEN: dict[tuple[int, int, bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
 
 
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,13 +81,151 @@ def w8a8_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.
     return y.to(x.dtype)
 
 
-def _scaled_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The many-row product on FP8 tensor cores (row-wise scales give a bf16 result)."""
-    xq, xs = quantize_rows(x)
-    y = torch._scaled_mm(xq, q.t(), scale_a=xs[:, None], scale_b=scale[None, :].contiguous(),
+def _scaled_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+               fused: bool = False) -> torch.Tensor:
+    """The many-row product on FP8 tensor cores (row-wise scales give a bf16 result); `fused`
+    quantizes the activations with the one-pass Triton kernel instead of torch ops."""
+    xq, xs = triton_fp8_fast.quantize_rows(x) if fused else quantize_rows(x)
+    y = torch._scaled_mm(xq, q.t(), scale_a=xs.view(-1, 1), scale_b=scale.view(1, -1),
                          bias=bias.to(torch.bfloat16) if bias is not None else None,
                          out_dtype=torch.bfloat16, use_fast_accum=True)
     return y.to(x.dtype)
+
+
+def run_kernel(kind: str, config: tuple | None, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """One of the CUDA products by name: "split_k" and "weight_only" (Triton, weight-only, with a
+    config of their module), "scaled_mm" (fused quantization) or "scaled_mm_torch" (torch ops)."""
+    if kind == "split_k":
+        return triton_fp8_fast.split_k(x, q, scale, bias, config)
+    if kind == "weight_only":
+        return triton_fp8.weight_only(x, q, scale, bias, config)
+    return _scaled_mm(x, q, scale, bias, fused=kind == "scaled_mm")
+
+
+def default_choice(rows: int, n: int, k: int) -> tuple[str, tuple | None]:
+    """(kind, config) for a product nothing was calibrated for: the split-K kernel up to 16 rows,
+    the first weight-only kernel up to MAX_WEIGHT_ONLY_ROWS, then `_scaled_mm` (shapes it takes)."""
+    if rows <= 16:
+        return "split_k", triton_fp8_fast.default_config(rows)
+    if rows <= MAX_WEIGHT_ONLY_ROWS:
+        return "weight_only", triton_fp8.MANY_ROWS_CONFIG
+    if n % 16 == 0 and k % 16 == 0:
+        return "scaled_mm", None
+    if rows <= triton_fp8_fast.MAX_ROWS:
+        return "split_k", triton_fp8_fast.default_config(rows)
+    return "ref", None
+
+
+def choice_for(rows: int, n: int, k: int, has_bias: bool) -> tuple[str, tuple | None]:
+    """The calibrated (kind, config) for this product, else `default_choice`."""
+    table = _CHOSEN.get((n, k, has_bias))
+    if table:
+        at = bisect.bisect_left(table, rows, key=lambda entry: entry[0])
+        if at < len(table):
+            return table[at][1]
+    return default_choice(rows, n, k)
+
+
+def candidates(rows: int, n: int, k: int) -> list[tuple[str, tuple | None]]:
+    """The (kind, config) pairs `calibrate` times for a product of this many rows."""
+    out = [("split_k", c) for c in triton_fp8_fast.candidates(rows)]
+    if rows <= triton_fp8.MAX_ROWS:
+        out.append(("weight_only", triton_fp8.DEFAULT_CONFIG if rows <= 16 else triton_fp8.MANY_ROWS_CONFIG))
+    if rows >= 16 and n % 16 == 0 and k % 16 == 0:
+        out.append(("scaled_mm", None))
+    return out
+
+
+def weight_copies(*tensors: torch.Tensor, min_bytes: int = 128 << 20) -> list[tuple[torch.Tensor, ...]]:
+    """`tensors` and enough copies of them that cycling through the copies reads more than the L2
+    cache holds (50 MB on the H200), as a decode step reads each layer's weight once; only the
+    originals where memory is short."""
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    copies = min(8, max(2, -(-min_bytes // size)))
+    free, _ = torch.cuda.mem_get_info(tensors[0].device)
+    if free < copies * size + (1 << 30):
+        copies = 1
+    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(copies - 1)]
+
+
+def rotated(fn, copies: list[tuple[torch.Tensor, ...]]):
+    """A no-argument callable that runs `fn(*copy)` for the next of `copies` on each call (for
+    `graph_us`: the calls of one replay then read different memory)."""
+    sets = itertools.cycle(copies)
+    return lambda: fn(*next(sets))
+
+
+def _references(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                rows_per_chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight_only_ref, w8a8_ref) of x in float32, the weight widened a slice of rows at a time
+    (at most 128 MB of float32 at once, not a float32 copy of the whole matrix)."""
+    xq, xs = quantize_rows(x)
+    x32, xq32 = x.float(), xq.float()
+    exact, both = [], []
+    step = max(1, rows_per_chunk_elements // q.shape[1])
+    for start in range(0, q.shape[0], step):
+        w = q[start:start + step].float().t()
+        s = scale[start:start + step][None, :]
+        b = bias[start:start + step].float()[None, :] if bias is not None else 0.0
+        exact.append(x32 @ w * s + b)
+        both.append(xq32 @ w * xs[:, None] * s + b)
+    return torch.cat(exact, dim=1), torch.cat(both, dim=1)
+
+
+@torch.inference_mode()
+def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], rows: list[int],
+              dtype: torch.dtype = torch.bfloat16) -> list[str]:
+    """Time every candidate (`run_kernel` kinds and configs) per distinct CUDA FP8 weight shape
+    among `layers` (name -> (q, scale, bias)) and per row count in `rows` (up to
+    MAX_CALIBRATED_ROWS), inside CUDA graphs over weights that do not stay in L2; check each
+    result against its reference on the spot and remember the fastest correct one. Returns one
+    report line per shape and row count."""
+    if triton_fp8_fast is None or not FAST:
+        return []
+    lines, seen = [], set()
+    for name, (q, scale, bias) in layers.items():
+        shape = (q.shape[0], q.shape[1], bias is not None)
+        if shape in seen or not q.is_cuda:
+            continue
+        seen.add(shape)
+        n, k = q.shape
+        table, copies = [], weight_copies(q, scale)
+        for m in sorted(r for r in set(rows) if r <= MAX_CALIBRATED_ROWS):
+            x = torch.randn(m, k, device=q.device, dtype=dtype)
+            exact, both = _references(x, q, scale, bias)
+            timed = {}
+            for kind, config in candidates(m, n, k):
+                try:
+                    got = run_kernel(kind, config, x, q, scale, bias).float()
+                except Exception as error:  # a config this device cannot compile is just not a candidate
+                    log.debug("fp8 %s %s failed for %s: %s", kind, config, name, error)
+                    continue
+                want = both if kind.startswith("scaled_mm") else exact
+                if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
+                    log.warning("fp8 %s %s gave wrong results for %s; not used", kind, config, name)
+                    continue
+                run = rotated(lambda w, s, kind=kind, config=config: run_kernel(kind, config, x, w, s, bias), copies)
+                timed[(kind, config)] = graph_us(run, replays=7)
+            if not timed:
+                continue
+            best = min(timed, key=timed.get)
+            table.append((m, best))
+            best_split = min((us, c) for (kd, c), us in timed.items() if kd == "split_k") if any(
+                kd == "split_k" for kd, _ in timed) else None
+            others = ", ".join(f"{kd} {us:.1f}" for (kd, _), us in timed.items() if kd != "split_k")
+            lines.append(f"fp8 {name} {n}x{k}, {m} row(s): {best[0]} {best[1] or ''} {timed[best]:.1f} us "
+                         f"({n * k / timed[best] / 1e6:.2f} TB/s); best split_k "
+                         f"{f'{best_split[0]:.1f} {best_split[1]}' if best_split else '-'}; {others}")
+        _CHOSEN[shape] = table
+        del copies
+        torch.cuda.empty_cache()  # the copies' memory back to the device before the graphs are captured
+    return lines
+
+
+def reset() -> None:
+    """Forget every calibrated choice (tests, A/B runs)."""
+    _CHOSEN.clear()
 
 
 def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
@@ -108,11 +266,15 @@ def linear_blocks(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, blo
 
 
 def linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, K] times an FP8 weight (q [N, K], scale [N]) plus bias: the kernels on CUDA, else the
-    weight-only reference."""
-    if x.is_cuda and x.dim() == 2:
-        if x.shape[0] <= MAX_WEIGHT_ONLY_ROWS and triton_fp8 is not None:
-            return triton_fp8.weight_only(x.contiguous(), q, scale, bias)
-        if x.shape[1] % 16 == 0 and q.shape[0] % 16 == 0:
-            return _scaled_mm(x.contiguous(), q, scale, bias)
+    """x [T, K] times an FP8 weight (q [N, K], scale [N]) plus bias: the kernels on CUDA (the
+    calibrated choice for the row count), else the weight-only reference."""
+    if x.is_cuda and x.dim() == 2 and triton_fp8 is not None:
+        m, (n, k) = x.shape[0], q.shape
+        if not FAST:  # the first dispatch, for A/B runs
+            kind, config = ("weight_only", None) if m <= MAX_WEIGHT_ONLY_ROWS else \
+                ("scaled_mm_torch", None) if n % 16 == 0 and k % 16 == 0 else ("ref", None)
+        else:
+            kind, config = choice_for(m, n, k, bias is not None)
+        if kind != "ref":
+            return run_kernel(kind, config, x.contiguous(), q, scale, bias)
     return weight_only_ref(x, q, scale, bias)

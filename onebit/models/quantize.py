@@ -39,6 +39,11 @@ class Fp8Linear(nn.Module):
         return fp8.linear(x, self.qweight, self.weight_scale, self.bias)
 
 
+def fp8_layers(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Every `Fp8Linear` of `model` by name: (qweight, weight_scale, bias), for `fp8.calibrate`."""
+    return {name: (m.qweight, m.weight_scale, m.bias) for name, m in model.named_modules() if isinstance(m, Fp8Linear)}
+
+
 def quantize_model(model: nn.Module, method: str) -> int:
     """Replace every decoder `Linear` of `model` by its quantized form; returns how many."""
     if method not in METHODS:

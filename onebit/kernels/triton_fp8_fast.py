@@ -1,0 +1,199 @@
+"""Triton kernels for FP8 (e4m3) weights with one scale per output column: a split-K weight-only
+product for few rows, and a one-pass per-token quantizer feeding `torch._scaled_mm` for many.
+
+`split_k`: decoding reads every weight once per step, so the kernel's job is to keep enough
+bytes in flight. The first weight-only kernel (`triton_fp8`) ran one program per 32 output
+columns, 128-192 programs for the 4096- and 6144-wide products on 132 SMs, and streamed e4m3 at
+1.6-2.7 TB/s. Here the grid is (row tiles, column tiles, SPLIT slices of K): each program walks
+its K slice in BLOCK_K tiles of whole weight rows (K contiguous, so each thread loads 16
+consecutive bytes), widens them in registers and accumulates in float32, with an elementwise
+product and a row sum for one row (BLOCK_M == 1) and `tl.dot` for more. With SPLIT == 1 the
+program scales its columns and writes the result; otherwise it writes an unscaled float32
+partial and `_reduce_kernel` sums the SPLIT partials of each output in a fixed order
+(deterministic), applies the column scale once and adds the bias.
+
+`quantize_rows`: the activations' per-token quantization (amax, scale, divide, cast) in one
+program per row instead of a chain of torch ops, each a launch of its own.
+
+References: `onebit.kernels.fp8.weight_only_ref` and `onebit.kernels.fp8.quantize_rows`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
+MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
+# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). BLOCK_M is 1 (one row, no tl.dot) or 16/32/64.
+ONE_ROW_CONFIGS = [(1, 16, 512, 1, 4), (1, 16, 512, 4, 4), (1, 32, 256, 4, 4), (1, 16, 1024, 2, 4),
+                   (1, 32, 512, 2, 4), (1, 64, 256, 4, 8), (1, 16, 256, 8, 4), (1, 8, 1024, 4, 4)]
+FEW_ROW_CONFIGS = [(16, 16, 512, 1, 4), (16, 16, 512, 4, 4), (16, 32, 256, 4, 4), (16, 32, 512, 2, 4),
+                   (16, 64, 256, 4, 4), (16, 64, 256, 2, 8), (16, 16, 256, 8, 4), (16, 32, 256, 8, 4)]
+MANY_ROW_CONFIGS = [(32, 32, 256, 4, 4), (32, 64, 256, 2, 4), (64, 32, 128, 2, 4), (64, 64, 128, 2, 4),
+                    (64, 32, 256, 4, 4), (64, 64, 128, 4, 4), (64, 64, 256, 4, 8), (64, 128, 128, 1, 8),
+                    (64, 128, 128, 4, 8)]
+
+
+@triton.jit
+def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
+                    stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr):
+    # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    # Columns past N read row 0 instead of masking: the weight loads stay unmasked and vectorized;
+    # those columns are never stored.
+    w_rows = w_ptr + tl.where(n_ok, rn, 0).to(tl.int64)[:, None] * stride_wn
+    k_begin = pid_k * K_PER_SPLIT
+    if BLOCK_M == 1:
+        x_row = x_ptr + pid_m * stride_xm
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                x = tl.load(x_row + rk).to(tl.float32)
+                w = tl.load(w_rows + rk[None, :], eviction_policy="evict_first")
+            else:
+                x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
+                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        out = out_ptr + pid_m * stride_om + rn
+        if SPLIT == 1:
+            acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+        else:
+            tl.store(out + pid_k * stride_split, acc, mask=n_ok)
+    else:
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = rm < M
+        x_rows = x_ptr + rm[:, None] * stride_xm
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None], other=0.0)
+                w = tl.load(w_rows + rk[None, :], eviction_policy="evict_first")
+            else:
+                x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
+                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+        out = out_ptr + rm[:, None] * stride_om + rn[None, :]
+        out_ok = m_ok[:, None] & n_ok[None, :]
+        if SPLIT == 1:
+            acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
+        else:
+            tl.store(out + pid_k * stride_split, acc, mask=out_ok)
+
+
+@triton.jit
+def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < TOTAL
+    acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
+    for part in tl.static_range(1, SPLIT):
+        acc += tl.load(p_ptr + part * TOTAL + offs, mask=ok, other=0.0)
+    col = offs % N
+    acc = acc * tl.load(s_ptr + col, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+            config: tuple[int, int, int, int, int]) -> torch.Tensor:
+    """x [M, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype.
+
+    config is (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); BLOCK_M 1 walks the rows one program
+    each without tensor cores, otherwise row tiles of BLOCK_M (at least 16) go through `tl.dot`."""
+    block_m, block_n, block_k, split, warps = config
+    m, n, k = x.shape[0], q.shape[0], q.shape[1]
+    if m > MAX_ROWS:
+        raise ValueError(f"split_k takes at most {MAX_ROWS} rows, got {m}")
+    # Each slice a whole number of BLOCK_K tiles; the last slices may run past K (masked) or be empty.
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    even_k = k_per_split * split == k
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
+    b_arg = bias if bias is not None else scale
+    if split == 1:
+        _split_k_kernel[grid](x, q, scale, b_arg, y, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), 0,
+                              HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                              SPLIT=1, EVEN_K=even_k, num_warps=warps)
+        return y
+    partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
+                          HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
+                          EVEN_K=even_k, num_warps=warps)
+    block = 1024
+    _reduce_kernel[(triton.cdiv(m * n, block),)](partial, scale, b_arg, y, n, m * n, HAS_BIAS=bias is not None,
+                                                 SPLIT=split, BLOCK=block, num_warps=4)
+    return y
+
+
+def candidates(rows: int) -> list[tuple[int, int, int, int, int]]:
+    """The split_k configs worth timing for this many rows."""
+    if rows == 1:
+        return ONE_ROW_CONFIGS + FEW_ROW_CONFIGS[:2]
+    if rows <= 16:
+        return FEW_ROW_CONFIGS
+    return MANY_ROW_CONFIGS if rows <= MAX_ROWS else []
+
+
+def default_config(rows: int) -> tuple[int, int, int, int, int]:
+    """The config used for a row count nothing was calibrated for."""
+    if rows == 1:
+        return ONE_ROW_CONFIGS[1]
+    if rows <= 16:
+        return FEW_ROW_CONFIGS[1]
+    return MANY_ROW_CONFIGS[0] if rows <= 32 else MANY_ROW_CONFIGS[2]
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    # v (float32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, as float32. Done in
+    # float32 arithmetic so the final cast is exact: Triton's interpreter (the CPU tests) drops the
+    # carry when a cast rounds up into the next power of two (124.7 became 64, not 128).
+    exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    # 3 mantissa bits: a step of 2^(e-3) within [2^e, 2^(e+1)); the subnormals share 2^-9.
+    step_exponent = tl.maximum(exponent, -6) - 3
+    step = ((step_exponent + 127) << 23).to(tl.float32, bitcast=True)
+    scaled = v * ((127 - step_exponent) << 23).to(tl.float32, bitcast=True)  # v / step, exact; |scaled| <= 16
+    rounded = (scaled + 12582912.0) - 12582912.0  # 1.5 * 2^23: float32 addition rounds to an integer, ties to even
+    return tl.where(rounded == 0, v * 0.0, rounded * step)  # keeps the sign of a zero, as torch's cast does
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_xm
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        amax = tl.maximum(amax, tl.abs(tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)))
+    scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), FP8_MAX)  # IEEE division, as torch's
+    tl.store(s_ptr + row, scale)
+    for k0 in range(0, K, BLOCK_K):  # the second read of the row comes from the cache
+        rk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
+        q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX))
+        tl.store(q_ptr + row * stride_qm + rk, q.to(q_ptr.dtype.element_ty), mask=rk < K)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [M, K] e4m3, scale [M, 1] float32) with x ~= q * scale, one scale per row (token)."""
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    block_k = min(triton.next_power_of_2(k), 4096)
+    _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), BLOCK_K=block_k,
+                                num_warps=8 if block_k >= 4096 else 4)
+    return q, scale

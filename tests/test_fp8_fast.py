@@ -1,0 +1,147 @@
+"""The second generation of FP8 kernels (`triton_fp8_fast`: the split-K weight-only product and
+the one-pass per-token quantizer) against their plain-torch references, in Triton's interpreter
+on CPU (the GPU where there is one), and the per-row-count dispatch of `fp8.linear`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from onebit.kernels import fp8
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+triton_fast = pytest.importorskip("onebit.kernels.triton_fp8_fast")
+
+
+def _case(m, n, k, bias, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g) * 3  # rows of different ranges
+    q, scale = fp8.quantize_rows(w)
+    b = torch.randn(n, generator=g) if bias else None
+    x = torch.randn(m, k, generator=g)
+    to = lambda t: t.to(DEVICE) if t is not None else None  # noqa: E731
+    return to(x).to(dtype), to(q), to(scale), to(b)
+
+
+# (rows, N, K, bias, (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps)): one row and row tiles; N not a
+# multiple of BLOCK_N; K shorter than a tile, a multiple of the slices, and slices running past K
+# (the last ones partial or empty); the fp32 partials and their reduction (SPLIT > 1) with a bias.
+CASES = [(1, 37, 300, False, (1, 16, 512, 1, 4)), (1, 64, 1024, True, (1, 16, 256, 4, 4)),
+         (1, 40, 1000, True, (1, 32, 256, 8, 4)), (3, 33, 512, True, (16, 16, 512, 1, 4)),
+         (5, 48, 768, False, (16, 32, 256, 4, 4)), (16, 70, 640, True, (16, 64, 256, 2, 8)),
+         (40, 96, 256, True, (32, 32, 256, 4, 4)), (70, 50, 384, False, (64, 32, 128, 2, 4))]
+
+
+@pytest.mark.parametrize("m,n,k,bias,config", CASES)
+def test_split_k_matches_the_weight_only_reference(m, n, k, bias, config):
+    x, q, scale, b = _case(m, n, k, bias, seed=m * n + k)
+    want = fp8.weight_only_ref(x, q, scale, b)
+    got = triton_fast.split_k(x, q, scale, b, config)
+    assert got.shape == want.shape and got.dtype == x.dtype
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < (1e-5 if DEVICE == "cpu" else 2e-3), err
+
+
+def test_every_listed_config_runs_on_a_small_product():
+    for m in (1, 4, 20):
+        x, q, scale, b = _case(m, 24, 384, True, seed=m)
+        want = fp8.weight_only_ref(x, q, scale, b)
+        for config in triton_fast.candidates(m):
+            got = triton_fast.split_k(x, q, scale, b, config)
+            assert ((got - want).norm() / want.norm()).item() < (1e-5 if DEVICE == "cpu" else 2e-3), (m, config)
+
+
+def test_split_k_refuses_more_than_max_rows():
+    x, q, scale, _ = _case(triton_fast.MAX_ROWS + 1, 16, 64, False, seed=2)
+    with pytest.raises(ValueError, match="at most"):
+        triton_fast.split_k(x, q, scale, None, triton_fast.MANY_ROW_CONFIGS[0])
+
+
+def test_fused_quantizer_equals_the_reference_bit_for_bit():
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[grid.isfinite()].unique()  # every e4m3 value, both zeros' sign aside
+    ties = (grid[1:] + grid[:-1]) / 2  # halfway between neighbours: rounding to even decides
+    g = torch.Generator().manual_seed(4)
+    rows = [torch.cat([grid, ties, torch.tensor([-0.0, 1e-9, -1e-9])]),  # amax 448: scale exactly 1
+            torch.randn(5000, generator=g) * 30,  # longer than one 4096-wide tile: two passes per row
+            torch.randn(5000, generator=g) * 1e-3, torch.zeros(5000)]
+    k = max(len(r) for r in rows)
+    x = torch.stack([torch.nn.functional.pad(r, (0, k - len(r))) for r in rows]).to(DEVICE)
+    got_q, got_scale = triton_fast.quantize_rows(x)
+    want_q, want_scale = fp8.quantize_rows(x)
+    assert got_scale.shape == (4, 1) and torch.equal(got_scale[:, 0], want_scale)
+    assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+def test_fused_quantizer_reads_bf16_rows_with_a_stride():
+    x = (torch.randn(6, 200, generator=torch.Generator().manual_seed(5)) * 7).to(torch.bfloat16).to(DEVICE)
+    view = x[:, :130]  # row stride 200, 130 columns
+    got_q, got_scale = triton_fast.quantize_rows(view)
+    want_q, want_scale = fp8.quantize_rows(view)
+    assert torch.equal(got_scale[:, 0], want_scale) and torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+@pytest.fixture
+def clean_choices():
+    fp8.reset()
+    yield
+    fp8.reset()
+
+
+def test_a_product_takes_the_choice_of_the_fewest_calibrated_rows_at_or_above_it(clean_choices):
+    a, b, c = ("split_k", (1, 16, 512, 4, 4)), ("split_k", (16, 32, 256, 4, 4)), ("scaled_mm", None)
+    fp8._CHOSEN[(96, 256, False)] = [(1, a), (8, b), (64, c)]
+    assert [fp8.choice_for(m, 96, 256, False) for m in (1, 2, 8, 9, 64)] == [a, b, b, c, c]
+    assert fp8.choice_for(65, 96, 256, False) == fp8.default_choice(65, 96, 256)  # above every calibrated count
+    assert fp8.choice_for(1, 96, 256, True) == fp8.default_choice(1, 96, 256)  # another shape (with a bias)
+
+
+def test_uncalibrated_rule_takes_split_k_then_the_first_kernel_then_scaled_mm():
+    assert fp8.default_choice(1, 4096, 4096) == ("split_k", triton_fast.default_config(1))
+    assert fp8.default_choice(16, 4096, 4096)[0] == "split_k"
+    assert fp8.default_choice(17, 4096, 4096)[0] == "weight_only"
+    assert fp8.default_choice(65, 4096, 4096) == ("scaled_mm", None)
+    assert fp8.default_choice(65, 40, 4096)[0] == "split_k"  # N not a multiple of 16: no _scaled_mm
+    assert fp8.default_choice(triton_fast.MAX_ROWS + 1, 40, 4096) == ("ref", None)
+
+
+def test_default_configs_are_candidates_that_fit_their_rows():
+    for m in (1, 2, 16, 17, 64, 256):
+        config = triton_fast.default_config(m)
+        assert config in triton_fast.candidates(m)
+        assert (config[0] == 1) == (m == 1)
+
+
+def test_calibration_chooses_nothing_for_weights_off_cuda(clean_choices):
+    _, q, scale, _ = _case(1, 32, 64, False, seed=6)
+    if DEVICE == "cuda":
+        q, scale = q.cpu(), scale.cpu()
+    assert fp8.calibrate({"w": (q, scale, None)}, [1, 8]) == [] and not fp8._CHOSEN
+
+
+def test_fp8_layers_lists_each_quantized_linear():
+    from onebit.models.layers import Linear
+    from onebit.models.quantize import Fp8Linear, fp8_layers, quantize_model
+
+    model = nn.Sequential(Linear(64, 32), nn.Sequential(Linear(32, 48, bias=False)))
+    assert quantize_model(model, "fp8") == 2
+    layers = fp8_layers(model)
+    assert sorted(layers) == ["0", "1.0"]
+    for name, (q, scale, bias) in layers.items():
+        module = model.get_submodule(name)
+        assert isinstance(module, Fp8Linear) and q is module.qweight and scale is module.weight_scale
+        assert (bias is None) == (name == "1.0")
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="calibration times the kernels in CUDA graphs")
+def test_calibrated_linear_matches_its_reference_on_the_gpu(clean_choices):
+    x, q, scale, b = _case(1, 256, 512, True, seed=8, dtype=torch.bfloat16)
+    lines = fp8.calibrate({"w": (q, scale, b)}, [1, 8, 64, 128])
+    assert len(lines) == 4 and [m for m, _ in fp8._CHOSEN[(256, 512, True)]] == [1, 8, 64, 128]
+    for m in (1, 5, 8, 64, 100, 128):
+        x, _, _, _ = _case(m, 256, 512, True, seed=m, dtype=torch.bfloat16)
+        kind, _ = fp8.choice_for(m, 256, 512, True)
+        want = (fp8.w8a8_ref if kind.startswith("scaled_mm") else fp8.weight_only_ref)(x.float(), q, scale, b)
+        got = fp8.linear(x, q, scale, b).float()
+        assert ((got - want).norm() / want.norm()).item() < 1e-2, (m, kind)
