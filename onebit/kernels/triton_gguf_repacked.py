@@ -24,6 +24,9 @@ same plane code) and multiplies with cuBLAS. Reference: `gguf_repack.repacked_li
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -65,9 +68,33 @@ CONFIGS = {
     "dot-n64-g2": RepackedConfig("dot", 64, 2, warps=8, programs=512),
 }
 FMA_MAX_ROWS = 4
-# rows (1..16) -> config; the device sweep rewrites this (bench/gpu_gguf_quant.py --repacked prints
-# the dict). Unmeasured until then: "fma" for 1-2 rows, "dot" above.
-DEFAULT = {m: CONFIGS["fma-n16-g2"] if m <= 2 else CONFIGS["dot-n32-g2"] for m in range(1, MAX_KERNEL_ROWS + 1)}
+# (qtype, rows 1..16) -> config. Unmeasured guesses ("fma" for 1-2 rows, "dot" above) until the device
+# sweep (bench/gpu_gguf_repacked.py) writes its picks as JSON: taken from $ONEBIT_GGUF_REPACKED_TABLE,
+# else from gguf_repacked_table.json beside this file (commit the sweep's file there).
+TABLE_ENV = "ONEBIT_GGUF_REPACKED_TABLE"
+TABLE_FILE = Path(__file__).with_name("gguf_repacked_table.json")
+DEFAULT = {(qtype, m): CONFIGS["fma-n16-g2"] if m <= 2 else CONFIGS["dot-n32-g2"]
+           for qtype in GROUPING for m in range(1, MAX_KERNEL_ROWS + 1)}
+
+
+def table_from_json(text: str) -> dict[tuple[str, int], RepackedConfig]:
+    """{qtype: {rows: config fields}} (the sweep's file) -> {(qtype, rows): RepackedConfig}, the rows
+    between two measured counts taking the config of the next measured count up."""
+    table = {}
+    for qtype, by_rows in json.loads(text).items():
+        measured = sorted((int(m), RepackedConfig(**fields)) for m, fields in by_rows.items())
+        for m in range(1, MAX_KERNEL_ROWS + 1):
+            table[qtype, m] = next((c for rows, c in measured if rows >= m), measured[-1][1])
+    return table
+
+
+def _load_table() -> None:
+    path = os.environ.get(TABLE_ENV) or (TABLE_FILE if TABLE_FILE.exists() else None)
+    if path:
+        DEFAULT.update(table_from_json(Path(path).read_text()))
+
+
+_load_table()
 
 
 @triton.jit
@@ -188,7 +215,7 @@ def _load_group_codes(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g0, NG: tl
     return words, high
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "GROUPS_PER_SPLIT", "stride_ysplit"])  # fewer compiled variants
 def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_SPLIT,
                      stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
                      QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
@@ -232,10 +259,10 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
             else:
                 acc0 += w * tl.load(x_ptr + cols).to(tl.float32)[None, :, :]
                 if BLOCK_M > 1:
-                    acc1 += w * tl.load(x_ptr + stride_xm + cols, mask=M > 1, other=0.0).to(tl.float32)[None, :, :]
+                    acc1 += w * tl.load(x_ptr + stride_xm + cols, mask=cols * 0 + M > 1, other=0.0).to(tl.float32)[None, :, :]
                 if BLOCK_M > 2:
-                    acc2 += w * tl.load(x_ptr + 2 * stride_xm + cols, mask=M > 2, other=0.0).to(tl.float32)[None, :, :]
-                    acc3 += w * tl.load(x_ptr + 3 * stride_xm + cols, mask=M > 3, other=0.0).to(tl.float32)[None, :, :]
+                    acc2 += w * tl.load(x_ptr + 2 * stride_xm + cols, mask=cols * 0 + M > 2, other=0.0).to(tl.float32)[None, :, :]
+                    acc3 += w * tl.load(x_ptr + 3 * stride_xm + cols, mask=cols * 0 + M > 3, other=0.0).to(tl.float32)[None, :, :]
     if not USE_DOT:
         acc = tl.where(rm[:, None] == 0, tl.sum(tl.sum(acc0, axis=2), axis=1)[None, :], acc)
         if BLOCK_M > 1:
@@ -341,13 +368,13 @@ def plan(weight: RepackedMatrix, rows: int, config: RepackedConfig) -> tuple[int
 def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
                     config: RepackedConfig | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output
-    is fine: unit column stride). config None: DEFAULT[M]. Reference: `gguf_repack.repacked_linear_ref`."""
+    is fine: unit column stride). config None: DEFAULT[qtype, M]. Reference: `gguf_repack.repacked_linear_ref`."""
     m, k = x.shape
     if k != weight.cols:
         raise ValueError(f"x has {k} columns, the weight {weight.cols}")
     if not 1 <= m <= MAX_KERNEL_ROWS:
         raise ValueError(f"matmul_few_rows takes 1 to {MAX_KERNEL_ROWS} rows, got {m}")
-    config = config or DEFAULT[m]
+    config = config or DEFAULT[weight.qtype, m]
     if config.mode not in ("fma", "dot") or config.reduce not in ("sum", "atomic"):
         raise ValueError(f"unknown config {config}")
     if config.mode == "fma" and m > FMA_MAX_ROWS:
