@@ -65,6 +65,14 @@ def test_packable_layers_are_packed_and_the_rest_is_not(loads):
     assert packed.engine.runner.model.embed_tokens.weight.dtype == torch.float32
 
 
+def test_packed_layers_are_repacked_for_the_gpu(loads):
+    from onebit.kernels.gguf_repack import RepackedMatrix
+
+    for layer in _packed_layers(loads[0]).values():
+        assert layer.repacked and all(isinstance(p, RepackedMatrix) for p in layer.parts)
+        assert not any(name.endswith("_quants") for name, _ in layer.named_buffers())  # no second copy
+
+
 def test_packed_bytes_are_the_files(loads, mixed_file):
     """The ffn_down weight's bytes are the file's; q's rows come back unpermuted, whole rows of blocks."""
     packed, _ = loads

@@ -232,24 +232,29 @@ except ImportError:  # pragma: no cover - depends on the install
     triton_gguf = None
 
 
-def packed_linear_ref(x: torch.Tensor, parts: list[PackedMatrix], bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, K] @ the weight stacked from `parts` (rows in order) .T + bias: each part dequantized to
+def packed_linear_ref(x: torch.Tensor, parts: list, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] @ the weight stacked from `parts` (rows in order; `PackedMatrix` or
+    `gguf_repack.RepackedMatrix`, which dequantize to the same values) .T + bias: each part dequantized to
     x's dtype, then `F.linear` (what a model dequantized at load computes)."""
     weight = torch.cat([p.dequantize(x.dtype) for p in parts]) if len(parts) > 1 else parts[0].dequantize(x.dtype)
     return F.linear(x, weight, bias)
 
 
-def packed_linear(x: torch.Tensor, parts: list[PackedMatrix], bias: torch.Tensor | None = None,
+def packed_linear(x: torch.Tensor, parts: list, bias: torch.Tensor | None = None,
                   kernels: bool | None = None) -> torch.Tensor:
-    """x [T, K] @ the weight stacked from `parts` .T + bias: the Triton kernels for 2-D input (kernels
+    """x [T, K] @ the weight stacked from `parts` .T + bias: the Triton kernels for 2-D input (`triton_gguf`
+    for a PackedMatrix, `triton_gguf_repacked` for a RepackedMatrix; kernels
     None: when x is on CUDA; True also runs them on the CPU, in Triton's interpreter), else the reference."""
     if kernels is None:
         kernels = x.is_cuda
     if kernels and x.dim() == 2 and triton_gguf is not None:
+        from onebit.kernels import triton_gguf_repacked
+
         y = torch.empty(x.shape[0], sum(p.rows for p in parts), dtype=x.dtype, device=x.device)
         at = 0
         for part in parts:
-            triton_gguf.matmul(x, part, y[:, at:at + part.rows])
+            kernel = triton_gguf.matmul if isinstance(part, PackedMatrix) else triton_gguf_repacked.matmul
+            kernel(x, part, y[:, at:at + part.rows])
             at += part.rows
         return y.add_(bias) if bias is not None else y
     return packed_linear_ref(x, parts, bias)

@@ -25,6 +25,7 @@ def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, load_f
     (`onebit.models.gguf.packed`); None or False: dequantized at load. Packed is opt-in until its
     kernels beat bf16: on the H200 the Q4_K kernel read 0.40 TB/s (2.5x slower than bf16 cuBLAS).
     """
+    from onebit.models.gguf import packed
     from onebit.models.gguf.packed import fill_packed, plan_packed, skipping_packed, swap_in_packed
     from onebit.models.loader import build_on_device, fill_random
 
@@ -48,6 +49,8 @@ def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, load_f
     else:
         fill_from_gguf(model, gfile, cfg, skipping_packed(rename, plans), device, dtype, "weights")
         fill_packed(model, gfile, plans)
+        if packed.REPACK:
+            packed.repack_packed(model, plans)
         if plans:
             packed_bytes = sum(part.nbytes for name in plans for part in model.get_submodule(name).parts)
             log.info("GGUF: %d linear layers kept packed on %s (%.2f GiB)", len(plans), device, packed_bytes / 2**30)

@@ -1,0 +1,227 @@
+"""Repacked GGUF weights on the GPU: the few-row kernel's config sweep against bf16 cuBLAS (#20).
+
+    PYTHONPATH=. python3 bench/gpu_gguf_repacked.py --out DIR                 # kernels (~2-3 min)
+    PYTHONPATH=. python3 bench/gpu_gguf_repacked.py --out DIR --engine        # then engine decode B=1/8
+
+Kernels: Q4_K, Q6_K, Q8_0 weights (random bf16 encoded by onebit.testing.gguf_encode, then repacked,
+`gguf_repack.RepackedMatrix`) at the Qwen3-8B products (qkv 6144x4096, o 4096x4096, gate_up 24576x4096,
+down 4096x12288) and the head (151936x4096), 1/2/4/8/16 activation rows: every
+`triton_gguf_repacked.CONFIGS` entry ("fma" ones up to 4 rows) and bf16 cuBLAS on the dequantized
+weight, each timed inside a CUDA graph (`onebit.kernels.timing.graph_us`); TB/s counts the bytes each
+reads (repacked bytes; bf16: 2 per weight). Each config's result is checked against the float32
+product with the dequantized weight, and the Triton dequantizer against the torch reference bit for
+bit. The kernels of the sweep are compiled first in parallel worker processes (Triton's disk cache),
+so the timing loop compiles nothing.
+
+Then per config the geometric mean of its speed-up over bf16 per row count, and the best config per
+(type, row count): DIR/gguf_repacked_table.json, the file `triton_gguf_repacked` takes its defaults
+from (copy it to onebit/kernels/gguf_repacked_table.json, or point $ONEBIT_GGUF_REPACKED_TABLE at
+it). Tables in DIR/gguf_repacked.md, printed last.
+
+--engine (a few more minutes, ~14 GB disk under --work): bench/gpu_gguf_quant.py's engine run at
+B = --batches (default 1,8) with this run's table: bf16 weights, Q4_K_M packed (repacked), Q4_K_M
+dequantized, Q8_0 packed; decode tok/s and logit errors.
+
+On the device (carry .whl, see tools/device_wheels.sh: the device lacks gguf and the server's packages):
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
+        .whl/*.whl && PYTHONPATH=/tmp/site:. TQDM_DISABLE=1 python3 bench/gpu_gguf_repacked.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+PRODUCTS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096),
+            "down_proj": (4096, 12288), "lm_head": (151936, 4096)}
+TYPES = ("Q4_K", "Q6_K", "Q8_0")
+ROWS = (1, 2, 4, 8, 16)
+
+
+def runs_config(config, rows: int) -> bool:
+    """Whether the sweep times `config` at `rows` ("fma" only up to its row limit)."""
+    from onebit.kernels import triton_gguf_repacked as tr
+
+    return config.mode == "dot" or rows <= tr.FMA_MAX_ROWS
+
+
+def empty_repacked(qtype: str, n: int, k: int, device: str):
+    """A RepackedMatrix of the right shapes and dtypes with uninitialised storage (for compiling)."""
+    from onebit.kernels.gguf_repack import RepackedMatrix
+    from onebit.kernels.gguf_quants import PackedMatrix
+
+    tiny = RepackedMatrix.from_packed(PackedMatrix.from_blocks(
+        torch.zeros(1, PackedMatrix.empty(qtype, 1, k).nbytes, dtype=torch.uint8), qtype, k))
+    return RepackedMatrix(qtype, n, k, *(torch.empty(n, t.shape[1], dtype=t.dtype, device=device)
+                                         for t in tiny.tensors.values()))
+
+
+def compile_job(job: tuple[str, str]) -> tuple[str, str, float, str]:
+    """In a worker process: launch config `job[1]` on every product and row count of type `job[0]` on
+    empty weights, so that Triton compiles (and caches on disk) what the timing loop will launch."""
+    from onebit.kernels import triton_gguf_repacked as tr
+
+    qtype, label = job
+    config = tr.CONFIGS[label]
+    start = time.perf_counter()
+    try:
+        for n, k in PRODUCTS.values():
+            w = empty_repacked(qtype, n, k, "cuda")
+            for m in ROWS:
+                if runs_config(config, m):
+                    tr.matmul_few_rows(torch.zeros(m, k, device="cuda", dtype=torch.bfloat16), w, config=config)
+            if label == next(iter(tr.CONFIGS)):
+                tr.dequantize(w, torch.float32)
+            del w
+        torch.cuda.synchronize()
+        return qtype, label, time.perf_counter() - start, ""
+    except Exception as err:  # reported in the table; the timing loop then skips the config
+        return qtype, label, time.perf_counter() - start, f"{type(err).__name__}: {str(err)[:300]}"
+
+
+def precompile(workers: int) -> dict[tuple[str, str], str]:
+    """Compile the sweep's kernels in `workers` processes; (qtype, config) -> error ('' when fine)."""
+    from onebit.kernels import triton_gguf_repacked as tr
+
+    jobs = [(qtype, label) for qtype in TYPES for label in tr.CONFIGS]
+    start = time.perf_counter()
+    import multiprocessing
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(compile_job, jobs))
+    errors = {}
+    for qtype, label, seconds, error in results:
+        errors[qtype, label] = error
+        if error:
+            print(f"compile {qtype} {label}: {error}", flush=True)
+    print(f"compiled {len(jobs)} jobs in {time.perf_counter() - start:.0f} s ({workers} workers)", flush=True)
+    return errors
+
+
+def random_repacked(qtype: str, n: int, k: int, device: torch.device):
+    """A RepackedMatrix of random weights (random bf16 encoded by the torch GGUF encoders), on device."""
+    from onebit.kernels.gguf_quants import PackedMatrix
+    from onebit.kernels.gguf_repack import RepackedMatrix
+    from onebit.testing.gguf_encode import ENCODERS
+
+    w = torch.randn(n, k, device=device) * k ** -0.5
+    return RepackedMatrix.from_packed(PackedMatrix.from_blocks(ENCODERS[qtype](w), qtype, k))
+
+
+def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[list[str], dict]:
+    """Time every config and bf16 at every product, type and row count; markdown lines and the table.
+    (device and timer only for a CPU smoke run in Triton's interpreter, at small PRODUCTS.)"""
+    import torch.nn.functional as F
+
+    from onebit.kernels import triton_gguf_repacked as tr
+    from onebit.kernels.timing import graph_us
+
+    dev = torch.device(device)
+    graph_us = timer or graph_us
+    records, exact = [], {}
+    lines = ["| product | type | rows | best us (TB/s) | best config | bf16 cuBLAS us (TB/s) | best vs bf16 | "
+             "fma-n16-g2 us | dot-n32-g2 us | worst rel err (config) |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for name, (n, k) in PRODUCTS.items():
+        for qtype in TYPES:
+            w = random_repacked(qtype, n, k, dev)
+            dense = w.dequantize(torch.float32)
+            exact[f"{name} {qtype}"] = bool(torch.equal(tr.dequantize(w, torch.float32), dense))
+            dense16 = dense.to(torch.bfloat16)
+            tb = w.nbytes / 1e6  # bytes / us / 1e6 = TB/s
+            for m in ROWS:
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                want = x.float() @ dense.t()
+                rec = {"product": name, "n": n, "k": k, "qtype": qtype, "rows": m, "bytes": w.nbytes,
+                       "bf16_us": graph_us(lambda: F.linear(x, dense16)), "us": {}, "rel_err": {}}
+                for label, config in tr.CONFIGS.items():
+                    if not runs_config(config, m) or errors.get((qtype, label)):
+                        continue
+                    try:
+                        got = tr.matmul_few_rows(x, w, config=config).float()
+                        rec["rel_err"][label] = ((got - want).norm() / want.norm()).item()
+                        rec["us"][label] = graph_us(lambda: tr.matmul_few_rows(x, w, config=config))
+                    except Exception as err:  # a launch failure is a result, not a crash
+                        print(f"{name} {qtype} {m} {label}: {type(err).__name__}: {str(err)[:200]}", flush=True)
+                records.append(rec)
+                timed = rec["us"]
+                best = min(timed, key=timed.get) if timed else None
+                b_us = timed.get(best, float("nan"))
+                worst = max(rec["rel_err"], key=rec["rel_err"].get) if rec["rel_err"] else None
+                lines.append(
+                    f"| {name} {n}x{k} | {qtype} | {m} | {b_us:.1f} ({tb / b_us:.2f}) | {best} | {rec['bf16_us']:.1f} "
+                    f"({n * k * 2 / 1e6 / rec['bf16_us']:.2f}) | {rec['bf16_us'] / b_us:.2f}x | "
+                    f"{timed.get('fma-n16-g2', float('nan')):.1f} | {timed.get('dot-n32-g2', float('nan')):.1f} | "
+                    + (f"{rec['rel_err'][worst]:.1e} ({worst}) |" if worst else "- |"))
+                print(lines[-1], flush=True)
+            del w, dense, dense16
+            torch.cuda.empty_cache()
+    (out / "gguf_repacked.json").write_text(json.dumps({"records": records, "dequantize_exact": exact}, indent=1))
+
+    def geomean(values):
+        return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+    lines += ["", f"Triton dequantizer equal to the torch reference bit for bit: "
+              f"{sum(exact.values())}/{len(exact)}" + ("" if all(exact.values()) else f" (not: {[k for k, v in exact.items() if not v]})"),
+              "", "Per config: geometric mean over products and types of the speed-up vs bf16 cuBLAS", "",
+              "| config | " + " | ".join(f"{m} rows" for m in ROWS) + " |", "|---|" + "---:|" * len(ROWS)]
+    for label in tr.CONFIGS:
+        cells = [geomean([r["bf16_us"] / r["us"][label] for r in records if r["rows"] == m and label in r["us"]])
+                 for m in ROWS]
+        lines.append(f"| {label} | " + " | ".join("n/a" if math.isnan(c) else f"{c:.2f}x" for c in cells) + " |")
+    # Best config per (type, rows): the geometric mean over the products of bf16 us / config us.
+    table, picks = {}, []
+    for qtype in TYPES:
+        for m in ROWS:
+            scores = {label: geomean([r["bf16_us"] / r["us"][label] for r in records
+                                      if r["rows"] == m and r["qtype"] == qtype and label in r["us"]])
+                      for label in tr.CONFIGS}
+            scores = {label: v for label, v in scores.items() if not math.isnan(v)}
+            if scores:
+                label = max(scores, key=scores.get)
+                table.setdefault(qtype, {})[str(m)] = tr.CONFIGS[label]._asdict()
+                picks.append(f"{qtype} {m}: {label} ({scores[label]:.2f}x)")
+    (out / "gguf_repacked_table.json").write_text(json.dumps(table, indent=1) + "\n")
+    lines += ["", "Best config per type and row count (DIR/gguf_repacked_table.json): " + ", ".join(picks)]
+    return lines, table
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("out/gguf_repacked"))
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="compile processes")
+    ap.add_argument("--engine", action="store_true", help="then engine decode tok/s with this run's table")
+    ap.add_argument("--batches", default="1,8", help="decode batch sizes for --engine")
+    ap.add_argument("--work", type=Path, default=None, help="--engine's model files (default: $TMPDIR)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    errors = precompile(args.workers)
+    lines, _ = sweep(args.out, errors)
+    print(f"kernels done at {time.perf_counter() - started:.0f} s", flush=True)
+    if args.engine:
+        import tempfile
+
+        from bench import gpu_gguf_quant
+
+        os.environ["ONEBIT_GGUF_REPACKED_TABLE"] = str((args.out / "gguf_repacked_table.json").resolve())
+        work = args.work or Path(tempfile.gettempdir()) / "gguf_quant"
+        lines += [""] + gpu_gguf_quant.engine_table(args.out, work, "qwen3-8b", "cuda",
+                                                    [int(b) for b in args.batches.split(",")])
+    text = "\n".join(lines)
+    (args.out / "gguf_repacked.md").write_text(text + "\n")
+    print(text)
+    print(f"total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

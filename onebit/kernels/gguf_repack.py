@@ -1,0 +1,213 @@
+"""GGUF blocks repacked at load into a layout a GPU streams well, dequantizing to the same values.
+
+The GGUF block layouts (`gguf_quants`) interleave fields of 1-2 bytes at byte-unaligned offsets
+(Q4_K's eight 6-bit scales and mins share 12 bytes); decoding them in a kernel costs integer ops and
+narrow scattered loads per weight. `RepackedMatrix` holds the same numbers regrouped:
+
+- codes: int32 [rows, cols / 8] (Q8_0: cols / 4). Each row is cut into groups of GROUP values
+  (Q4_K, Q5_K: 256, one super-block; Q6_K, Q8_0: 128) stored as 32 (Q6_K: 16) words; word p of a
+  group holds plane j (bits BITS*j ..) = the code of value group * GROUP + j * LANES + p, where
+  LANES is the words per group. So one plane of one group is LANES consecutive values with one
+  scale: a kernel loads a row's groups as wide contiguous vectors and gets a sub-block per shift.
+- high: the bits above the 4-bit planes: Q5_K uint8 [rows, cols / 8] (byte p of a group, bit j:
+  the fifth bit of value 32j + p: GGUF's own qh bytes), Q6_K int16 [rows, cols / 8] (element p of
+  a group, bits 2j, 2j+1: the top two bits of value 16j + p); empty for Q4_K and Q8_0.
+- scales: Q4_K/Q5_K uint8 [rows, cols / 16] (per super-block its 8 six-bit scales, then its 8 mins,
+  one byte each); Q6_K int8 [rows, cols / 16] (GGUF's scales, one per 16 values); empty for Q8_0.
+- d: Q4_K/Q5_K float16 (d, dmin) per super-block and Q8_0 float16 d per 32 values, as in the file
+  (a kernel reads them as 32-bit words: one per super-block, two per group); Q6_K float32 d per
+  super-block (one f16 per super-block is not a whole word).
+
+Value = scale * code - offset in float32, with (as `gguf_quants.dequantize_blocks` computes them):
+Q4_K/Q5_K scale = d * sc, offset = dmin * m (sub-blocks of 32); Q6_K scale = d * sc and code - 32
+(sub-blocks of 16); Q8_0 d * code (signed). Every product is exact in float32, so `dequantize`
+equals the GGUF reference bit for bit.
+
+Bytes per weight (GGUF's in brackets): Q4_K 0.578 (0.5625), Q5_K 0.703 (0.6875), Q6_K 0.828 (0.820),
+Q8_0 1.0625 (the same): Q4_K/Q5_K spend 16 bytes instead of 12 per super-block on scales, Q6_K 4
+instead of 2 on d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from onebit.kernels import gguf_quants as gq
+
+# qtype -> (values per group, words per group = LANES, bits per plane, planes per word)
+GROUPING = {"Q4_K": (256, 32, 4, 8), "Q5_K": (256, 32, 4, 8), "Q6_K": (128, 16, 4, 8), "Q8_0": (128, 32, 8, 4)}
+REPACKED_TYPES = tuple(GROUPING)
+
+
+def bytes_per_weight(qtype: str) -> float:
+    """Bytes the repacked layout holds per weight."""
+    return {"Q4_K": 148 / 256, "Q5_K": 180 / 256, "Q6_K": 212 / 256, "Q8_0": 34 / 32}[qtype]
+
+
+def _to_words(planes: torch.Tensor, bits: int) -> torch.Tensor:
+    """[..., P, L] small unsigned codes -> int32 [..., L]: plane j in bits bits*j (two's complement wrap)."""
+    shifts = (torch.arange(planes.shape[-2], device=planes.device) * bits).reshape(-1, 1)
+    words = (planes.to(torch.int64) << shifts).sum(dim=-2)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def _from_words(words: torch.Tensor, bits: int, planes: int) -> torch.Tensor:
+    """int32 [..., L] -> [..., P, L] unsigned codes (uint8)."""
+    shifts = (torch.arange(planes, device=words.device) * bits).reshape(-1, 1)
+    return ((words.to(torch.int64).unsqueeze(-2) >> shifts) & (2**bits - 1)).to(torch.uint8)
+
+
+def _pack_scale_min_k4(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    """[n, 8] six-bit scales and mins -> GGUF's 12 packed bytes [n, 12] (inverse of gq._scale_min_k4)."""
+    d = (sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6)
+    m = (mn[:, :4] & 0x3F) | ((mn[:, 4:] >> 4) << 6)
+    md = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
+    return torch.cat([d, m, md], dim=-1)
+
+
+def _q6_k_codes(b: torch.Tensor) -> torch.Tensor:
+    """Q6_K blocks [n, 210] -> unsigned codes [n, 256] (0..63; the value is d * sc * (code - 32))."""
+    n = b.shape[0]
+    low = b[:, 0:128].reshape(n, 2, 1, 64)
+    low = torch.cat([low & 0x0F, low >> 4], dim=2).reshape(n, 8, 32)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).reshape(1, 1, 4, 1)
+    high = ((b[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 8, 32)
+    return (low | (high << 4)).reshape(n, 256)
+
+
+def _q6_k_blocks(codes: torch.Tensor) -> torch.Tensor:
+    """Unsigned codes [n, 256] -> ql [n, 128] and qh [n, 64] bytes as Q6_K stores them."""
+    n = codes.shape[0]
+    halves = codes.reshape(n, 2, 2, 64)  # value h*128 + nib*64 + byte
+    ql = (halves[:, :, 0] & 0x0F) | ((halves[:, :, 1] & 0x0F) << 4)
+    top = (codes >> 4).reshape(n, 2, 4, 32)  # value h*128 + s*32 + l
+    qh = top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)
+    return torch.cat([ql.reshape(n, 128), qh.reshape(n, 64)], dim=-1)
+
+
+@dataclass
+class RepackedMatrix:
+    """A [rows, cols] GGUF matrix of one type in the GPU layout of this module (see its docstring)."""
+
+    qtype: str
+    rows: int
+    cols: int
+    codes: torch.Tensor
+    high: torch.Tensor
+    scales: torch.Tensor
+    d: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.high, self.scales, self.d))
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The four arrays by name."""
+        return {"codes": self.codes, "high": self.high, "scales": self.scales, "d": self.d}
+
+    @classmethod
+    def from_blocks(cls, raw: torch.Tensor, qtype: str, cols: int) -> "RepackedMatrix":
+        """Repack raw GGUF rows (uint8 [rows, row bytes]) on raw's device."""
+        if qtype not in GROUPING:
+            raise ValueError(f"no repacked layout for {qtype}")
+        if not gq.can_pack(qtype, cols):
+            raise ValueError(f"a repacked {qtype} matrix needs a multiple of {gq.LAYOUTS[qtype].step} columns")
+        rows = raw.shape[0]
+        layout = gq.LAYOUTS[qtype]
+        group, lanes, bits, planes = GROUPING[qtype]
+        b = raw.reshape(-1, layout.nbytes)  # one block per row of b
+        empty8 = torch.empty(rows, 0, dtype=torch.uint8, device=raw.device)
+        if qtype == "Q8_0":
+            q = b[:, 2:].reshape(rows, cols // group, planes, lanes)  # value 32j + p of a 128-group
+            codes = _to_words(q, bits)
+            return cls(qtype, rows, cols, codes.reshape(rows, -1), empty8, empty8,
+                       b[:, 0:2].contiguous().view(torch.float16).reshape(rows, -1))
+        if qtype == "Q6_K":
+            q = _q6_k_codes(b).reshape(rows, cols // group, planes, lanes)  # value 16j + p of a 128-group
+            codes = _to_words(q & 0x0F, bits)
+            top = (q >> 4).to(torch.int64)
+            high = (top << (2 * torch.arange(planes, device=raw.device).reshape(-1, 1))).sum(dim=-2)
+            high = torch.where(high >= 2**15, high - 2**16, high).to(torch.int16)
+            return cls(qtype, rows, cols, codes.reshape(rows, -1), high.reshape(rows, -1),
+                       b[:, 192:208].reshape(rows, -1).contiguous(),
+                       b[:, 208:210].contiguous().view(torch.float16).float().reshape(rows, -1))
+        sc, mn = gq._scale_min_k4(b[:, 4:16])
+        q = gq._nibbles(b[:, 48:176] if qtype == "Q5_K" else b[:, 16:144], b.shape[0])  # [n, 8 sub, 32]
+        codes = _to_words(q, bits)
+        high = b[:, 16:48].reshape(rows, -1).contiguous() if qtype == "Q5_K" else empty8
+        return cls(qtype, rows, cols, codes.reshape(rows, -1), high,
+                   torch.cat([sc, mn], dim=-1).reshape(rows, -1),
+                   b[:, 0:4].contiguous().view(torch.float16).reshape(rows, -1))
+
+    @classmethod
+    def from_packed(cls, packed: gq.PackedMatrix) -> "RepackedMatrix":
+        """Repack a `gguf_quants.PackedMatrix` (on its device)."""
+        return cls.from_blocks(packed.blocks(), packed.qtype, packed.cols)
+
+    def codes_unsigned(self) -> torch.Tensor:
+        """Every weight's unsigned code in column order, uint8 [rows, cols] (Q5_K/Q6_K with their high
+        bits; Q8_0's signed code + 128)."""
+        group, lanes, bits, planes = GROUPING[self.qtype]
+        q = _from_words(self.codes.reshape(self.rows, -1, lanes), bits, planes)  # [rows, groups, P, L]
+        if self.qtype == "Q5_K":
+            high = _from_words(self.high.reshape(self.rows, -1, lanes).to(torch.int32) & 0xFF, 1, planes)
+            q = q | (high << 4)
+        elif self.qtype == "Q6_K":
+            high = _from_words(self.high.reshape(self.rows, -1, lanes).to(torch.int32) & 0xFFFF, 2, planes)
+            q = q | (high << 4)
+        elif self.qtype == "Q8_0":
+            q = q ^ 0x80
+        return q.reshape(self.rows, self.cols)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The [rows, cols] values in `dtype` (through float32, the same operations as the GGUF reference)."""
+        q = self.codes_unsigned()
+        if self.qtype == "Q8_0":
+            signed = (q ^ 0x80).view(torch.int8).float().reshape(self.rows, -1, 32)
+            values = signed * self.d.float().reshape(self.rows, -1, 1)
+        elif self.qtype == "Q6_K":
+            scale = (self.d.float().reshape(self.rows, -1, 1) * self.scales.view(torch.int8).float().reshape(
+                self.rows, -1, 16)).reshape(self.rows, -1, 1)
+            values = scale * (q.to(torch.int8) - 32).float().reshape(self.rows, -1, 16)
+        else:
+            sm = self.scales.reshape(self.rows, -1, 2, 8).float()
+            dm = self.d.float().reshape(self.rows, -1, 2, 1)
+            scale = (dm[:, :, 0] * sm[:, :, 0]).reshape(self.rows, -1, 1)
+            offset = (dm[:, :, 1] * sm[:, :, 1]).reshape(self.rows, -1, 1)
+            values = scale * q.float().reshape(self.rows, -1, 32) - offset
+        return values.reshape(self.rows, self.cols).to(dtype)
+
+    def blocks(self) -> torch.Tensor:
+        """The GGUF block rows again (uint8 [rows, row bytes]): the inverse of `from_blocks`."""
+        layout = gq.LAYOUTS[self.qtype]
+        q = self.codes_unsigned()
+        nb = self.cols // layout.values
+        d_bytes = self.d.half().contiguous().view(torch.uint8).reshape(self.rows * nb, -1)
+        if self.qtype == "Q8_0":
+            body = (q ^ 0x80).reshape(self.rows * nb, 32)
+            return torch.cat([d_bytes, body], dim=-1).reshape(self.rows, -1)
+        if self.qtype == "Q6_K":
+            body = _q6_k_blocks(q.reshape(self.rows * nb, 256))
+            return torch.cat([body, self.scales.reshape(self.rows * nb, 16), d_bytes], dim=-1).reshape(self.rows, -1)
+        sm = self.scales.reshape(self.rows * nb, 16)
+        packed_scales = _pack_scale_min_k4(sm[:, :8], sm[:, 8:])
+        sub = (q & 0x0F).reshape(self.rows * nb, 4, 2, 32)  # sub-block 2c: low nibbles of chunk c
+        qs = (sub[:, :, 0] | (sub[:, :, 1] << 4)).reshape(self.rows * nb, 128)
+        parts = [d_bytes, packed_scales]
+        if self.qtype == "Q5_K":
+            parts.append(self.high.reshape(self.rows * nb, 32))
+        return torch.cat(parts + [qs], dim=-1).reshape(self.rows, -1)
+
+    def to(self, device) -> "RepackedMatrix":
+        """The same matrix on `device`."""
+        return RepackedMatrix(self.qtype, self.rows, self.cols, *(t.to(device) for t in self.tensors.values()))
+
+
+def repacked_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor:
+    """x [T, K] @ weight.T: the weight dequantized to x's dtype, then `F.linear` (what a model
+    dequantized at load computes)."""
+    return torch.nn.functional.linear(x, weight.dequantize(x.dtype))

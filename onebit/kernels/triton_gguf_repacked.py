@@ -1,0 +1,415 @@
+"""Triton products with repacked GGUF weights (`gguf_repack.RepackedMatrix`), 1-16 activation rows.
+
+Each program owns BLOCK_N weight rows and walks its share of K NG groups at a time (a group: 256
+values for Q4_K/Q5_K, 128 for Q6_K/Q8_0, stored as LANES = 32 or 16 int32 words per row). It
+loads the codes of its rows' NG groups as one contiguous run per row (wide vector loads), the
+group's scales as whole 32-bit words, and then for each plane j (one sub-block of every group)
+builds the exact float32 weights without shifting the codes down or converting ints to floats:
+
+    f = bitcast((word & plane mask) | exponent of 2**E) = 2**E + code   (one LOP3 per weight)
+    t = fma(f, scale, -2**E * scale) = code * scale       (exact: the product fits in 24 bits)
+    w = t - offset                                        (the GGUF value, bit for bit)
+
+and multiplies them by the activations at the plane's columns, one of two ways:
+- mode "fma" (CUDA cores, up to 4 rows): acc_m[n, g, lane] += x[m] * w, summed once at the end;
+- mode "dot" (tensor cores, rows padded to 16): w rounded to the activations' dtype (exactly what
+  a model dequantized at load multiplies by) and `tl.dot` with float32 accumulation.
+K is split over SPLIT programs per row tile so that 4096-row products still fill the GPU; their
+partial sums meet in a float32 workspace summed in a fixed order ("sum", deterministic) or by
+atomic adds into the zeroed output ("atomic").
+
+Above MAX_KERNEL_ROWS rows `matmul` expands the weight to the activations' dtype (`dequantize`,
+same plane code) and multiplies with cuBLAS. Reference: `gguf_repack.repacked_linear_ref`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
+
+MAX_KERNEL_ROWS = 16
+QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
+
+
+class RepackedConfig(NamedTuple):
+    """A launch of `matmul_few_rows`: mode "fma" (CUDA cores, up to 4 rows) or "dot" (tensor cores);
+    BLOCK_N weight rows per program; NG groups per loop turn; split: programs along K (0: enough for
+    about `programs` programs); reduce "sum" or "atomic"; warps; pipeline stages."""
+
+    mode: str = "fma"
+    block_n: int = 16
+    ng: int = 2
+    split: int = 0
+    reduce: str = "sum"
+    warps: int = 4
+    stages: int = 2
+    programs: int = 1024
+
+
+# Candidates bench/gpu_gguf_quant.py --repacked sweeps (named so its table can say which won).
+CONFIGS = {
+    "fma-n8-g2": RepackedConfig("fma", 8, 2),
+    "fma-n16-g2": RepackedConfig("fma", 16, 2),
+    "fma-n16-g4": RepackedConfig("fma", 16, 4),
+    "fma-n32-g2": RepackedConfig("fma", 32, 2, programs=512),
+    "fma-n16-g2-atomic": RepackedConfig("fma", 16, 2, reduce="atomic"),
+    "dot-n16-g2": RepackedConfig("dot", 16, 2),
+    "dot-n32-g2": RepackedConfig("dot", 32, 2),
+    "dot-n32-g4": RepackedConfig("dot", 32, 4, programs=512),
+    "dot-n64-g2": RepackedConfig("dot", 64, 2, warps=8, programs=512),
+}
+FMA_MAX_ROWS = 4
+# (qtype, rows 1..16) -> config. Unmeasured guesses ("fma" for 1-2 rows, "dot" above) until the device
+# sweep (bench/gpu_gguf_repacked.py) writes its picks as JSON: taken from $ONEBIT_GGUF_REPACKED_TABLE,
+# else from gguf_repacked_table.json beside this file (commit the sweep's file there).
+TABLE_ENV = "ONEBIT_GGUF_REPACKED_TABLE"
+TABLE_FILE = Path(__file__).with_name("gguf_repacked_table.json")
+DEFAULT = {(qtype, m): CONFIGS["fma-n16-g2"] if m <= 2 else CONFIGS["dot-n32-g2"]
+           for qtype in GROUPING for m in range(1, MAX_KERNEL_ROWS + 1)}
+
+
+def table_from_json(text: str) -> dict[tuple[str, int], RepackedConfig]:
+    """{qtype: {rows: config fields}} (the sweep's file) -> {(qtype, rows): RepackedConfig}, the rows
+    between two measured counts taking the config of the next measured count up."""
+    table = {}
+    for qtype, by_rows in json.loads(text).items():
+        measured = sorted((int(m), RepackedConfig(**fields)) for m, fields in by_rows.items())
+        for m in range(1, MAX_KERNEL_ROWS + 1):
+            table[qtype, m] = next((c for rows, c in measured if rows >= m), measured[-1][1])
+    return table
+
+
+def _load_table() -> None:
+    path = os.environ.get(TABLE_ENV) or (TABLE_FILE if TABLE_FILE.exists() else None)
+    if path:
+        DEFAULT.update(table_from_json(Path(path).read_text()))
+
+
+_load_table()
+
+
+@triton.jit
+def _f16_low(bits):
+    """The f16 whose bits are the low 16 of int32 `bits`, as float32."""
+    return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _byte_of(words, j: tl.constexpr):
+    """Byte j (0-3) of int32 `words` as int32 0..255."""
+    return (words >> (8 * j)) & 255
+
+
+@triton.jit
+def _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g, QTYPE: tl.constexpr):
+    """The scale words of groups g [NG] of rows rn [BN]: four [BN, NG] int32 tensors and d's (float32)."""
+    mask = n_ok[:, None]
+    if QTYPE == 0:  # two words of f16 d's per 128-group (blocks 4g..4g+3)
+        drow = d_ptr + rn64[:, None] * stride_dn + (2 * g)[None, :]
+        w0 = tl.load(drow, mask=mask, other=0)
+        w1 = tl.load(drow + 1, mask=mask, other=0)
+        return w0, w1, w0, w1, tl.zeros_like(w0).to(tl.float32), tl.zeros_like(w0).to(tl.float32)
+    elif QTYPE == 3:  # two words of int8 scales per 128-group; a float32 d per super-block (2 groups)
+        srow = s_ptr + rn64[:, None] * stride_sn + (2 * g)[None, :]
+        w0 = tl.load(srow, mask=mask, other=0)
+        w1 = tl.load(srow + 1, mask=mask, other=0)
+        d = tl.load(d_ptr + rn64[:, None] * stride_dn + (g // 2)[None, :], mask=mask, other=0.0)
+        return w0, w1, w0, w1, d, d
+    else:  # four words per super-block (scales 0-3, 4-7, mins 0-3, 4-7); one word (d, dmin)
+        srow = s_ptr + rn64[:, None] * stride_sn + (4 * g)[None, :]
+        w0 = tl.load(srow, mask=mask, other=0)
+        w1 = tl.load(srow + 1, mask=mask, other=0)
+        w2 = tl.load(srow + 2, mask=mask, other=0)
+        w3 = tl.load(srow + 3, mask=mask, other=0)
+        dw = tl.load(d_ptr + rn64[:, None] * stride_dn + g[None, :], mask=mask, other=0)
+        return w0, w1, w2, w3, _f16_low(dw), _f16_low(dw >> 16)
+
+
+@triton.jit
+def _plane_scale(w0, w1, w2, w3, d, dmin, j: tl.constexpr, QTYPE: tl.constexpr):
+    """Plane j's (scale, offset) [BN, NG] float32: value = scale * unsigned code - offset."""
+    if QTYPE == 0:
+        if j < 2:
+            scale = _f16_low(w0 >> (16 * j))
+        else:
+            scale = _f16_low(w1 >> (16 * (j - 2)))
+        return scale, 128.0 * scale
+    elif QTYPE == 3:
+        if j < 4:
+            sc = ((w0 << (24 - 8 * (j % 4))) >> 24).to(tl.float32)  # sign-extended byte
+        else:
+            sc = ((w1 << (24 - 8 * (j % 4))) >> 24).to(tl.float32)
+        scale = d * sc
+        return scale, 32.0 * scale
+    else:
+        if j < 4:
+            sc = _byte_of(w0, j % 4).to(tl.float32)
+            mn = _byte_of(w2, j % 4).to(tl.float32)
+        else:
+            sc = _byte_of(w1, j % 4).to(tl.float32)
+            mn = _byte_of(w3, j % 4).to(tl.float32)
+        return d * sc, dmin * mn
+
+
+@triton.jit
+def _plane_weights(words, upper, high, scale, offset, j: tl.constexpr, QTYPE: tl.constexpr):
+    """Plane j's weights scale * code - offset [BN, NG, LANES], float32, exact as the GGUF reference.
+
+    The code is not shifted down: masked in place (bits B*jj.., jj = j % (PLANES / 2), in `words` for
+    the lower half of the planes, else in `upper` = words >> 16) and given the exponent of 2**E,
+    E = 23 - B*jj, so the float is f = 2**E + code with one LOP3; then fma(f, scale, -2**E * scale)
+    = code * scale exactly (the product has at most 22 significant bits)."""
+    if QTYPE == 0:
+        jj: tl.constexpr = j % 2
+        if j < 2:
+            src = words
+        else:
+            src = upper
+        bits = (src & (0xFF << (8 * jj))) ^ ((0x80 << (8 * jj)) | ((150 - 8 * jj) << 23))  # signed byte + 128
+        e: tl.constexpr = 23 - 8 * jj
+    else:
+        jj: tl.constexpr = j % 4
+        if j < 4:
+            src = words
+        else:
+            src = upper
+        bits = (src & (0xF << (4 * jj))) | ((150 - 4 * jj) << 23)
+        if QTYPE == 2:  # the fifth bit (bit j of `high`) to bit 4jj + 4
+            up: tl.constexpr = 4 * jj + 4 - j
+            bits = bits | ((high << up) & (0x10 << (4 * jj)))
+        elif QTYPE == 3:  # the top two bits (bits 2j, 2j + 1 of `high`) to bits 4jj + 4, 4jj + 5
+            up: tl.constexpr = 4 * jj + 4 - 2 * j
+            if up >= 0:
+                bits = bits | ((high << up) & (0x30 << (4 * jj)))
+            else:
+                bits = bits | ((high >> (-up)) & (0x30 << (4 * jj)))
+        e: tl.constexpr = 23 - 4 * jj
+    f = bits.to(tl.float32, bitcast=True)
+    s = scale[:, :, None]
+    t = tl.fma(f, s, -(1 << e) * s)
+    return t - offset[:, :, None]
+
+
+@triton.jit
+def _load_group_codes(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g0, NG: tl.constexpr, LANES: tl.constexpr,
+                      QTYPE: tl.constexpr):
+    """Codes words [BN, NG, LANES] of groups g0.. of rows rn, and the high bits (int32; zeros if none)."""
+    gi = tl.arange(0, NG)
+    lane = tl.arange(0, LANES)
+    offs = (g0 + gi)[None, :, None] * LANES + lane[None, None, :]
+    mask = n_ok[:, None, None]
+    words = tl.load(c_ptr + rn64[:, None, None] * stride_cn + offs, mask=mask, other=0)
+    if QTYPE == 2 or QTYPE == 3:
+        high = tl.load(h_ptr + rn64[:, None, None] * stride_hn + offs, mask=mask, other=0).to(tl.int32)
+    else:
+        high = words
+    return words, high
+
+
+@triton.jit(do_not_specialize=["M", "GROUPS_PER_SPLIT", "stride_ysplit"])  # fewer compiled variants
+def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_SPLIT,
+                     stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
+                     QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NG: tl.constexpr, USE_DOT: tl.constexpr,
+                     REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr):
+    # Program (pid_n, pid_k): rows pid_n * BLOCK_N.., groups pid_k * GROUPS_PER_SPLIT.. (a multiple of NG).
+    # REDUCE 0: store into y; 1: the float32 partial into y + pid_k * stride_ysplit; 2: atomic add into y.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn64 = rn.to(tl.int64)
+    rm = tl.arange(0, BLOCK_M)
+    m_ok, n_ok = rm < M, rn < N
+    gi = tl.arange(0, NG)
+    lane = tl.arange(0, LANES)
+    # "fma": one [BN, NG, LANES] accumulator per activation row (up to 4, named: Triton has no lists),
+    # in the layout of the loaded codes, so each thread scales only the few (row, group) pairs it holds.
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_N, NG, LANES), dtype=tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    first = pid_k * GROUPS_PER_SPLIT
+    for g0 in tl.range(first, first + GROUPS_PER_SPLIT, NG, num_stages=NUM_STAGES):
+        words, high = _load_group_codes(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g0, NG, LANES, QTYPE)
+        w0, w1, w2, w3, d, dmin = _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g0 + gi, QTYPE)
+        upper = words >> 16
+        for j in tl.static_range(PLANES):
+            scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, j, QTYPE)
+            w = _plane_weights(words, upper, high, scale, offset, j, QTYPE)  # [BN, NG, LANES]
+            cols = (g0 + gi)[:, None] * GROUP + j * LANES + lane[None, :]  # [NG, LANES]
+            if USE_DOT:
+                x = tl.load(x_ptr + rm[:, None, None] * stride_xm + cols[None, :, :], mask=m_ok[:, None, None],
+                            other=0.0)
+                x2 = tl.reshape(x, (BLOCK_M, NG * LANES))
+                w2d = tl.reshape(w, (BLOCK_N, NG * LANES)).to(x_ptr.dtype.element_ty)
+                if x_ptr.dtype.element_ty == tl.float32:
+                    acc = tl.dot(x2, tl.trans(w2d), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(x2, tl.trans(w2d), acc)
+            else:
+                acc0 += w * tl.load(x_ptr + cols).to(tl.float32)[None, :, :]
+                if BLOCK_M > 1:
+                    acc1 += w * tl.load(x_ptr + stride_xm + cols, mask=cols * 0 + M > 1, other=0.0).to(tl.float32)[None, :, :]
+                if BLOCK_M > 2:
+                    acc2 += w * tl.load(x_ptr + 2 * stride_xm + cols, mask=cols * 0 + M > 2, other=0.0).to(tl.float32)[None, :, :]
+                    acc3 += w * tl.load(x_ptr + 3 * stride_xm + cols, mask=cols * 0 + M > 3, other=0.0).to(tl.float32)[None, :, :]
+    if not USE_DOT:
+        acc = tl.where(rm[:, None] == 0, tl.sum(tl.sum(acc0, axis=2), axis=1)[None, :], acc)
+        if BLOCK_M > 1:
+            acc = tl.where(rm[:, None] == 1, tl.sum(tl.sum(acc1, axis=2), axis=1)[None, :], acc)
+        if BLOCK_M > 2:
+            acc = tl.where(rm[:, None] == 2, tl.sum(tl.sum(acc2, axis=2), axis=1)[None, :], acc)
+            acc = tl.where(rm[:, None] == 3, tl.sum(tl.sum(acc3, axis=2), axis=1)[None, :], acc)
+    ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
+    if REDUCE == 0:
+        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+    elif REDUCE == 1:
+        tl.store(ptrs + pid_k * stride_ysplit, acc, mask=ok)
+    else:
+        tl.atomic_add(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok, sem="relaxed")
+
+
+@triton.jit
+def _sum_splits_kernel(ws_ptr, y_ptr, N, TOTAL, SPLIT, stride_ym, BLOCK: tl.constexpr):
+    # y[m, n] = sum over s = 0 .. SPLIT-1, in that order, of ws[s, m, n] (float32 [SPLIT, M, N]).
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < TOTAL
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, SPLIT):
+        acc += tl.load(ws_ptr + s * TOTAL + offs, mask=ok, other=0.0)
+    tl.store(y_ptr + (offs // N) * stride_ym + offs % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _dequantize_kernel(c_ptr, h_ptr, s_ptr, d_ptr, w_ptr, N, stride_cn, stride_hn, stride_sn, stride_dn, stride_wn,
+                       QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
+                       BLOCK_N: tl.constexpr, NG: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn64 = rn.to(tl.int64)
+    n_ok = rn < N
+    g0 = tl.program_id(1) * NG
+    gi = tl.arange(0, NG)
+    lane = tl.arange(0, LANES)
+    words, high = _load_group_codes(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g0, NG, LANES, QTYPE)
+    w0, w1, w2, w3, d, dmin = _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g0 + gi, QTYPE)
+    upper = words >> 16
+    for j in tl.static_range(PLANES):
+        scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, j, QTYPE)
+        w = _plane_weights(words, upper, high, scale, offset, j, QTYPE)
+        cols = (g0 + gi)[:, None] * GROUP + j * LANES + lane[None, :]
+        tl.store(w_ptr + rn64[:, None, None] * stride_wn + cols[None, :, :], w.to(w_ptr.dtype.element_ty),
+                 mask=n_ok[:, None, None])
+
+
+def _operands(weight: RepackedMatrix):
+    """(codes, high, scales, d) as the kernels read them: scales and f16 d's as int32 words; absent
+    arrays replaced by any valid pointer (never read)."""
+    codes = weight.codes
+    high = weight.high if weight.high.numel() else codes
+    scales = weight.scales.view(torch.int32) if weight.scales.numel() else codes
+    d = weight.d if weight.d.dtype == torch.float32 else weight.d.view(torch.int32)
+    return codes, high, scales, d
+
+
+def _meta(weight: RepackedMatrix) -> dict:
+    group, lanes, _, planes = GROUPING[weight.qtype]
+    return dict(QTYPE=QTYPE_IDS[weight.qtype], GROUP=group, LANES=lanes, PLANES=planes)
+
+
+def dequantize(weight: RepackedMatrix, dtype: torch.dtype = torch.bfloat16, block_n: int = 16) -> torch.Tensor:
+    """The RepackedMatrix `weight` as a dense [rows, cols] tensor of `dtype`, on its device (float32:
+    equal to the GGUF reference bit for bit)."""
+    codes, high, scales, d = _operands(weight)
+    out = torch.empty(weight.rows, weight.cols, dtype=dtype, device=codes.device)
+    groups = weight.cols // GROUPING[weight.qtype][0]
+    ng = 2 if groups % 2 == 0 else 1
+    _dequantize_kernel[(triton.cdiv(weight.rows, block_n), groups // ng)](
+        codes, high, scales, d, out, weight.rows, codes.stride(0), high.stride(0), scales.stride(0), d.stride(0),
+        out.stride(0), BLOCK_N=block_n, NG=ng, num_warps=4, **_meta(weight))
+    return out
+
+
+def _largest_dividing(value: int, limit: int) -> int:
+    """The largest power of two at most `limit` that divides `value`."""
+    out = 1
+    while out * 2 <= limit and value % (out * 2) == 0:
+        out *= 2
+    return out
+
+
+def plan(weight: RepackedMatrix, rows: int, config: RepackedConfig) -> tuple[int, int, int, int]:
+    """(NG, split, BLOCK_M, REDUCE) of a launch: NG and split powers of two dividing the groups."""
+    groups = weight.cols // GROUPING[weight.qtype][0]
+    ng = _largest_dividing(groups, config.ng)
+    turns = groups // ng
+    row_tiles = triton.cdiv(weight.rows, config.block_n)
+    if config.split:
+        split = _largest_dividing(turns, config.split)
+    else:
+        split = 1
+        while row_tiles * split < config.programs and turns % (split * 2) == 0:
+            split *= 2
+    block_m = 16 if config.mode == "dot" else triton.next_power_of_2(rows)
+    reduce = 0 if split == 1 else 1 if config.reduce == "sum" else 2
+    return ng, split, block_m, reduce
+
+
+def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
+                    config: RepackedConfig | None = None) -> torch.Tensor:
+    """x [M <= 16, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output
+    is fine: unit column stride). config None: DEFAULT[qtype, M]. Reference: `gguf_repack.repacked_linear_ref`."""
+    m, k = x.shape
+    if k != weight.cols:
+        raise ValueError(f"x has {k} columns, the weight {weight.cols}")
+    if not 1 <= m <= MAX_KERNEL_ROWS:
+        raise ValueError(f"matmul_few_rows takes 1 to {MAX_KERNEL_ROWS} rows, got {m}")
+    config = config or DEFAULT[weight.qtype, m]
+    if config.mode not in ("fma", "dot") or config.reduce not in ("sum", "atomic"):
+        raise ValueError(f"unknown config {config}")
+    if config.mode == "fma" and m > FMA_MAX_ROWS:
+        raise ValueError(f'mode "fma" takes at most {FMA_MAX_ROWS} rows, got {m}')
+    if out is None:
+        out = torch.empty(m, weight.rows, dtype=x.dtype, device=x.device)
+    x = x.contiguous()
+    codes, high, scales, d = _operands(weight)
+    ng, split, block_m, reduce = plan(weight, m, config)
+    groups = weight.cols // GROUPING[weight.qtype][0]
+    target, stride_t, stride_split = out, out.stride(0), 0
+    if reduce == 1:
+        target = torch.empty(split, m, weight.rows, dtype=torch.float32, device=x.device)
+        stride_t, stride_split = weight.rows, m * weight.rows
+    elif reduce == 2:
+        out.zero_()
+    _repacked_kernel[(triton.cdiv(weight.rows, config.block_n), split)](
+        x, codes, high, scales, d, target, m, weight.rows, groups // split, x.stride(0), codes.stride(0),
+        high.stride(0), scales.stride(0), d.stride(0), stride_t, stride_split, BLOCK_M=block_m,
+        BLOCK_N=config.block_n, NG=ng, USE_DOT=config.mode == "dot", REDUCE=reduce, NUM_STAGES=config.stages,
+        num_warps=config.warps, **_meta(weight))
+    if reduce == 1:
+        total = m * weight.rows
+        _sum_splits_kernel[(triton.cdiv(total, 1024),)](target, out, weight.rows, total, split, out.stride(0),
+                                                        BLOCK=1024, num_warps=4)
+    return out
+
+
+def matmul(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
+           config: RepackedConfig | None = None) -> torch.Tensor:
+    """x [M, K] @ weight.T into out (fresh when None): `matmul_few_rows` up to MAX_KERNEL_ROWS rows,
+    else the weight dequantized to x's dtype and cuBLAS."""
+    if x.shape[0] <= MAX_KERNEL_ROWS:
+        return matmul_few_rows(x, weight, out, config)
+    if x.shape[1] != weight.cols:
+        raise ValueError(f"x has {x.shape[1]} columns, the weight {weight.cols}")
+    y = F.linear(x, dequantize(weight, x.dtype))
+    return y if out is None else out.copy_(y)

@@ -1,0 +1,112 @@
+"""Repacked GGUF weights (`gguf_repack`): the same values as the GGUF reference bit for bit, the file's
+bytes back, and the Triton few-row kernel and dequantizer (`triton_gguf_repacked`) against the torch
+reference (Triton's interpreter on CPU, the GPU where there is one). On CPU the activations are
+float32: the interpreter's bf16 `tl.dot` returns garbage (a plain bf16 x bf16 dot does)."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from onebit.kernels import gguf_quants as gq
+from onebit.kernels.gguf_repack import REPACKED_TYPES, RepackedMatrix, bytes_per_weight, repacked_linear_ref
+from tests.test_gguf_kernels import random_blocks
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("qtype", REPACKED_TYPES)
+def test_repacked_values_are_the_gguf_librarys_bit_for_bit(qtype):
+    raw = random_blocks(qtype, 6, 512, seed=7)
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
+    repacked = RepackedMatrix.from_blocks(torch.from_numpy(raw), qtype, 512)
+    got = repacked.dequantize().numpy()
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), want.view(np.int32))
+    assert torch.equal(repacked.blocks(), torch.from_numpy(raw))  # nothing lost: the file's bytes come back
+    assert repacked.nbytes == bytes_per_weight(qtype) * 6 * 512
+
+
+def test_repacked_planes_hold_one_sub_block_each():
+    """Q4_K: word p of a super-block, nibble j = the code of value 32j + p (what the kernel assumes)."""
+    raw = torch.from_numpy(random_blocks("Q4_K", 2, 256, seed=1))
+    repacked = RepackedMatrix.from_blocks(raw, "Q4_K", 256)
+    codes = repacked.codes_unsigned()
+    words = repacked.codes.to(torch.int64) & 0xFFFFFFFF
+    for j in (0, 3, 7):
+        assert torch.equal((words >> (4 * j)) & 15, codes[:, 32 * j:32 * j + 32].to(torch.int64))
+
+
+def test_repack_refuses_other_types_and_ragged_rows():
+    with pytest.raises(ValueError, match="no repacked layout"):
+        RepackedMatrix.from_blocks(torch.zeros(1, 18, dtype=torch.uint8), "Q4_0", 32)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        RepackedMatrix.from_blocks(torch.zeros(1, 144, dtype=torch.uint8), "Q4_K", 384)
+
+
+tr = pytest.importorskip("onebit.kernels.triton_gguf_repacked")
+
+
+def _weight(qtype: str, rows: int, cols: int, seed: int) -> RepackedMatrix:
+    raw = torch.from_numpy(random_blocks(qtype, rows, cols, seed, d_scale=0.01))
+    return RepackedMatrix.from_blocks(raw, qtype, cols).to(DEVICE)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+TOLERANCE = 1e-5 if DEVICE == "cpu" else 2e-3
+# (rows, config): CUDA-core and tensor-core modes, the deterministic split-K sum and the atomic one,
+# a single program along K (stores directly), rows of a tile past the weight's end (N = 40).
+CASES = [(1, tr.RepackedConfig("fma", 16, 2)), (3, tr.RepackedConfig("fma", 8, 1, split=2, reduce="atomic")),
+         (2, tr.RepackedConfig("dot", 16, 2, split=1)), (5, tr.RepackedConfig("dot", 32, 1, split=2))]
+
+
+@pytest.mark.parametrize("qtype", REPACKED_TYPES)
+def test_triton_few_rows_match_the_reference(qtype):
+    w = _weight(qtype, 40, 512, seed=len(qtype))
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    for m, config in CASES:
+        x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).to(DEVICE, dtype)
+        want = repacked_linear_ref(x.float(), w)
+        assert _close(tr.matmul_few_rows(x, w, config=config), want) < TOLERANCE, (m, config)
+
+
+@pytest.mark.parametrize("qtype", REPACKED_TYPES)
+def test_triton_dequantize_is_the_reference_bit_for_bit(qtype):
+    w = _weight(qtype, 24, 512, seed=5)
+    assert torch.equal(tr.dequantize(w, torch.float32).cpu(), w.dequantize().cpu())
+
+
+def test_more_rows_go_through_the_dequantized_weight_and_a_column_slice_is_filled():
+    w = _weight("Q6_K", 32, 256, seed=2)
+    x = torch.randn(tr.MAX_KERNEL_ROWS + 3, 256).to(DEVICE)
+    assert _close(tr.matmul(x, w), repacked_linear_ref(x, w)) < TOLERANCE
+    out = torch.full((2, 96), 7.0, device=DEVICE)
+    tr.matmul(x[:2], w, out[:, 32:64])
+    assert (out[:, :32] == 7).all() and (out[:, 64:] == 7).all()
+    assert _close(out[:, 32:64], repacked_linear_ref(x[:2], w)) < TOLERANCE
+
+
+def test_packed_linear_takes_repacked_and_file_layout_parts_together():
+    parts = [_weight("Q4_K", 16, 256, seed=1),
+             gq.PackedMatrix.from_blocks(torch.from_numpy(random_blocks("Q8_0", 8, 256, 3, 0.01)).to(DEVICE),
+                                         "Q8_0", 256)]
+    x = torch.randn(2, 256).to(DEVICE)
+    bias = torch.randn(24).to(DEVICE)
+    want = x @ torch.cat([p.dequantize() for p in parts]).t() + bias
+    assert _close(gq.packed_linear(x, parts, bias, kernels=True), want) < TOLERANCE
+    assert torch.equal(gq.packed_linear(x, parts, bias, kernels=False), gq.packed_linear_ref(x, parts, bias))
+
+
+def test_the_sweeps_table_sets_the_defaults_by_type_and_rows():
+    table = tr.table_from_json('{"Q4_K": {"1": {"mode": "fma", "block_n": 8}, "4": {"mode": "dot", "block_n": 64},'
+                               ' "16": {"mode": "dot", "block_n": 32}}}')
+    assert table["Q4_K", 1] == tr.RepackedConfig("fma", 8)
+    assert table["Q4_K", 2] == table["Q4_K", 4] == tr.RepackedConfig("dot", 64)
+    assert table["Q4_K", 9] == table["Q4_K", 16] == tr.RepackedConfig("dot", 32)
+    assert ("Q6_K", 1) not in table
+    with pytest.raises(ValueError, match='"fma" takes at most 4 rows'):
+        tr.matmul_few_rows(torch.zeros(5, 256), _weight("Q4_K", 16, 256, 0).to("cpu"), config=tr.RepackedConfig("fma"))
