@@ -50,7 +50,6 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self._pending: list[StepDelta] = []
         self._inflight: LaunchedStep | None = None
-        self._busy = False  # whether the last step() call ran or finished a step
         self._clock = 0.0  # when the last step was done (the start of the next one's cost)
         self._arrivals = itertools.count()
         self.faults = FaultInjector.from_env()  # None unless a test asks for faults
@@ -120,9 +119,9 @@ class LLMEngine:
         """
         deltas, self._pending = self._pending, []
         started = time.perf_counter()
-        if not self._busy:  # the engine was idle: step times count from here
-            self._clock = started
         previous, self._inflight = self._inflight, None
+        if previous is None:  # nothing in flight: this step's time counts from now, not from an idle gap
+            self._clock = max(self._clock, started)
         worked = previous is not None
         drafts = self.speculator.decide(self.scheduler, {seq for seq, _ in previous.plain} if previous else ())
         if previous is not None and (drafts or not previous.can_feed()):
@@ -139,7 +138,6 @@ class LLMEngine:
                 deltas += self._update(launched)
         if worked:
             self.busy_s += time.perf_counter() - started
-        self._busy = worked
         return deltas
 
     def _schedule(self, previous: LaunchedStep | None, deltas: list[StepDelta]):
@@ -237,10 +235,10 @@ class LLMEngine:
                 verified = True
                 deltas.append(self._guarded(seq, self._verify, seq, step.out.logits[row:row + count]))
         self.scheduler.commit(step.plan)
-        # A step's cost is the wall time since the step before it was done (or since the engine
-        # woke): with overlap a plain step costs about one GPU step, a drafting step also its
-        # exposed host work, so the policy weighs drafting against overlapped plain steps at
-        # their true price.
+        # A step's cost is the wall time since the step before it was done (or since the call
+        # that launched it with nothing in flight): with overlap a plain step costs about one GPU
+        # step, a drafting step also its exposed host work, so the policy weighs drafting against
+        # overlapped plain steps at their true price.
         self.speculator.observe(step.plan, step.out, step.computed, step.decodes, bool(step.drafting), verified,
                                 self._clock, step.cold)
         self._clock = time.perf_counter()
