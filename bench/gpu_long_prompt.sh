@@ -30,11 +30,12 @@
 #
 # Environment (defaults are the GPU run): PEER (1: both; 0: 1bit alone; only: llama.cpp alone),
 # WORKLOADS (random:2048,shared:1024+1024,random:8192), CONC (1,8,32), REQUESTS (8,16,32: per level;
-# C=32 is one burst of 32 prompts, C=8 two per stream), MAX_TOKENS (64), CTX (8256 tokens per slot,
-# both servers: 8,192 prompt + 64 new), OURS_ARGS (--device cuda), LLAMA_ARGS (-ngl 99 -fa on),
+# C=32 is one burst of 32 prompts, C=8 two per stream), MAX_TOKENS (64), CTX (8448 tokens per slot,
+# both servers: 8,192 prompt + 64 new with room to spare; llama-server rounds a slot up to 256s and
+# ends a sequence that fills it, so exactly 8,256 would risk a short answer), OURS_ARGS (--device cuda), LLAMA_ARGS (-ngl 99 -fa on),
 # CHECK_TOKENS (16), SHAPE (qwen3-8b; qwen3-tiny with DEVICE=cpu BUILD=cpu to try it on a CPU),
 # DEVICE (cuda), BUILD (cuda), CUDA_ARCH (90), LIMIT_S (540), LLAMA_MIN_S (200: seconds step D wants),
-# OURS_MAX_S (kept for step C with PEER=1: LIMIT_S - LLAMA_MIN_S - its start), PY (python3),
+# OURS_MAX_S (seconds step C may take with PEER=1; default LIMIT_S - LLAMA_MIN_S - its start), PY (python3),
 # WHEELS (1), PEERS_DIR (.peers), WORK (model, GGUF and runs; /dev/shm when it has room).
 set -u
 T0=$(date +%s)
@@ -49,7 +50,7 @@ WORKLOADS=${WORKLOADS:-random:2048,shared:1024+1024,random:8192}
 CONC=${CONC:-1,8,32}
 REQUESTS=${REQUESTS:-8,16,32}
 MAX_TOKENS=${MAX_TOKENS:-64}
-CTX=${CTX:-8256}
+CTX=${CTX:-8448}
 SHAPE=${SHAPE:-qwen3-8b}
 DEVICE=${DEVICE:-cuda}
 BUILD=${BUILD:-cuda}
@@ -176,8 +177,8 @@ if (( PREP_RC == 0 )) && [[ $PEER != only ]]; then
     DUMMY=()
     [[ $PEER == 0 ]] && DUMMY=(--load-format dummy)
     LIMIT_OURS=$(( LIMIT_S - 15 - $(el) ))
+    [[ $PEER == 1 ]] && LIMIT_OURS=${OURS_MAX_S:-$(( LIMIT_S - LLAMA_MIN_S - $(el) ))}  # the rest is llama.cpp's
     if build_running; then
-        LIMIT_OURS=$(( ${OURS_MAX_S:-$(( LIMIT_S - LLAMA_MIN_S - $(el) ))} ))
         NOTE=(--note "measured while llama-server was compiling (nice 10) on CPUs 4-$((NCPU - 1)); this server and \
 the bench client had CPUs 0-3 to themselves")
         (( ${#OURS_CPUS[@]} )) || NOTE=(--note "measured while llama-server was compiling (nice 10) on the same CPUs")
@@ -188,6 +189,7 @@ the bench client had CPUs 0-3 to themselves")
         "${NOTE[@]}" > "$LOGS/1bit.log" 2>&1
     say "1bit done (rc $?)"
     grep -h "^== 1bit .*->\|NOT MEASURED\|healthy" "$LOGS/1bit.log"
+    grep -h "KV cache:" "$RUNS/1bit.log" 2>/dev/null | head -1
     PIN=()
     widen_build
 fi
@@ -224,6 +226,7 @@ the last workloads may not be measured"
             --llama-server "$BIN" --llama-args "$LLAMA_ARGS" "${CHECK[@]}" > "$LOGS/llama.cpp.log" 2>&1
         say "llama.cpp done (rc $?)"
         grep -h "^== llama.cpp .*->\|NOT MEASURED\|greedy check\|GREEDY\|healthy" "$LOGS/llama.cpp.log" | cut -c1-600
+        grep -h "n_ctx_slot\|llama_kv_cache: .*MiB" "$RUNS/llama.cpp.log" 2>/dev/null | head -2 | cut -c1-300
     else
         say "llama.cpp NOT MEASURED: $MISSING"
     fi
@@ -231,6 +234,7 @@ fi
 
 # --- E: table and files --------------------------------------------------------------------------------------
 "$PY" bench/long_prompt.py table "$RUNS" --out "$RUNS/table.md" > /dev/null 2>&1
+grep -h "^NOT MEASURED" "$LOGS/1bit.log" "$LOGS/llama.cpp.log" 2>/dev/null | sed 's/^/- /' >> "$RUNS/table.md"
 [[ -n $MISSING ]] && echo "- llama.cpp NOT MEASURED: $MISSING" >> "$RUNS/table.md"
 cp "$RUNS"/*.log "$LOGS/" 2>/dev/null
 tar -czf "$OUT/long_prompt.tar.gz" -C "$WORK" runs logs

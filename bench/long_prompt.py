@@ -3,7 +3,7 @@ side-by-side table of 1bit and llama.cpp over those runs.
 
     python bench/long_prompt.py run --server 1bit -m MODEL_DIR --serve-args "--device cuda" \\
         --workloads random:2048,shared:1024+1024,random:8192 --concurrency 1,8,32 --requests 8,16,32 \\
-        --max-tokens 64 --ctx-size 8256 --out DIR
+        --max-tokens 64 --ctx-size 8448 --out DIR
     python bench/long_prompt.py run --server llama.cpp -m MODEL_DIR --gguf FILE --llama-server BIN \\
         --llama-args "-ngl 99 -fa on" --check-reference REF.json ...   (the same load)
     python bench/long_prompt.py table DIR [DIR ...]                   (the side-by-side table)
@@ -21,7 +21,6 @@ start is left out and said so.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -213,7 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--requests", type=_int_list, default=None,
                    help="requests per level: one count or one per level (default 4 per client, at least 8)")
     r.add_argument("--max-tokens", type=int, default=64)
-    r.add_argument("--ctx-size", type=int, default=8192 + 64, help="tokens per slot, for both servers")
+    r.add_argument("--ctx-size", type=int, default=8448,
+                   help="tokens per slot, for both servers (default: 8,192 + 64 and room to spare; llama-server "
+                        "ends a sequence that fills its slot)")
     r.add_argument("--serve-args", default="", help="more `1bit serve` arguments, e.g. '--device cuda'")
     r.add_argument("--llama-server", help="llama-server binary (default: as run_peers.py finds it)")
     r.add_argument("--llama-args", default="-ngl 99 -fa on", help="more llama-server arguments")

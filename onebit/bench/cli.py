@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     online.add_argument("--concurrency", type=_int_list, default=_int_list(DEFAULT_CONCURRENCY),
                         help=f"levels of simultaneous requests (default {DEFAULT_CONCURRENCY})")
     online.add_argument("--prompts", type=_prompt_spec, default="chat",
-                        help="chat, code, prose, short, random:TOKENS (token ids via /v1/completions), or "
+                        help="chat, code, prose, short, random:TOKENS (token ids via /v1/completions: that many on any server), or "
                              "shared:PREFIX+TOKENS (one PREFIX-token system prompt shared by all, then TOKENS each)")
     online.add_argument("--endpoint", choices=["chat", "completions"],
                         help="force an endpoint (random prompts on chat become random words)")
