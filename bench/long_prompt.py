@@ -33,7 +33,7 @@ from onebit.bench.online import BenchError, OnlineConfig, run_online  # noqa: E4
 from onebit.bench.prompts import parse_prompt_spec  # noqa: E402
 from onebit.bench.runfile import load_run, safe_name, write_run  # noqa: E402
 from onebit.bench.serve import ServeError, served_command  # noqa: E402
-from onebit.bench.tables import fmt_ms, fmt_rate, markdown_report  # noqa: E402
+from onebit.bench.tables import fmt_cached, fmt_ms, fmt_rate, markdown_report  # noqa: E402
 
 WORKLOADS = "random:2048,shared:1024+1024,random:8192"
 
@@ -114,11 +114,6 @@ def _prompt_lengths(level: dict) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def _cached_share(summary: dict) -> str:
-    cached, prompt = summary.get("cached_prompt_tokens"), summary.get("prompt_tokens")
-    return "-" if cached is None or not prompt else f"{cached / prompt:.0%}"
-
-
 def _ratio(ours: float | None, theirs: float | None) -> str:
     return "-" if not ours or not theirs else f"{ours / theirs:.2f}x"
 
@@ -165,7 +160,7 @@ def side_by_side(runs: dict[str, dict[str, dict]], ours: str = "1bit", peer: str
             p50 = pair(lambda x: fmt_ms(x[0]["ttft_ms"]["p50"]))
             p90 = pair(lambda x: fmt_ms(x[0]["ttft_ms"]["p90"]))
             prompt = pair(lambda x: _prompt_lengths(x[1]))
-            cached = pair(lambda x: _cached_share(x[0]))
+            cached = pair(lambda x: fmt_cached(x[0]))
             dec_x = _ratio(a[0].get("decode_tok_s") if a else None, b[0].get("decode_tok_s") if b else None)
             ttft_x = _ratio(b[0]["ttft_ms"]["p50"] if b else None, a[0]["ttft_ms"]["p50"] if a else None)
             lines.append(f"| {workload} | {c} | {per_req} | {total} | {p50} | {p90} | {prompt} | {cached} | "
