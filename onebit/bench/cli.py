@@ -93,12 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     online.add_argument("--concurrency", type=_int_list, default=_int_list(DEFAULT_CONCURRENCY),
                         help=f"levels of simultaneous requests (default {DEFAULT_CONCURRENCY})")
     online.add_argument("--prompts", type=_prompt_spec, default="chat",
-                        help="chat, code, prose, short, random:TOKENS (token ids via /v1/completions), or "
+                        help="chat, code, prose, short, random:TOKENS (token ids via /v1/completions: that many on any server), or "
                              "shared:PREFIX+TOKENS (one PREFIX-token system prompt shared by all, then TOKENS each)")
     online.add_argument("--endpoint", choices=["chat", "completions"],
                         help="force an endpoint (random prompts on chat become random words)")
     amount = online.add_mutually_exclusive_group()
-    amount.add_argument("--requests", type=int, help="requests per level (default 4 per client, at least 8)")
+    amount.add_argument("--requests", type=_int_list,
+                        help="requests per level, or one count per --concurrency level, e.g. 8,16,32 "
+                             "(default 4 per client, at least 8)")
     amount.add_argument("--duration", type=_positive_float, help="seconds per level; in-flight requests finish")
     online.add_argument("--request-rate", type=_positive_float,
                         help="open loop: Poisson arrivals at R req/s, --concurrency caps requests in flight")
@@ -209,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         return _offline_main(args)
     if not args.url and args.serve is None:
         parser.error("give --url URL (a running server), --serve \"ARGS\" (start one), or --offline")
-    if args.max_tokens < 1 or (args.requests is not None and args.requests < 1):
-        parser.error("--max-tokens and --requests must be >= 1")
+    if args.max_tokens < 1:
+        parser.error("--max-tokens must be >= 1")
+    if args.requests is not None:
+        if len(args.requests) == 1:
+            args.requests = args.requests[0]
+        elif len(args.requests) != len(args.concurrency):
+            parser.error(f"--requests has {len(args.requests)} counts for {len(args.concurrency)} "
+                         "--concurrency levels: give one count, or one per level")
     return _online_main(args)

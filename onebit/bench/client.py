@@ -34,6 +34,7 @@ class RequestResult:
     finish_reason: str | None = None
     draft_tokens: int | None = None
     accepted_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache, if it said
     failure: str | None = None  # one of FAILURE_KINDS, None on success
     message: str | None = None
 
@@ -131,14 +132,22 @@ class _StreamState:
             self.usage_seen = True
             self.result.prompt_tokens = usage.get("prompt_tokens")
             self.result.completion_tokens = usage.get("completion_tokens")
-        self._speculative(event)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self.result.cached_tokens = details["cached_tokens"]
+        self._timings(event)
 
-    def _speculative(self, event: dict) -> None:
-        # llama-server reports drafted/accepted tokens in `timings` on its last chunk.
+    def _timings(self, event: dict) -> None:
+        # llama-server reports drafted/accepted tokens in `timings` on its last chunk, and there
+        # `cache_n`, the prompt tokens it reused, when its usage has no prompt_tokens_details.
         timings = event.get("timings")
-        if isinstance(timings, dict) and "draft_n" in timings:
+        if not isinstance(timings, dict):
+            return
+        if "draft_n" in timings:
             self.result.draft_tokens = timings.get("draft_n")
             self.result.accepted_tokens = timings.get("draft_n_accepted")
+        if self.result.cached_tokens is None and isinstance(timings.get("cache_n"), int):
+            self.result.cached_tokens = timings["cache_n"]
 
 
 def _classify(state: _StreamState, max_tokens: int) -> tuple[str, str] | None:

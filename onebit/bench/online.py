@@ -36,7 +36,7 @@ class OnlineConfig:
     concurrency: list[int]
     max_tokens: int = 256
     prompts: str = "chat"
-    requests: int | None = None
+    requests: int | list[int] | None = None  # per level: one count, or one per concurrency level
     duration_s: float | None = None
     request_rate: float | None = None
     model: str | None = None
@@ -51,9 +51,16 @@ class OnlineConfig:
     progress: bool = True
     client_procs: int | str = "auto"  # client processes per level, or 'auto' (see split.py)
 
+    def __post_init__(self):
+        if isinstance(self.requests, list) and len(self.requests) != len(self.concurrency):
+            raise ValueError(f"{len(self.requests)} request counts for {len(self.concurrency)} concurrency levels")
+
 
 def requests_per_level(cfg: OnlineConfig, concurrency: int) -> int | None:
-    """--requests if given; None in --duration mode; else 4 per client, at least 8."""
+    """--requests if given (a list: the count of this level's place in cfg.concurrency); None in
+    --duration mode; else 4 per client, at least 8."""
+    if isinstance(cfg.requests, list):
+        return cfg.requests[list(cfg.concurrency).index(concurrency)]
     if cfg.requests is not None or cfg.duration_s is not None:
         return cfg.requests
     return max(4 * concurrency, 8)

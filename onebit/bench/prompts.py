@@ -7,6 +7,10 @@ they become N random common English words instead, which is about N tokens in an
 BPE vocabulary but not exactly N. `shared:P+N` prompts are the same P random tokens (a system
 prompt every user shares) followed by N random tokens of each prompt's own: the prefix is drawn
 from a fixed seed, so a warm-up request caches it as a running server would have.
+
+Token-id prompts reach every server as the same ids, so each one evaluates exactly N (or P+N)
+tokens whatever its tokenizer (ids 32..249 are single bytes in any byte-level BPE vocabulary);
+`usage.prompt_tokens` of each request, kept in the run file, shows what the server counted.
 """
 
 from __future__ import annotations
@@ -108,15 +112,16 @@ def make_prompts(spec: str, count: int, endpoint: str, seed: int | str = 0,
     """`count` prompts of the set `spec` for `endpoint` ('chat' or 'completions'), cycling text sets.
 
     Random prompts differ from each other (a new draw per prompt), so a prefix cache cannot
-    turn them into cache hits. Python seeds with the absolute value of an int, so seeds -1 and 1
-    draw the same prompts: give distinct streams distinct non-negative seeds or strings.
+    turn them into cache hits. The draws are seeded by `seed` and `spec` together: with the seed
+    alone, random:8192's prompts would begin with random:2048's, and a server measured with one
+    after the other would serve the longer ones partly from its prefix cache.
     """
     name, length = parse_prompt_spec(spec)
     if name not in ("random", "shared"):
         texts = PROMPT_SETS[name]
         return [Prompt(text=texts[i % len(texts)]) for i in range(count)]
     prefix_len, length = shared_lengths(spec) if name == "shared" else (0, length)
-    rng, fixed = random.Random(seed), random.Random(f"shared prefix {prefix_len}")
+    rng, fixed = random.Random(f"{seed} {spec}"), random.Random(f"shared prefix {prefix_len}")
     lo, hi = id_range
     if endpoint == "chat":
         prefix = " ".join(fixed.choice(_WORDS) for _ in range(prefix_len))

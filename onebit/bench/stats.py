@@ -5,6 +5,14 @@ Definitions (the JSON and the tables use them):
   request sent to last request ended). Failed requests add no tokens.
 - tok/s per request: mean over completed requests of (completion tokens - 1) / (e2e - TTFT),
   the decode rate one user sees after the first token.
+- decode tok/s: the completed requests' tokens after their first, summed, / the time during
+  which at least one of them was past its first token (the union of their [TTFT, end]
+  spans). Time when every request is still waiting for its first token (a burst's first
+  prefill, every prompt at C=1) is left out; steps that serve other requests' prefill while
+  some decode stay in. At C=1 it is the decode rate itself.
+- cached prompt tokens: what the server said it took from its prefix cache
+  (usage.prompt_tokens_details.cached_tokens, or llama-server's timings.cache_n), summed over
+  the completed requests that said; None when none did.
 - ITL: gaps between consecutive chunks carrying text, pooled over completed requests. A
   server that sends several tokens in one chunk shows one larger gap for them.
 - TPOT: mean over completed requests of (e2e - TTFT) / (completion tokens - 1).
@@ -47,6 +55,28 @@ def _decode_span(r: RequestResult) -> float | None:
     return span if span > 0 else None
 
 
+def union_seconds(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of (start, end) intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def decode_rate(results: list[RequestResult]) -> float | None:
+    """Tokens after the first, summed over `results`, per second of time some of them was decoding
+    (see the module docstring); None when no request decoded."""
+    tokens, spans = 0, []
+    for r in results:
+        if _decode_span(r) is not None:
+            tokens += r.completion_tokens - 1
+            spans.append((r.start + r.ttft, r.start + r.e2e))
+    busy = union_seconds(spans)
+    return tokens / busy if busy > 0 else None
+
+
 def _ms(value: float | None) -> float | None:
     return None if value is None else value * 1000.0
 
@@ -87,6 +117,9 @@ def summarize(results: list[RequestResult], wall_s: float, concurrency: int) -> 
         "prompt_tokens": sum(r.prompt_tokens or 0 for r in done),
         "total_tok_s": generated / wall_s if wall_s > 0 else 0.0,
         "per_request_tok_s": mean(per_request),
+        "decode_tok_s": decode_rate(done),
+        "cached_prompt_tokens": (sum(r.cached_tokens for r in done if r.cached_tokens is not None)
+                                 if any(r.cached_tokens is not None for r in done) else None),
         "req_s": len(done) / wall_s if wall_s > 0 else 0.0,
         "ttft_ms": {"p50": _ms(percentile(ttft, 50)), "p90": _ms(percentile(ttft, 90)),
                     "p99": _ms(percentile(ttft, 99))},

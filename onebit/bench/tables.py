@@ -40,9 +40,18 @@ def seed_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-DETAIL_HEADER = ("| C | completed | failed | short | total tok/s | tok/s per req | req/s | TTFT p50 ms | "
-                 "TTFT p90 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | e2e p50 s | e2e p99 s |")
+DETAIL_HEADER = ("| C | completed | failed | short | total tok/s | decode tok/s | tok/s per req | req/s | "
+                 "TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | e2e p50 s | e2e p99 s |")
+CACHED_HEADER = " prompt cached |"
 SPEC_HEADER = " spec accepted/drafted |"
+
+
+def fmt_cached(summary: dict) -> str:
+    """Share of the level's prompt tokens served from the prefix cache; '-' when the server said nothing."""
+    cached, prompt = summary.get("cached_prompt_tokens"), summary.get("prompt_tokens")
+    if cached is None or not prompt:
+        return "-"
+    return f"{cached / prompt:.0%}"
 
 
 def fmt_spec(spec: dict | None) -> str:
@@ -53,25 +62,31 @@ def fmt_spec(spec: dict | None) -> str:
     return f"{rate} ({spec['accepted']:,}/{spec['drafted']:,})"
 
 
-def detail_row(s: dict, spec: bool = False) -> str:
-    """One level's row of the detailed table; `spec` adds the speculative acceptance cell."""
+def detail_row(s: dict, spec: bool = False, cached: bool = False) -> str:
+    """One level's row of the detailed table; `cached` adds the prefix-cache share, `spec` the
+    speculative acceptance cell."""
     cells = [str(s["concurrency"]), str(s["completed"]), str(s["failed"]), str(s["short"]),
-             fmt_rate(s["total_tok_s"]), fmt_rate(s["per_request_tok_s"]), fmt_rate(s["req_s"]),
+             fmt_rate(s["total_tok_s"]), fmt_rate(s.get("decode_tok_s")), fmt_rate(s["per_request_tok_s"]),
+             fmt_rate(s["req_s"]),
              fmt_ms(s["ttft_ms"]["p50"]), fmt_ms(s["ttft_ms"]["p90"]), fmt_ms(s["ttft_ms"]["p99"]),
              fmt_ms(s["itl_ms"]["p50"]), fmt_ms(s["itl_ms"]["p99"]),
              fmt_s(s["e2e_s"]["p50"]), fmt_s(s["e2e_s"]["p99"])]
+    if cached:
+        cells.append(fmt_cached(s))
     if spec:
         cells.append(fmt_spec(s.get("spec")))
     return "| " + " | ".join(cells) + " |"
 
 
 def detail_table(run: dict) -> str:
-    """Every figure of every level of one run; the speculative column only when some level has one."""
+    """Every figure of every level of one run; the prefix-cache column only when the server reported
+    cached tokens, the speculative one only when some level has drafts."""
     levels = summaries(run)
     spec = any(s.get("spec") for s in levels)
-    header = DETAIL_HEADER + (SPEC_HEADER if spec else "")
+    cached = any(s.get("cached_prompt_tokens") is not None for s in levels)
+    header = DETAIL_HEADER + (CACHED_HEADER if cached else "") + (SPEC_HEADER if spec else "")
     lines = [header, "|" + "---:|" * header.count(" |")]
-    lines += [detail_row(s, spec) for s in levels]
+    lines += [detail_row(s, spec, cached) for s in levels]
     return "\n".join(lines)
 
 
@@ -79,10 +94,13 @@ def settings_line(run: dict) -> str:
     """One line saying what was measured and how."""
     st = run["settings"]
     loop = "closed loop" if st.get("request_rate") is None else f"open loop, {st['request_rate']:g} req/s Poisson"
+    requests = st.get("requests")
     if st.get("duration_s") is not None:
         amount = f"{st['duration_s']:g} s"
+    elif isinstance(requests, list):
+        amount = "/".join(str(n) for n in requests) + " requests"
     else:
-        amount = f"{st['requests']} requests" if st.get("requests") else "4 requests per client (at least 8)"
+        amount = f"{requests} requests" if requests else "4 requests per client (at least 8)"
     return (f"`{run['label']}`: {st['url']} model `{st['model']}`, prompts `{st['prompts']}` via "
             f"/v1{endpoint_path(st['endpoint'])}, {st['max_tokens']} new tokens, {loop}, {amount} per level")
 
