@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import pickle
@@ -169,7 +170,13 @@ def engine_part(args, config: EngineConfig) -> dict:
                 sent += 1
         steps += 1
     wall = time.perf_counter() - start
-    return {"wall": wall, "steps": steps, "tokens": tokens, "cpu": time.process_time() - cpu}
+    cpu = time.process_time() - cpu
+    del engine
+    gc.collect()
+    if config.device != "cpu":
+        import torch
+        torch.cuda.empty_cache()  # the worker of part 2 sizes its KV pool from the free memory
+    return {"wall": wall, "steps": steps, "tokens": tokens, "cpu": cpu}
 
 
 async def backend_part(args, config: EngineConfig, times_path: str) -> dict:
@@ -219,21 +226,26 @@ def main() -> None:
     ap.add_argument("--stagger", action="store_true", help="output lengths uniform in [max/2, 3*max/2]")
     ap.add_argument("--profile", default=None, help="write a cProfile of the worker's serve loop here")
     ap.add_argument("--parts", default="engine,backend")
+    ap.add_argument("--ctx-size", type=int, default=None, help="default: prompt + twice max tokens + 16")
+    ap.add_argument("--load-format", default="auto", help="dummy: random weights (a bench/make_shape_model.py shape)")
+    ap.add_argument("--max-batch-tokens", type=int, default=2048)
+    ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     model = args.model
     if model is None:
         from onebit.models.default_model import default_model_dir
         model = str(default_model_dir())
     config = EngineConfig(model=model, device=args.device, parallel=args.concurrency,
-                          ctx_size=args.prompt_tokens + args.max_tokens * 2 + 16)
+                          ctx_size=args.ctx_size or args.prompt_tokens + args.max_tokens * 2 + 16,
+                          load_format=args.load_format, max_batch_tokens=args.max_batch_tokens)
     parts = args.parts.split(",")
     print(f"model {model}, device {args.device}, C={args.concurrency}, {args.requests} requests of "
           f"{args.prompt_tokens}+{args.max_tokens} tokens{' (staggered)' if args.stagger else ''}")
-    rows = []
+    figures = {}
     if "engine" in parts:
         e = engine_part(args, config)
         ms = e["wall"] / e["steps"] * 1e3
-        rows.append(("engine alone", e["tokens"] / e["wall"], ms))
+        figures["engine"] = {**e, "tok_s": e["tokens"] / e["wall"]}
         print(f"engine alone: {e['tokens'] / e['wall']:,.0f} tok/s, {e['steps']} steps, {ms:.2f} ms/step "
               f"({e['cpu'] / e['steps'] * 1e3:.2f} ms CPU)")
     if "backend" in parts:
@@ -243,6 +255,7 @@ def main() -> None:
             os.environ[TIMES_ENV + "_PROFILE"] = str(Path(args.profile).resolve())
         b = asyncio.run(backend_part(args, config, times_path))
         w = b["worker"]
+        figures["backend"] = {**b, "tok_s": b["tokens"] / b["wall"]}
         steps = w["steps"] or 1
         ms = b["wall"] / steps * 1e3
         print(f"worker + pipe + NativeBackend: {b['tokens'] / b['wall']:,.0f} tok/s, {steps} steps, {ms:.2f} ms/step; "
@@ -258,6 +271,8 @@ def main() -> None:
         print(f"| worker: all but engine.step | {(w['wall'] - step_wall) / steps * 1e3:.3f} | "
               f"{(w['cpu'] - step_cpu) / steps * 1e3:.3f} |")
         print(f"| front process (pipe read, unpickle, queues, streams) | | {b['cpu'] / steps * 1e3:.3f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
     sys.stdout.flush()
 
 
