@@ -14,6 +14,7 @@ from onebit.backends.base import BackendError, EngineStats, GenerateRequest, Slo
 from onebit.backends.heartbeat import Heartbeat
 from onebit.backends.native_worker import worker_main
 from onebit.backends.pipe_writer import PipeWriter
+from onebit.backends.step_wire import unpack_deltas, unpack_slots
 from onebit.engine.config import EngineConfig
 from onebit.protocol import RequestError, StepDelta, from_wire
 
@@ -61,6 +62,7 @@ class NativeBackend(StatefulBackend):
         self._streams: dict[str, asyncio.Queue] = {}
         self._stats = EngineStats()
         self._slots = self._idle_slots()
+        self._packed_slots: list[tuple] | None = None  # the worker's last report, unpacked when asked for
         self._heartbeat = Heartbeat(lambda: self._writer.send(("ping",)), self._on_silent,
                                     health_interval, health_timeout)
 
@@ -170,13 +172,11 @@ class NativeBackend(StatefulBackend):
             self._heartbeat.heard()
         kind = message[0]
         if kind == "step":
-            _, deltas, stats, slots = message
+            _, packed, stats, slots = message
             if stats is not None:
                 self._stats = stats
-                for slot in slots:
-                    slot.backend = self.name
-                self._slots = slots
-            for delta in deltas:
+                self._packed_slots = slots
+            for delta in unpack_deltas(packed):
                 stream = self._streams.get(delta.request_id)
                 if stream is not None:
                     stream.put_nowait(delta)
@@ -210,7 +210,7 @@ class NativeBackend(StatefulBackend):
             log.error("%s: %s", self.name, reason)
             self.last_error = self.last_error or reason
             self._fail_all(BackendError(reason))
-            self._slots = self._idle_slots()
+            self._slots, self._packed_slots = self._idle_slots(), None
             self._set_state("down")
 
     def _fail_all(self, error: BackendError) -> None:
@@ -248,7 +248,9 @@ class NativeBackend(StatefulBackend):
             self._writer.send(("abort", request_id))
 
     def slots(self) -> list[SlotInfo]:
-        """Slots as of the last engine step."""
+        """Slots as of the worker's last report."""
+        if self._packed_slots is not None:
+            self._slots, self._packed_slots = unpack_slots(self._packed_slots, self.name), None
         return list(self._slots)
 
     def stats(self) -> EngineStats:

@@ -4,6 +4,8 @@ Messages in (front -> worker): ("add", request_id, prompt_token_ids, params, use
 ("abort", request_id), ("ping",), ("stop",).
 Messages out (worker -> front): ("ready", info), ("load_error", message),
 ("rejected", request_id, error.to_wire()), ("step", deltas, stats, slots), ("pong",).
+A step's deltas and slots travel packed as tuples (`onebit.backends.step_wire`); stats and slots
+are None on most steps (see serve_engine).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
+from onebit.backends.step_wire import pack_deltas, pack_slots
 from onebit.engine.config import EngineConfig
 from onebit.protocol import InternalError, RequestError
 
@@ -94,10 +97,10 @@ def serve_engine(engine, conn: Connection) -> None:
         # (so /metrics is exact after a response) or every REPORT_INTERVAL_S, else only the deltas.
         now = time.monotonic()
         if now - last_report >= REPORT_INTERVAL_S or any(d.finished for d in deltas):
-            conn.send(("step", deltas, engine.stats(), engine.slots()))
+            conn.send(("step", pack_deltas(deltas), engine.stats(), pack_slots(engine.slots())))
             last_report = now
         else:
-            conn.send(("step", deltas, None, None))
+            conn.send(("step", pack_deltas(deltas), None, None))
 
 
 def _kv_info(engine) -> dict:
