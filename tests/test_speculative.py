@@ -79,24 +79,22 @@ def test_policy_measures_and_drops_drafting_when_it_costs():
 
 
 def test_policy_charges_drafting_for_the_cold_step_after_it():
-    """With overlap, a drafting step makes the next plain step start cold: a small gain per
-    drafting step stops paying once that restart is charged, while a large one still drafts."""
-    def policy_with(cold: float | None) -> DraftPolicy:
+    """With overlap, a drafting step makes the next plain step start cold, its host preparation
+    exposed: a small gain per drafting step stops paying once that is charged, a large one does not."""
+    def policy_with(prep: float | None) -> DraftPolicy:
         policy = DraftPolicy(k_max=1)
         policy.acceptance = 0.5  # k=1: 1.5 tokens for the drafting rows
         policy.record_step(64, 1, 0.0105)
-        policy.record_step(64, 0, 0.0100)
-        if cold is not None:
-            policy.record_step(64, 0, cold, cold=True)
+        policy.record_step(64, 0, 0.0100, prep=prep)
+        policy.record_step(64, 0, 0.0250, cold=True, prep=prep)  # spans the next launch: not a step time
         return policy
-    # 8 of 64 rows draft: (56 + 8 * 1.5) / 10.5 ms beats 64 / 10 ms without a restart cost...
+    # 8 of 64 rows draft: (56 + 8 * 1.5) / 10.5 ms beats 64 / 10 ms with no host work to expose...
     assert policy_with(None).choose(64, drafting=8) == 1
     assert policy_with(None).times[(0, 64)] == 0.0100
-    # ...but not when a cold plain step costs 1.5 ms more than an overlapped one
-    assert policy_with(0.0115).choose(64, drafting=8) == 0
-    assert policy_with(0.0115).times[(0, 64)] == 0.0100  # cold steps do not blur the overlapped time
+    # ...but not when preparing a plain step takes 1.5 ms that overlap would have hidden
+    assert policy_with(0.0015).choose(64, drafting=8) == 0
     # all rows drafting gain 1.5x: that still pays
-    assert policy_with(0.0115).choose(64, drafting=64) == 1
+    assert policy_with(0.0015).choose(64, drafting=64) == 1
 
 
 @pytest.fixture(scope="module")

@@ -188,7 +188,7 @@ class LLMEngine:
                     plain, sampled = [], None
         computed = self.scheduler.mark_computed(plan)
         return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting, started,
-                            cold=self.overlap and previous is None)
+                            cold=self.overlap and previous is None, prep=time.perf_counter() - started)
 
     def _without_failing(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]],
                          deltas: list[StepDelta]) -> list[tuple[Sequence, int]]:
@@ -240,7 +240,7 @@ class LLMEngine:
         # step, a drafting step also its exposed host work, so the policy weighs drafting against
         # overlapped plain steps at their true price.
         self.speculator.observe(step.plan, step.out, step.computed, step.decodes, bool(step.drafting), verified,
-                                self._clock, step.cold)
+                                self._clock, step.cold, step.prep if self.overlap else None)
         self._clock = time.perf_counter()
         return deltas
 

@@ -50,6 +50,7 @@ class LaunchedStep:
     drafting: list[Sequence]
     started: float
     cold: bool = False  # launched with no step in flight although overlap is on
+    prep: float = 0.0  # host seconds from the start of its launch until it was queued
 
     def can_feed(self) -> bool:
         """Whether the next step may start before this one's tokens reach the host: not when a

@@ -31,9 +31,10 @@ class DraftPolicy:
     measured is tried once; every `explore_every` steps the runner-up is re-measured so the
     estimates follow the machine and the load. With `always`, every step drafts k_max.
 
-    With overlapped steps a drafting step also makes the plain step after it start cold (its
-    host work no longer hides behind the GPU): plain steps that started cold are timed apart
-    ("cold"), and drafting is charged their extra time over an overlapped plain step.
+    With overlapped steps a drafting step also makes the plain step after it start cold: that
+    step's host preparation no longer hides behind the GPU. Plain steps report their preparation
+    time (`prep`), and drafting is charged it; a cold plain step's own wall time spans the next
+    step's launch too, so it is not folded into the step times.
     """
 
     def __init__(self, k_max: int, explore_every: int = 1024, always: bool = False):
@@ -41,7 +42,7 @@ class DraftPolicy:
         self.always = always  # draft k_max whenever possible, measured or not
         self.explore_every = explore_every
         self.times: dict[tuple[int, int], float] = {}
-        self.cold: dict[int, float] = {}  # bucket -> time of a plain step that could not overlap
+        self.prep: dict[int, float] = {}  # bucket -> host time to prepare a plain step (overlap only)
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
 
@@ -66,7 +67,7 @@ class DraftPolicy:
             if (k, b) not in self.times:
                 return k
         drafting = batch if drafting is None else drafting
-        restart = max(0.0, self.cold[b] - self.times[(0, b)]) if b in self.cold else 0.0
+        restart = self.prep.get(b, 0.0)
         ranked = sorted(range(self.k_max + 1),
                         key=lambda k: -(batch - drafting + drafting * self.expected_tokens(k))
                         / (self.times[(k, b)] + (restart if k else 0.0)))
@@ -74,12 +75,20 @@ class DraftPolicy:
             return ranked[1]
         return ranked[0]
 
-    def record_step(self, batch: int, k: int, seconds: float, cold: bool = False) -> None:
-        """Fold a measured step time into its (k, bucket) estimate (exponential moving average);
-        `cold`: a plain step that started without overlap although overlap is on."""
-        table, key = (self.cold, self.bucket(batch)) if cold and not k else (self.times, (k, self.bucket(batch)))
+    def record_step(self, batch: int, k: int, seconds: float, cold: bool = False, prep: float | None = None) -> None:
+        """Fold a measured step time into its (k, bucket) estimate (exponential moving average).
+        With overlap on, a plain step also gives `prep`, its host preparation time, and `cold`
+        says it started with nothing in flight (its time is then not a step's cost)."""
+        b = self.bucket(batch)
+        if prep is not None and not k:
+            self._fold(self.prep, b, prep)
+        if not (cold and not k):
+            self._fold(self.times, (k, b), seconds)
+
+    @staticmethod
+    def _fold(table: dict, key, value: float) -> None:
         old = table.get(key)
-        table[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        table[key] = value if old is None else 0.8 * old + 0.2 * value
 
     def record_acceptance(self, proposed: int, accepted: int) -> None:
         """Fold one verification into the estimate of the chance that a draft is kept given the

@@ -170,16 +170,17 @@ class Speculator:
         return self.masker
 
     def observe(self, plan, out, computed, decodes: int, drafted: bool, verified: bool, started: float,
-                cold: bool = False) -> None:
+                cold: bool = False, prep: float | None = None) -> None:
         """After a step's tokens are final: let the drafter learn from it, count it, and time it
-        (`cold`: it could not overlap the step before, which overlap would have hidden)."""
+        (`cold`: launched with nothing in flight although overlap is on; `prep`: with overlap on,
+        the host time it took to prepare and launch)."""
         if self.drafter is not None:
             self.drafter.observe(plan, out, computed)
         if decodes:
             self.stats.record_step(verified)
             if self.policy is not None:
                 self.policy.record_step(decodes, self.step_k if drafted else 0, time.perf_counter() - started,
-                                         cold)
+                                         cold, prep)
 
     def release(self, seq: Sequence) -> None:
         """Forget a finished, aborted or failed request."""
