@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from onebit.kernels import batch_invariant, kv_fp8
 
 try:  # the GPU kernels need triton; without it every path uses the torch reference
-    from onebit.kernels import triton_decode, triton_prefill
+    from onebit.kernels import triton_decode, triton_prefill, triton_prefill_flash
 except ImportError:  # pragma: no cover - depends on the install
-    triton_decode = triton_prefill = None
+    triton_decode = triton_prefill = triton_prefill_flash = None
 
 
 @dataclass(kw_only=True)
@@ -32,6 +32,9 @@ class AttentionMetadata:
     prefills: for each prefilling sequence, (query start in the packed batch,
     query length, context length after this step); prefill_block_tables [P, max_blocks]
     holds their block tables, row i for prefills[i].
+    decode_num_splits, decode_max_context: the engine's fixed KV split count and context bound
+    (the batch-invariant kernel's split length; the decode kernel's split count comes from the
+    row count unless `triton_decode.adaptive_splits` is off).
     """
 
     slot_mapping: torch.Tensor
@@ -100,9 +103,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     d = meta.num_decodes
     if d:
         if q.is_cuda and triton_decode is not None:
+            # adaptive: the split count from the row count (graph-safe), each context split evenly;
+            # else the engine's fixed split count and length
+            splits = None if triton_decode.adaptive_splits else meta.decode_num_splits
             out[:d] = triton_decode.paged_decode_attention(
                 q[:d], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                meta.decode_num_splits, meta.decode_max_context, k_scale, v_scale)
+                splits, meta.decode_max_context, k_scale, v_scale)
         else:
             out[:d] = decode_attention_ref(q[:d], k_cache, v_cache, meta.decode_block_tables,
                                            meta.decode_context_lens, scale, k_scale, v_scale)
@@ -110,6 +116,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return out
     if q.is_cuda and triton_prefill is not None:
         starts, lens, ctxs = (list(col) for col in zip(*meta.prefills))
+        if triton_prefill_flash.enabled:
+            plan = getattr(meta, "_flash_prefill_plan", None)
+            if plan is None:  # once per step, not once per layer
+                plan = triton_prefill_flash.plan_tiles(starts, lens, ctxs, q.shape[1], k_cache.shape[2], q.device)
+                meta._flash_prefill_plan = plan
+            triton_prefill_flash.paged_prefill_attention(q, k_cache, v_cache, starts, lens, ctxs,
+                                                         meta.prefill_block_tables, scale, out=out,
+                                                         k_scale=k_scale, v_scale=v_scale, plan=plan)
+            return out
         triton_prefill.paged_prefill_attention(q, k_cache, v_cache, starts, lens, ctxs,
                                                meta.prefill_block_tables, scale, out=out,
                                                k_scale=k_scale, v_scale=v_scale)

@@ -3,11 +3,23 @@
 GQA-aware: one program handles one KV head for all the query heads that share it, so each
 K/V byte is read once per sequence. The context is split into `num_splits` ranges handled by
 separate programs (long contexts with few sequences still fill the GPU); a second small kernel
-merges the partial softmaxes. Reference: `onebit.kernels.attention.decode_attention_ref`.
+merges the partial softmaxes (with one split, the split kernel writes the output itself).
+Reference: `onebit.kernels.attention.decode_attention_ref`.
 Runs under TRITON_INTERPRET=1 on CPU tensors too, which is how the CPU tests check it.
+
+Split lengths are per sequence, read from its context length in device memory: a sequence of
+c tokens cuts its context into ranges of max(min_split, ceil(c / num_splits) rounded up to the
+key tile) tokens, so a 2k context and an 8k one both spread over all the programs they can use,
+and a short one leaves the rest empty (they store an empty partial). `num_splits` itself depends
+only on the row count, the KV heads and the engine's context bound (`choose_num_splits`), never
+on the step's data, so a CUDA graph captured for a row count stays right for every replay.
+Before, the split length was fixed per engine (ceil(ctx_size / splits)): with --ctx-size 8448 and
+16 splits of 528 tokens, a 2k context used 4 of them, 32 programs at B=1 on a 132-SM GPU.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -16,9 +28,9 @@ import triton.language as tl
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr, k_scale_ptr, v_scale_ptr,
-    scale, max_blocks, split_len,
-    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh,
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr, k_scale_ptr, v_scale_ptr, out_ptr,
+    scale, max_blocks, min_split,
+    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
 ):
@@ -27,6 +39,8 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     num_kv_heads = tl.num_programs(1)
     ctx_len = tl.load(lens_ptr + seq)
+    # this sequence's split length: its context over NUM_SPLITS, in whole key tiles, >= min_split
+    split_len = tl.maximum(min_split, (ctx_len + NUM_SPLITS * TILE - 1) // (NUM_SPLITS * TILE) * TILE)
     start = split * split_len
     end = tl.minimum(start + split_len, ctx_len)
 
@@ -62,10 +76,16 @@ def _decode_split_kernel(
     if KV_FP8:
         acc = acc * tl.load(v_scale_ptr + kv_head)
 
-    base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-    tl.store(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :], acc)
-    tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2, m)
-    tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, l)
+    if NUM_SPLITS == 1:  # the whole context: normalize and write the output, no merge
+        out = acc / tl.maximum(l, 1e-30)[:, None]
+        tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:  # only the group's real rows: padding rows would be bytes written and read for nothing
+        base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
+        tl.store(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :], acc,
+                 mask=row_ok[:, None])
+        tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2, m, mask=row_ok)
+        tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, l, mask=row_ok)
 
 
 @triton.jit
@@ -77,43 +97,80 @@ def _decode_merge_kernel(
     kv_head = tl.program_id(1)
     num_kv_heads = tl.num_programs(1)
     rows = tl.arange(0, GROUP_PAD)
+    row_ok = rows < GROUP
     dims = tl.arange(0, HEAD_DIM)
     m_all = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     for split in range(NUM_SPLITS):
         base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2))
+        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=row_ok,
+                                          other=float("-inf")))
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     for split in range(NUM_SPLITS):
         base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-        m = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2)
-        l = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1)
+        m = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=row_ok, other=float("-inf"))
+        l = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, mask=row_ok, other=0.0)
         w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
         l_all += l * w
-        acc += tl.load(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :]) * w[:, None]
+        acc += tl.load(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :],
+                       mask=row_ok[:, None], other=0.0) * w[:, None]
     out = acc / tl.maximum(l_all, 1e-30)[:, None]
     heads = kv_head * GROUP + rows
     tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=(rows < GROUP)[:, None])
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+# The adaptive split rule (`choose_num_splits`). A split shorter than MIN_SPLIT_TOKENS (two key
+# tiles) costs more in its fixed work (q load, partial store, merge) than it saves.
+MIN_SPLIT_TOKENS = 128
+MAX_SPLITS = 32
+CTAS_PER_SM = 2  # programs per SM to aim for: one waits on memory while the other computes
+# The engine's rule: True, `choose_num_splits` per row count with per-sequence split lengths;
+# False, the older fixed rule (`pick_num_splits` of the context size, fixed split length). Benches
+# flip it to compare the two (bench/gpu_attention_long.py).
+adaptive_splits = True
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (132 on an H100/H200 SXM); 132 elsewhere so that
+    CPU tests choose what the GPU would."""
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(rows: int, kv_heads: int, max_context: int, sms: int = 132,
+                      min_split: int = MIN_SPLIT_TOKENS, max_splits: int = MAX_SPLITS) -> int:
+    """Context splits for a decode launch of `rows` sequences: enough programs (rows x kv_heads x
+    splits) for CTAS_PER_SM per SM, no more splits than a context of max_context tokens can give
+    min_split tokens each, at most max_splits. Depends on shapes only (graph-safe)."""
+    want = -(-CTAS_PER_SM * sms // max(rows * kv_heads, 1))
+    useful = -(-max(max_context, 1) // min_split)
+    return max(1, min(want, useful, max_splits))
 
 
 def pick_num_splits(max_context: int, split_target: int = 512, max_splits: int = 16) -> int:
-    """How many context ranges to split a decode into, for contexts up to max_context tokens."""
+    """The engine-wide split count of the older fixed rule, for contexts up to max_context tokens
+    (also fixes the batch-invariant kernel's split length, `batch_invariant.split_len`)."""
     return max(1, min(max_splits, -(-max_context // split_target)))
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           num_splits: int = 1, max_context: int | None = None,
-                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                           num_splits: int | None = 1, max_context: int | None = None,
+                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                           min_split: int | None = None) -> torch.Tensor:
     """Attention of q [B, heads, head_dim] over cached contexts; caches [blocks, block_size, kv_heads, head_dim]
     (e4m3 caches with their per-KV-head scales k_scale, v_scale [kv_heads] float32).
 
     block_tables [B, max_blocks] and context_lens [B] are integer tensors on q's device.
-    max_context bounds every context (default: the table width), so each split covers
-    ceil(max_context / num_splits) tokens; all launch parameters are then fixed, so
-    the call can be captured in a CUDA graph.
+    max_context bounds every context (default: the table width). num_splits None chooses the
+    split count by `choose_num_splits` (with min_split MIN_SPLIT_TOKENS unless given); each
+    sequence then splits its own context evenly (see the module doc). An explicit num_splits
+    without min_split is the fixed rule: every split covers ceil(max_context / num_splits)
+    tokens. All launch parameters depend on shapes only, so the call can be captured in a CUDA graph.
     """
     batch, num_heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
@@ -121,22 +178,32 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     group_pad = max(16, triton.next_power_of_2(group))
     max_blocks = block_tables.shape[1]
     max_context = max_context or max_blocks * block_size
-    split_len = -(-max_context // num_splits)
+    if num_splits is None:
+        min_split = min_split or MIN_SPLIT_TOKENS
+        num_splits = choose_num_splits(batch, kv_heads, max_context, sm_count(q.device), min_split)
+    elif min_split is None:
+        min_split = -(-max_context // num_splits)
     tile = 64 if head_dim <= 128 else 32
-    part_acc = torch.empty((batch, kv_heads, num_splits, group_pad, head_dim), dtype=torch.float32, device=q.device)
-    part_ml = torch.empty((batch, kv_heads, num_splits, group_pad, 2), dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
+    if num_splits > 1:
+        part_acc = torch.empty((batch, kv_heads, num_splits, group_pad, head_dim), dtype=torch.float32,
+                               device=q.device)
+        part_ml = torch.empty((batch, kv_heads, num_splits, group_pad, 2), dtype=torch.float32, device=q.device)
+    else:  # unused by the kernel: the output is written directly
+        part_acc = part_ml = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml,
-        k_scale if fp8 else part_ml, v_scale if fp8 else part_ml,
-        scale, max_blocks, split_len,
+        k_scale if fp8 else part_ml, v_scale if fp8 else part_ml, out,
+        scale, max_blocks, min_split,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
         NUM_SPLITS=num_splits, KV_FP8=fp8,
     )
-    _decode_merge_kernel[(batch, kv_heads)](
-        part_acc, part_ml, out, out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-    )
+    if num_splits > 1:
+        _decode_merge_kernel[(batch, kv_heads)](
+            part_acc, part_ml, out, out.stride(0), out.stride(1),
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        )
     return out
