@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="KV cache entries: auto = the model's dtype; fp8 = e4m3 with per-head scales fixed by "
                             "a calibration prefill at start-up (half the bytes: twice the blocks in the same memory)")
     serve.add_argument("--max-batch-tokens", type=_positive, default=2048, help="token budget of one step")
+    serve.add_argument("--mixed-step-tokens", type=_positive, default=None,
+                       help="while sequences decode, cap a step at this many tokens (prompt chunks share what the "
+                            "decode rows leave), so long prompts do not stall decoding; e.g. 256")
     serve.add_argument("--block-size", type=_positive, default=16, help="tokens per KV cache block")
     serve.add_argument("--no-prefix-caching", action="store_true", help="do not reuse cached prompt prefixes")
     serve.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (debugging)")
@@ -288,6 +291,7 @@ def serve(args: argparse.Namespace) -> int:
         config = EngineConfig(model=str(path), device=args.device, dtype=args.dtype, parallel=args.parallel,
                               ctx_size=args.ctx_size, kv_cache_memory=args.kv_cache_memory,
                               max_batch_tokens=args.max_batch_tokens, block_size=args.block_size,
+                              mixed_step_tokens=args.mixed_step_tokens,
                               enable_prefix_caching=not args.no_prefix_caching,
                               cuda_graphs=not args.no_cuda_graphs, overlap=args.overlap,
                               triton_gemv=not args.no_triton_gemv, quantize=args.quantize,

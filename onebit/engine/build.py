@@ -127,6 +127,6 @@ def build_engine(config: EngineConfig) -> LLMEngine:
              ctx_size, config.parallel, "; overlapped steps" if overlap else "")
     parts = EngineParts(path, device, dtype, tokenizer, cfg, eos, ctx_size, per_block,
                         Scheduler(blocks, config.parallel, config.max_batch_tokens, config.fair_share,
-                                  config.priority_preempt), runner, sampler, speculator,
+                                  config.priority_preempt, config.mixed_step_tokens), runner, sampler, speculator,
                         OutputProcessor(tokenizer, eos), overlap)
     return LLMEngine(config, parts)

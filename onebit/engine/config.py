@@ -36,6 +36,9 @@ class EngineConfig:
     cuBLAS for each weight shape at 1 to 16 rows, and use one where it is correct and faster.
     adaptive_at: one engine serving `--adaptive` on one device: the primary's regime (drafting,
     when a drafter is set) while at most this many requests run, plain large-batch steps above.
+    mixed_step_tokens: None (the default: a step's only bound is max_batch_tokens), or the cap on
+    a step's tokens while any sequence decodes; prompt chunks take what the decode rows leave, less
+    deep into long prompts (`onebit.engine.prefill_budget`), so decode latency stays flat.
     deterministic: batch-invariant kernels (`onebit.kernels.batch_invariant`): a sequence's logits
     are the same bits alone or in any batch, in a verification, a chunk or after a prefix hit.
     """
@@ -63,6 +66,7 @@ class EngineConfig:
     priority_preempt: bool = False  # a waiting request of lower priority value preempts its user's running one
     adaptive_at: int | None = None  # `--adaptive` on one device: draft only while this many requests run or fewer
     deterministic: bool = False  # batch-invariant products and attention (same output whatever the batch)
+    mixed_step_tokens: int | None = None  # cap on a step's tokens while sequences decode (prefill_budget.py)
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -71,6 +75,8 @@ class EngineConfig:
             raise ValueError("block_size must be >= 1")
         if self.max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be >= 1")
+        if self.mixed_step_tokens is not None and self.mixed_step_tokens < 1:
+            raise ValueError("mixed_step_tokens must be >= 1")
         if self.ctx_size is not None and self.ctx_size < 2:
             raise ValueError("ctx_size must be >= 2")
         if self.quantize not in (None, "fp8"):

@@ -16,17 +16,23 @@ from __future__ import annotations
 
 from onebit.engine.block_manager import BlockManager
 from onebit.engine.fair_admission import WaitingLine
+from onebit.engine.prefill_budget import chunk_tokens, prefill_tokens
 from onebit.engine.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
-    """Owns the waiting queue, the running set (at most `parallel`) and their slots."""
+    """Owns the waiting queue, the running set (at most `parallel`) and their slots.
+
+    mixed_step_tokens: None, or the cap on a step's tokens while any sequence decodes: prompt
+    chunks then share what the decode rows leave (`prefill_budget`), so decode latency stays
+    near a plain decode step's while long prompts prefill."""
 
     def __init__(self, blocks: BlockManager, parallel: int, max_batch_tokens: int, fair: bool = True,
-                 priority_preempt: bool = False):
+                 priority_preempt: bool = False, mixed_step_tokens: int | None = None):
         self.blocks = blocks
         self.parallel = parallel
         self.max_batch_tokens = max(max_batch_tokens, parallel)
+        self.mixed_step_tokens = mixed_step_tokens
         self.priority_preempt = priority_preempt
         self.waiting = WaitingLine(fair)
         self.running: list[Sequence] = []
@@ -143,9 +149,25 @@ class Scheduler:
         held = len(seq.block_table) * self.blocks.block_size - seq.num_computed_tokens
         return min(want, held + self.blocks.num_free * self.blocks.block_size)
 
+    def _prefill_left(self) -> int | None:
+        """The step's prompt tokens under the mixed-step cap; None when uncapped (no cap set, or
+        nothing decodes)."""
+        if self.mixed_step_tokens is None:
+            return None
+        decode_rows = sum(s.num_uncomputed for s in self.running if s.num_uncomputed == 1 or s.num_draft)
+        return prefill_tokens(self.mixed_step_tokens, decode_rows) if decode_rows else None
+
+    @staticmethod
+    def _chunk_cap(seq: Sequence, prefill_left: int | None) -> int:
+        """At most how many tokens seq may compute under the mixed-step cap."""
+        if prefill_left is None or seq.num_uncomputed <= 1 or seq.num_draft:
+            return seq.num_uncomputed
+        return chunk_tokens(prefill_left, seq.num_computed_tokens)
+
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The step's plan: (sequence, number of tokens to compute) pairs, decodes first."""
         budget = self.max_batch_tokens
+        prefill_left = self._prefill_left()
         plan: dict[Sequence, int] = {}
         if self.priority_preempt:
             self._preempt_for_priority()
@@ -153,7 +175,7 @@ class Scheduler:
         for seq in self.waiting.fair_order(self.running):
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            want = min(seq.num_uncomputed, budget)
+            want = min(seq.num_uncomputed, budget, self._chunk_cap(seq, prefill_left))
             if want <= 0:
                 continue
             n = self._fit(seq, want)
@@ -169,12 +191,14 @@ class Scheduler:
             self.blocks.grow(seq, seq.num_computed_tokens + n)
             plan[seq] = n
             budget -= n
+            if prefill_left is not None and n > 1 and not seq.num_draft:
+                prefill_left -= n
         preempted = self.num_preemptions > preemptions_before
         # After a preemption the pool is short: admitting now would only thrash.
         while not preempted and self.waiting and len(self.running) < self.parallel and budget > 0:
             seq = self.waiting[0]
             self.blocks.match_prefix(seq)
-            n = self._fit(seq, min(seq.num_uncomputed, budget))
+            n = self._fit(seq, min(seq.num_uncomputed, budget, self._chunk_cap(seq, prefill_left)))
             if n <= 0:
                 self.blocks.free_sequence(seq)
                 break
@@ -186,6 +210,8 @@ class Scheduler:
             self.waiting.started(seq)
             plan[seq] = n
             budget -= n
+            if prefill_left is not None and n > 1:
+                prefill_left -= n
         self.waiting.charge(plan.items())
         decodes = [(s, n) for s, n in plan.items() if n == 1]
         return decodes + [(s, n) for s, n in plan.items() if n > 1]
