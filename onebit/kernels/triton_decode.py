@@ -143,12 +143,14 @@ def sm_count(device: torch.device) -> int:
 
 def choose_num_splits(rows: int, kv_heads: int, max_context: int, sms: int = 132,
                       min_split: int = MIN_SPLIT_TOKENS, max_splits: int = MAX_SPLITS) -> int:
-    """Context splits for a decode launch of `rows` sequences: enough programs (rows x kv_heads x
-    splits) for CTAS_PER_SM per SM, no more splits than a context of max_context tokens can give
-    min_split tokens each, at most max_splits. Depends on shapes only (graph-safe)."""
+    """Context splits for a decode launch of `rows` sequences: about CTAS_PER_SM programs (rows x
+    kv_heads x splits) per SM, no more splits than a context of max_context tokens can give
+    min_split tokens each, at most max_splits; a power of two, so that few kernel variants exist
+    and the graph capture compiles all of them (the eager path's mixed steps reuse them).
+    Depends on shapes only (graph-safe)."""
     want = -(-CTAS_PER_SM * sms // max(rows * kv_heads, 1))
     useful = -(-max(max_context, 1) // min_split)
-    return max(1, min(want, useful, max_splits))
+    return 1 << (max(1, min(want, useful, max_splits)).bit_length() - 1)
 
 
 def pick_num_splits(max_context: int, split_target: int = 512, max_splits: int = 16) -> int:
