@@ -14,6 +14,12 @@ and multiplies them by the activations at the plane's columns, one of two ways:
 - mode "fma" (CUDA cores, up to 4 rows): acc_m[n, g, lane] += x[m] * w, summed once at the end;
 - mode "dot" (tensor cores, rows padded to 16): w rounded to the activations' dtype (exactly what
   a model dequantized at load multiplies by) and `tl.dot` with float32 accumulation.
+- mode "int" (`_repacked_int_kernel`, tensor cores, any row count): no float weights at all; per
+  sub-block a `tl.dot` on the exact codes (128 + code as bfloat16 bit patterns, built two lanes per
+  mask-and-or; Q8_0 signed through float32), then acc += scale * dot - (offset + 128 scale) * sum(x):
+  a reassociation of the product (reference `gguf_repack.repacked_int_linear_ref`, float32 bound in
+  tests/test_gguf_repacked.py). sm_90 SASS of its loop, Triton 3.9: 4.6-4.8 instructions per weight
+  for Q4_K (the "dot" mode: 10.6), 6.4 Q8_0, 7.4 Q5_K, 8 Q6_K.
 K is split over SPLIT programs per row tile so that 4096-row products still fill the GPU; their
 partial sums meet in a float32 workspace summed in a fixed order ("sum", deterministic) or by
 atomic adds into the zeroed output ("atomic").
