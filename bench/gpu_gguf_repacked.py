@@ -6,7 +6,7 @@
 Kernels: Q4_K, Q6_K, Q8_0 weights (random bf16 encoded by onebit.testing.gguf_encode, then repacked,
 `gguf_repack.RepackedMatrix`) at the Qwen3-8B products (qkv 6144x4096, o 4096x4096, gate_up 24576x4096,
 down 4096x12288) and the head (151936x4096), 1/2/4/8/16 activation rows: every
-`triton_gguf_repacked.CONFIGS` entry ("fma" ones up to 4 rows) and bf16 cuBLAS on the dequantized
+`triton_gguf_repacked.CONFIGS` entry ("fma" ones up to 4 rows; "dot" and "int" at every count) and bf16 cuBLAS on the dequantized
 weight, each timed inside a CUDA graph (`onebit.kernels.timing.graph_us`); TB/s counts the bytes each
 reads (repacked bytes; bf16: 2 per weight). Each config's result is checked against the float32
 product with the dequantized weight, and the Triton dequantizer against the torch reference bit for
@@ -50,7 +50,7 @@ def runs_config(config, rows: int) -> bool:
     """Whether the sweep times `config` at `rows` ("fma" only up to its row limit)."""
     from onebit.kernels import triton_gguf_repacked as tr
 
-    return config.mode == "dot" or rows <= tr.FMA_MAX_ROWS
+    return config.mode != "fma" or rows <= tr.FMA_MAX_ROWS
 
 
 def empty_repacked(qtype: str, n: int, k: int, device: str):
@@ -128,8 +128,8 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
     graph_us = timer or graph_us
     records, exact = [], {}
     lines = ["| product | type | rows | best us (TB/s) | best config | bf16 cuBLAS us (TB/s) | best vs bf16 | "
-             "fma-n16-g2 us | dot-n32-g2 us | worst rel err (config) |",
-             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+             "fma-n16-g2 us | dot-n32-g2 us | int-n64-g1 us | worst rel err (config) |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for name, (n, k) in PRODUCTS.items():
         for qtype in TYPES:
             w = random_repacked(qtype, n, k, dev)
@@ -160,6 +160,7 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
                     f"| {name} {n}x{k} | {qtype} | {m} | {b_us:.1f} ({tb / b_us:.2f}) | {best} | {rec['bf16_us']:.1f} "
                     f"({n * k * 2 / 1e6 / rec['bf16_us']:.2f}) | {rec['bf16_us'] / b_us:.2f}x | "
                     f"{timed.get('fma-n16-g2', float('nan')):.1f} | {timed.get('dot-n32-g2', float('nan')):.1f} | "
+                    f"{timed.get('int-n64-g1', float('nan')):.1f} | "
                     + (f"{rec['rel_err'][worst]:.1e} ({worst}) |" if worst else "- |"))
                 print(lines[-1], flush=True)
             del w, dense, dense16

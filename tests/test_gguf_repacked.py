@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from onebit.kernels import gguf_quants as gq
-from onebit.kernels.gguf_repack import REPACKED_TYPES, RepackedMatrix, bytes_per_weight, repacked_linear_ref
+from onebit.kernels.gguf_repack import (REPACKED_TYPES, RepackedMatrix, bytes_per_weight, repacked_int_linear_ref,
+                                       repacked_linear_ref, sub_block_scales)
 from tests.test_gguf_kernels import random_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -61,7 +62,9 @@ TOLERANCE = 1e-5 if DEVICE == "cpu" else 2e-3
 # (rows, config): CUDA-core and tensor-core modes, the deterministic split-K sum and the atomic one,
 # a single program along K (stores directly), rows of a tile past the weight's end (N = 40).
 CASES = [(1, tr.RepackedConfig("fma", 16, 2)), (3, tr.RepackedConfig("fma", 8, 1, split=2, reduce="atomic")),
-         (2, tr.RepackedConfig("dot", 16, 2, split=1)), (5, tr.RepackedConfig("dot", 32, 1, split=2))]
+         (2, tr.RepackedConfig("dot", 16, 2, split=1)), (5, tr.RepackedConfig("dot", 32, 1, split=2)),
+         (1, tr.RepackedConfig("int", 16, 1, split=1)), (3, tr.RepackedConfig("int", 16, 2, split=2, reduce="atomic")),
+         (16, tr.RepackedConfig("int", 32, 1, split=2))]
 
 
 @pytest.mark.parametrize("qtype", REPACKED_TYPES)
@@ -110,3 +113,41 @@ def test_the_sweeps_table_sets_the_defaults_by_type_and_rows():
     assert ("Q6_K", 1) not in table
     with pytest.raises(ValueError, match='"fma" takes at most 4 rows'):
         tr.matmul_few_rows(torch.zeros(5, 256), _weight("Q4_K", 16, 256, 0).to("cpu"), config=tr.RepackedConfig("fma"))
+
+
+def _int_error_bound(x: torch.Tensor, w: RepackedMatrix) -> torch.Tensor:
+    """A bound on |y - exact| for mode "int" (and its reference) [T, rows], float64. Per sub-block of L
+    values the code dot and the x sum are float32 sums of L products (at most L roundings of u = 2**-24
+    each, relative to the sum of magnitudes; in the kernel the codes carry +128, hence 128 + |code|),
+    then two fused multiply-adds per sub-block into a float32 accumulator over S sub-blocks:
+    |err| <= (L + 2S + 4) u sum_sb (|s| sum |x_k| (128 + |q_k|) + (|o| + 160 |s|) sum |x_k|)."""
+    scale, offset, size = sub_block_scales(w)
+    q = w.codes_unsigned().double().reshape(w.rows, -1, size)
+    ax = x.double().abs().reshape(x.shape[0], -1, size)
+    dots = torch.einsum("tsk,nsk->tns", ax, 128.0 + q)
+    sums = ax.sum(dim=-1)[:, None, :]
+    magnitude = scale.double().abs()[None] * dots + (offset.double().abs() + 160 * scale.double().abs())[None] * sums
+    return (size + 2 * scale.shape[1] + 4) * 2.0**-24 * magnitude.sum(dim=-1)
+
+
+@pytest.mark.parametrize("qtype", REPACKED_TYPES)
+def test_int_mode_reassociation_stays_within_its_float32_bound(qtype):
+    """Mode "int" (tensor-core dots on the exact codes, scales after) and its torch reference against the
+    float64 product with the exact GGUF values: inside the derived (worst-case) float32 bound, and in
+    fact far closer than the bfloat16 weights a model dequantized at load multiplies by."""
+    w = _weight(qtype, 40, 512, seed=11)
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(3))
+    exact = x.double() @ w.dequantize().double().cpu().t()
+    bound = _int_error_bound(x, w.to("cpu"))
+    bf16_error = (x.double() @ w.dequantize(torch.bfloat16).double().cpu().t() - exact).norm()
+    ref = repacked_int_linear_ref(x, w.to("cpu")).double()
+    assert ((ref - exact).abs() <= bound).all()
+    for m, config in [(5, tr.RepackedConfig("int", 16, 2, split=2)), (1, tr.RepackedConfig("int", 32, 1, split=1))]:
+        got = tr.matmul_few_rows(x[:m].to(DEVICE), w, config=config).double().cpu()
+        assert ((got - exact[:m]).abs() <= bound[:m]).all(), (m, config, ((got - exact[:m]).abs() / bound[:m]).max())
+        assert (got - exact[:m]).norm() < 0.05 * bf16_error
+    if DEVICE == "cuda":  # bfloat16 activations: the bound of the rounded x, products exact on the tensor cores
+        xb = x.to(torch.bfloat16)
+        exact_b = xb.double() @ w.dequantize().double().cpu().t()
+        got = tr.matmul_few_rows(xb.to(DEVICE), w, config=tr.RepackedConfig("int", 64, 1)).double().cpu()
+        assert ((got - exact_b).abs() <= _int_error_bound(xb.float(), w.to("cpu")) + exact_b.abs() * 2.0**-8).all()

@@ -211,3 +211,39 @@ def repacked_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor
     """x [T, K] @ weight.T: the weight dequantized to x's dtype, then `F.linear` (what a model
     dequantized at load computes)."""
     return torch.nn.functional.linear(x, weight.dequantize(x.dtype))
+
+
+def sub_block_scales(weight: RepackedMatrix) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(scale, offset, size): float32 [rows, cols / size] per sub-block of `size` values (Q4_K/Q5_K/Q8_0
+    32, Q6_K 16), so that value = scale * code - offset with the code unsigned (Q8_0 and Q6_K: the
+    signed code, code - 32; offset 0), each product formed as `dequantize` forms it."""
+    if weight.qtype == "Q8_0":
+        scale = weight.d.float()
+        return scale, torch.zeros_like(scale), 32
+    if weight.qtype == "Q6_K":
+        scale = (weight.d.float().reshape(weight.rows, -1, 1)
+                 * weight.scales.view(torch.int8).float().reshape(weight.rows, -1, 16)).reshape(weight.rows, -1)
+        return scale, torch.zeros_like(scale), 16
+    sm = weight.scales.reshape(weight.rows, -1, 2, 8).float()
+    dm = weight.d.float().reshape(weight.rows, -1, 2, 1)
+    return ((dm[:, :, 0] * sm[:, :, 0]).reshape(weight.rows, -1), (dm[:, :, 1] * sm[:, :, 1]).reshape(weight.rows, -1),
+            32)
+
+
+def repacked_int_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor:
+    """x [T, K] @ weight.T as mode "int" of `triton_gguf_repacked` computes it, in float32: per sub-block
+    (one scale s and offset o per weight row) D = x_sb @ codes_sb.T on the exact integer codes, then
+    y = sum over sub-blocks of s * D - o * sum(x_sb). This reassociates the dequantize-then-multiply
+    product (`repacked_linear_ref`): the weights are never rounded to x's dtype; the float32 sums carry
+    the error instead (bounded in tests/test_gguf_repacked.py). The codes here are the true ones
+    (signed for Q8_0 and Q6_K); the kernel adds 128 to the unsigned ones and takes 128 * s * sum(x_sb)
+    off again, the same value up to float32 rounding."""
+    scale, offset, size = sub_block_scales(weight)
+    q = weight.codes_unsigned().to(torch.int16)
+    if weight.qtype == "Q8_0":
+        q = q - 128
+    elif weight.qtype == "Q6_K":
+        q = q - 32
+    xs = x.float().reshape(x.shape[0], -1, size)  # [T, S, size]
+    dots = torch.einsum("tsk,nsk->tns", xs, q.float().reshape(weight.rows, -1, size))
+    return (scale[None] * dots - offset[None] * xs.sum(dim=-1)[:, None, :]).sum(dim=-1).to(x.dtype)

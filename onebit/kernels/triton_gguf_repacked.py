@@ -14,6 +14,12 @@ and multiplies them by the activations at the plane's columns, one of two ways:
 - mode "fma" (CUDA cores, up to 4 rows): acc_m[n, g, lane] += x[m] * w, summed once at the end;
 - mode "dot" (tensor cores, rows padded to 16): w rounded to the activations' dtype (exactly what
   a model dequantized at load multiplies by) and `tl.dot` with float32 accumulation.
+- mode "int" (`_repacked_int_kernel`, tensor cores, any row count): no float weights at all; per
+  sub-block a `tl.dot` on the exact codes (128 + code as bfloat16 bit patterns, built two lanes per
+  mask-and-or; Q8_0 signed through float32), then acc += scale * dot - (offset + 128 scale) * sum(x):
+  a reassociation of the product (reference `gguf_repack.repacked_int_linear_ref`, float32 bound in
+  tests/test_gguf_repacked.py). sm_90 SASS of its loop, Triton 3.9: 4.6-4.8 instructions per weight
+  for Q4_K (the "dot" mode: 10.6), 6.4 Q8_0, 7.4 Q5_K, 8 Q6_K.
 K is split over SPLIT programs per row tile so that 4096-row products still fill the GPU; their
 partial sums meet in a float32 workspace summed in a fixed order ("sum", deterministic) or by
 atomic adds into the zeroed output ("atomic").
@@ -55,17 +61,18 @@ class RepackedConfig(NamedTuple):
     programs: int = 1024
 
 
-# Candidates bench/gpu_gguf_quant.py --repacked sweeps (named so its table can say which won).
+# Candidates bench/gpu_gguf_repacked.py sweeps (named so its table can say which won). Dropped after the
+# 2026-12-01 H200 sweep, each beaten at every row count: fma-n8-g2, fma-n16-g4, fma-n16-g2-atomic, dot-n16-g2.
 CONFIGS = {
-    "fma-n8-g2": RepackedConfig("fma", 8, 2),
     "fma-n16-g2": RepackedConfig("fma", 16, 2),
-    "fma-n16-g4": RepackedConfig("fma", 16, 4),
     "fma-n32-g2": RepackedConfig("fma", 32, 2, programs=512),
-    "fma-n16-g2-atomic": RepackedConfig("fma", 16, 2, reduce="atomic"),
-    "dot-n16-g2": RepackedConfig("dot", 16, 2),
     "dot-n32-g2": RepackedConfig("dot", 32, 2),
     "dot-n32-g4": RepackedConfig("dot", 32, 4, programs=512),
     "dot-n64-g2": RepackedConfig("dot", 64, 2, warps=8, programs=512),
+    "int-n32-g1": RepackedConfig("int", 32, 1),
+    "int-n64-g1": RepackedConfig("int", 64, 1, programs=512),
+    "int-n64-g2": RepackedConfig("int", 64, 2, programs=512),
+    "int-n128-g1": RepackedConfig("int", 128, 1, warps=8, programs=512),
 }
 FMA_MAX_ROWS = 4
 # (qtype, rows 1..16) -> config. Unmeasured guesses ("fma" for 1-2 rows, "dot" above) until the device
@@ -281,6 +288,163 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
 
 
 @triton.jit
+def _lane_pairs(words, BLOCK_N: tl.constexpr, LANES: tl.constexpr):
+    """int32 [BN, LANES] -> its even and odd lanes [BN, LANES / 2] (in registers: each thread holds
+    consecutive lanes)."""
+    return tl.split(tl.reshape(words, (BLOCK_N, LANES // 2, 2)))
+
+
+@triton.jit
+def _pairs_to_dtype(bits, BLOCK_N: tl.constexpr, LANES: tl.constexpr, DTYPE: tl.constexpr):
+    """int32 [BN, LANES / 2] holding two bfloat16 bit patterns (lane 2i low, lane 2i + 1 high) -> DTYPE
+    [BN, LANES] (the register is already what the tensor core takes: the unpacking folds away)."""
+    lo = bits.to(tl.int16)
+    hi = (bits >> 16).to(tl.int16)
+    q = tl.reshape(tl.join(lo, hi), (BLOCK_N, LANES)).to(tl.bfloat16, bitcast=True)
+    if DTYPE != tl.bfloat16:
+        q = q.to(DTYPE)
+    return q
+
+
+@triton.jit
+def _plane_codes(lo_pair, hi_pair, high_pair, j: tl.constexpr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 LANES: tl.constexpr, DTYPE: tl.constexpr):
+    """Plane j's codes [BN, LANES] in DTYPE, exactly. Q4_K/Q5_K/Q6_K: 128 + the unsigned code, built two
+    lanes at a time as the bits of two bfloat16s (exponent of 128, code in the low mantissa bits): one
+    shift and one mask-and-or per two weights, no int-to-float conversion (the 128 is taken off with the
+    sub-block's x sum). lo_pair/hi_pair: bits 0-15 / 16-31 of the even lane's word in the low half and
+    the odd lane's in the high half; high_pair likewise for the high bits. Q8_0: the signed code,
+    through float32 (its 8-bit codes do not fit the 7-bit bfloat16 mantissa)."""
+    if QTYPE == 0:
+        we = lo_pair  # Q8_0: the words themselves, even and odd lanes
+        wo = hi_pair
+        ue = ((we >> (8 * j)) & 0xFF) ^ 0x80  # the code + 128, 0..255
+        uo = ((wo >> (8 * j)) & 0xFF) ^ 0x80
+        fe = (ue | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0  # 2**23 + u - 2**23 - 128
+        fo = (uo | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+        return tl.reshape(tl.join(fe, fo), (BLOCK_N, LANES)).to(DTYPE)
+    jj: tl.constexpr = j % 4
+    if j < 4:
+        src = lo_pair
+    else:
+        src = hi_pair
+    bits = ((src >> (4 * jj)) & 0x000F000F) | 0x43004300  # bf16 0x4300 = 128.0
+    if QTYPE == 2:  # the fifth bit: bit j of the high byte (lane 2i in bits 0-7, 2i + 1 in 16-23)
+        if j <= 4:
+            bits = bits | ((high_pair << (4 - j)) & 0x00100010)
+        else:
+            bits = bits | ((high_pair >> (j - 4)) & 0x00100010)
+    elif QTYPE == 3:  # the top two bits: bits 2j, 2j + 1 of the high int16
+        if 2 * j <= 4:
+            bits = bits | ((high_pair << (4 - 2 * j)) & 0x00300030)
+        else:
+            bits = bits | ((high_pair >> (2 * j - 4)) & 0x00300030)
+    return _pairs_to_dtype(bits, BLOCK_N, LANES, DTYPE)
+
+
+@triton.jit
+def _byte_to_float(byte):
+    """int32 0..255 -> float32, exactly, with a mask-and-or and a subtraction (int-to-float conversion
+    runs at an eighth of the integer rate)."""
+    return (byte | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _plane_scale_int(w0, w1, w2, w3, d, dmin, j: tl.constexpr, QTYPE: tl.constexpr):
+    """Plane j's (scale, offset) [BN, 1] float32 for mode "int", the same values as `_plane_scale`:
+    value = scale * code - offset with Q8_0's code signed, Q6_K's code - 32 (offset 0 for both)."""
+    if QTYPE == 0:
+        if j < 2:
+            scale = _f16_low(w0 >> (16 * j))
+        else:
+            scale = _f16_low(w1 >> (16 * (j - 2)))
+        return scale, 0.0 * scale
+    elif QTYPE == 3:
+        if j < 4:
+            byte = _byte_of(w0, j % 4)
+        else:
+            byte = _byte_of(w1, j % 4)
+        sc = _byte_to_float(byte ^ 0x80) - 128.0  # the signed byte
+        return d * sc, 0.0 * sc
+    else:
+        if j < 4:
+            sc = _byte_to_float(_byte_of(w0, j % 4))
+            mn = _byte_to_float(_byte_of(w2, j % 4))
+        else:
+            sc = _byte_to_float(_byte_of(w1, j % 4))
+            mn = _byte_to_float(_byte_of(w3, j % 4))
+        return d * sc, dmin * mn
+
+
+@triton.jit
+def _dot_f32(a, b, IEEE: tl.constexpr):
+    """a @ b with float32 accumulation (IEEE float32 products when the operands are float32)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit(do_not_specialize=["M", "GROUPS_PER_SPLIT", "stride_ysplit"])
+def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_SPLIT,
+                         stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
+                         QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NG: tl.constexpr, REDUCE: tl.constexpr,
+                         NUM_STAGES: tl.constexpr):
+    # Mode "int": per sub-block (plane j of group g: LANES columns with one scale s and offset o per
+    # weight row) D = codes @ x.T on the tensor cores with the exact codes, then acc += s * D - o' * xsum,
+    # xsum = the sub-block's x sum (also a tensor-core product, with ones: it lands in acc's layout).
+    # acc is [BLOCK_N, BLOCK_M] (weights as the left operand). Grid and REDUCE as `_repacked_kernel`.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn64 = rn.to(tl.int64)
+    rm = tl.arange(0, BLOCK_M)
+    m_ok, n_ok = rm < M, rn < N
+    lane = tl.arange(0, LANES)
+    one = tl.arange(0, 1)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    IEEE: tl.constexpr = DTYPE == tl.float32
+    ones = tl.full((BLOCK_N, LANES), 1.0, dtype=DTYPE)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    x_lanes = x_ptr + rm[None, :] * stride_xm + lane[:, None]  # [LANES, BM]: one sub-block's x, transposed
+    x_ok = m_ok[None, :] & (lane[:, None] < LANES)
+    first = pid_k * GROUPS_PER_SPLIT
+    for g0 in tl.range(first, first + GROUPS_PER_SPLIT, NG, num_stages=NUM_STAGES):
+        for gi in tl.static_range(NG):
+            g = g0 + gi
+            words, high = _load_group_codes(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g, 1, LANES, QTYPE)
+            we, wo = _lane_pairs(tl.reshape(words, (BLOCK_N, LANES)), BLOCK_N, LANES)
+            he, ho = _lane_pairs(tl.reshape(high, (BLOCK_N, LANES)), BLOCK_N, LANES)
+            if QTYPE == 0:
+                lo_pair = we
+                hi_pair = wo
+            else:
+                lo_pair = (we & 0xFFFF) | (wo << 16)
+                hi_pair = ((we >> 16) & 0xFFFF) | (wo & -65536)
+            high_pair = (he & 0xFFFF) | (ho << 16)
+            w0, w1, w2, w3, d, dmin = _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g + one, QTYPE)
+            for j in tl.static_range(PLANES):
+                scale, offset = _plane_scale_int(w0, w1, w2, w3, d, dmin, j, QTYPE)  # [BN, 1]
+                xt = tl.load(x_lanes + (g * GROUP + j * LANES), mask=x_ok, other=0.0)
+                dots = _dot_f32(_plane_codes(lo_pair, hi_pair, high_pair, j, QTYPE, BLOCK_N, LANES, DTYPE), xt, IEEE)  # [BN, BM]
+                acc += scale * dots  # one FMA per output and sub-block
+                if QTYPE != 0:  # the codes carry 128 + code: take 128 * scale (and the offset) * xsum off
+                    xsum = _dot_f32(ones, xt, IEEE)
+                    if QTYPE == 3:  # Q6_K's value: scale * (code - 32)
+                        acc -= (160.0 * scale) * xsum
+                    else:
+                        acc -= (offset + 128.0 * scale) * xsum
+    ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None]
+    ok = m_ok[None, :] & n_ok[:, None]
+    if REDUCE == 0:
+        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+    elif REDUCE == 1:
+        tl.store(ptrs + pid_k * stride_ysplit, acc, mask=ok)
+    else:
+        tl.atomic_add(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok, sem="relaxed")
+
+
+@triton.jit
 def _sum_splits_kernel(ws_ptr, y_ptr, N, TOTAL, SPLIT, stride_ym, BLOCK: tl.constexpr):
     # y[m, n] = sum over s = 0 .. SPLIT-1, in that order, of ws[s, m, n] (float32 [SPLIT, M, N]).
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -360,6 +524,7 @@ def plan(weight: RepackedMatrix, rows: int, config: RepackedConfig) -> tuple[int
         split = 1
         while row_tiles * split < config.programs and turns % (split * 2) == 0:
             split *= 2
+    # "int": the tensor cores pad a narrow activation tile themselves (Triton takes dots from 1 column).
     block_m = 16 if config.mode == "dot" else triton.next_power_of_2(rows)
     reduce = 0 if split == 1 else 1 if config.reduce == "sum" else 2
     return ng, split, block_m, reduce
@@ -375,7 +540,7 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     if not 1 <= m <= MAX_KERNEL_ROWS:
         raise ValueError(f"matmul_few_rows takes 1 to {MAX_KERNEL_ROWS} rows, got {m}")
     config = config or DEFAULT[weight.qtype, m]
-    if config.mode not in ("fma", "dot") or config.reduce not in ("sum", "atomic"):
+    if config.mode not in ("fma", "dot", "int") or config.reduce not in ("sum", "atomic"):
         raise ValueError(f"unknown config {config}")
     if config.mode == "fma" and m > FMA_MAX_ROWS:
         raise ValueError(f'mode "fma" takes at most {FMA_MAX_ROWS} rows, got {m}')
@@ -391,11 +556,15 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
         stride_t, stride_split = weight.rows, m * weight.rows
     elif reduce == 2:
         out.zero_()
-    _repacked_kernel[(triton.cdiv(weight.rows, config.block_n), split)](
-        x, codes, high, scales, d, target, m, weight.rows, groups // split, x.stride(0), codes.stride(0),
-        high.stride(0), scales.stride(0), d.stride(0), stride_t, stride_split, BLOCK_M=block_m,
-        BLOCK_N=config.block_n, NG=ng, USE_DOT=config.mode == "dot", REDUCE=reduce, NUM_STAGES=config.stages,
-        num_warps=config.warps, **_meta(weight))
+    args = (x, codes, high, scales, d, target, m, weight.rows, groups // split, x.stride(0), codes.stride(0),
+            high.stride(0), scales.stride(0), d.stride(0), stride_t, stride_split)
+    grid = (triton.cdiv(weight.rows, config.block_n), split)
+    if config.mode == "int":
+        _repacked_int_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, REDUCE=reduce,
+                                   NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight))
+    else:
+        _repacked_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, USE_DOT=config.mode == "dot",
+                               REDUCE=reduce, NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight))
     if reduce == 1:
         total = m * weight.rows
         _sum_splits_kernel[(triton.cdiv(total, 1024),)](target, out, weight.rows, total, split, out.stride(0),
