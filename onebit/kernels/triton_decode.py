@@ -128,8 +128,9 @@ MAX_SPLITS = 32
 CTAS_PER_SM = 2  # programs per SM to aim for: one waits on memory while the other computes
 # The engine's rule: True, `choose_num_splits` per row count with per-sequence split lengths;
 # False, the older fixed rule (`pick_num_splits` of the context size, fixed split length). Benches
-# flip it to compare the two (bench/gpu_attention_long.py).
-adaptive_splits = True
+# flip it to compare the two (bench/gpu_attention_long.py). Off until that device run has compiled
+# and timed it: so far it ran only in Triton's interpreter (session 8).
+adaptive_splits = False
 
 
 @functools.lru_cache(maxsize=None)
