@@ -32,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_shape_model import make_shape_model  # noqa: E402
 
-from onebit.kernels import fp8, triton_fp8  # noqa: E402
+from onebit.kernels import fp8, timing, triton_fp8  # noqa: E402
 from onebit.kernels.timing import graph_us  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
@@ -60,11 +60,11 @@ def time_products(rows: list[int], notes: list[str]) -> list[str]:
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02
         q, scale = fp8.quantize_rows(w)
-        bf16_copies, fp8_copies = fp8.weight_copies(w), fp8.weight_copies(q, scale)
+        bf16_copies, fp8_copies = timing.weight_copies(w), timing.weight_copies(q, scale)
         gb = n * k / 1e3  # e4m3 kB: kB per us is GB/s
         for m in rows:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            bf16_us = graph_us(fp8.rotated(lambda w_: F.linear(x, w_), bf16_copies), replays=REPLAYS)
+            bf16_us = graph_us(timing.rotated(lambda w_: F.linear(x, w_), bf16_copies), replays=REPLAYS)
             exact = fp8.weight_only_ref(x.float(), q, scale, None)
             both = fp8.w8a8_ref(x.float(), q, scale, None)
             timed = {}
@@ -83,7 +83,7 @@ def time_products(rows: list[int], notes: list[str]) -> list[str]:
                     print(notes[-1], flush=True)
                     continue
                 timed[(kind, config)] = graph_us(
-                    fp8.rotated(lambda q_, s_, kind=kind, config=config: fp8.run_kernel(kind, config, x, q_, s_, None),
+                    timing.rotated(lambda q_, s_, kind=kind, config=config: fp8.run_kernel(kind, config, x, q_, s_, None),
                                 fp8_copies), replays=REPLAYS)
             old_us = timed.get(old_choice(m), float("nan"))
             new = [c for c in timed if c in fp8.candidates(m, n, k)]

@@ -65,3 +65,67 @@ def test_nothing_is_chosen_without_a_measurement(tiny_model_dir):
     w, b = weights["layers.0.self_attn.qkv_proj"]
     x = torch.randn(1, w.shape[1])
     assert torch.equal(gemv.linear(x, w, b), F.linear(x, w, b))
+
+
+class _FakeTimer:
+    """Stands in for `timing.ProductTimer`: runs the product once on the weight and reports a
+    scripted time for whichever Triton kernel ran (`_recording_kernels`), else cuBLAS's."""
+
+    CUBLAS_US = 10.0
+
+    def __init__(self, weight, ran, times):
+        self.weight, self.ran, self.times = weight, ran, times
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def us(self, fn):
+        self.ran.clear()
+        fn(self.weight)
+        return self.times.get(self.ran[0], 20.0) if self.ran else self.CUBLAS_US
+
+
+def _recording_kernels(monkeypatch, ran):
+    """Wrap each Triton kernel so that a call records (kernel, config, rows)."""
+    def wrap(name, kernel):
+        def run(x, weight, bias, config):
+            ran.append((name, config, x.shape[0]))
+            return kernel(x, weight, bias, config)
+        return run
+    monkeypatch.setattr(triton_gemv, "KERNELS", {n: wrap(n, k) for n, k in triton_gemv.KERNELS.items()})
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the fake timer stands in for the GPU on CPU runs")
+def test_calibrated_winners_feed_the_dispatch(monkeypatch):
+    """With timings scripted (cuBLAS 10 us, one GEMV config 5 us at 1 row, one skinny config 8 us
+    at 4 rows, every other candidate 20 us) the calibration keeps exactly those two, reports them,
+    and `linear` then runs them for those row counts and F.linear for the rest."""
+    gemv.reset()
+    ran = []
+    _recording_kernels(monkeypatch, ran)
+    gemv_wins, skinny_wins = ("gemv", triton_gemv.GEMV_CONFIGS[1]), ("skinny", triton_gemv.SKINNY_CONFIGS[2])
+    times = {(*gemv_wins, 1): 5.0, (*skinny_wins, 4): 8.0}
+    _, weight, b = _case(1, 48, 64, True, seed=11)
+    try:
+        lines = gemv.calibrate({"layers.0.mlp.down_proj": (weight, b), "again": (weight.clone(), b)}, [1, 2, 4],
+                               timer=lambda w: _FakeTimer(w, ran, times), device_types=("cpu",))
+        shape = (48, 64, weight.dtype, True)
+        assert gemv._CHOSEN == {("cpu", 1, *shape): gemv_wins, ("cpu", 4, *shape): skinny_wins}
+        assert len(lines) == 4  # one shape (the second layer repeats it): 3 row counts and the summary
+        assert lines[0].endswith("-> gemv 8/512/4 5.0 us") and lines[1].endswith("-> cuBLAS")
+        assert "cuBLAS 10.0 us" in lines[1] and lines[1].count("skinny") == len(triton_gemv.SKINNY_CONFIGS)
+        assert lines[3].startswith("few-row choice layers.0.mlp.down_proj 48x64: Triton at rows 1,4 of 1,2,4;")
+        for m, expect in ((1, gemv_wins), (2, None), (4, skinny_wins), (3, None)):
+            x = torch.randn(m, 64)
+            ran.clear()
+            got = gemv.linear(x, weight, b)
+            assert ran == ([(*expect, m)] if expect else []), m
+            assert ((got - F.linear(x, weight, b)).norm() / got.norm()).item() < TOLERANCE
+        ran.clear()
+        gemv.linear(torch.randn(1, 64), weight)
+        assert ran == []  # without the bias: a shape nothing was calibrated for
+    finally:
+        gemv.reset()

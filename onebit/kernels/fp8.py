@@ -19,12 +19,11 @@ the kernels against them.
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 
 import torch
 
-from onebit.kernels.timing import graph_us
+from onebit.kernels.timing import ProductTimer
 
 log = logging.getLogger(__name__)
 
@@ -137,25 +136,6 @@ def candidates(rows: int, n: int, k: int) -> list[tuple[str, tuple | None]]:
     return out
 
 
-def weight_copies(*tensors: torch.Tensor, min_bytes: int = 128 << 20) -> list[tuple[torch.Tensor, ...]]:
-    """`tensors` and enough copies of them that cycling through the copies reads more than the L2
-    cache holds (50 MB on the H200), as a decode step reads each layer's weight once; only the
-    originals where memory is short."""
-    size = sum(t.numel() * t.element_size() for t in tensors)
-    copies = min(8, max(2, -(-min_bytes // size)))
-    free, _ = torch.cuda.mem_get_info(tensors[0].device)
-    if free < copies * size + (1 << 30):
-        copies = 1
-    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(copies - 1)]
-
-
-def rotated(fn, copies: list[tuple[torch.Tensor, ...]]):
-    """A no-argument callable that runs `fn(*copy)` for the next of `copies` on each call (for
-    `graph_us`: the calls of one replay then read different memory)."""
-    sets = itertools.cycle(copies)
-    return lambda: fn(*next(sets))
-
-
 def _references(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                 rows_per_chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight_only_ref, w8a8_ref) of x in float32, the weight widened a slice of rows at a time
@@ -190,7 +170,7 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
             continue
         seen.add(shape)
         n, k = q.shape
-        table, copies = [], weight_copies(q, scale)
+        table, timer = [], ProductTimer(q, scale)
         for m in sorted(r for r in set(rows) if r <= MAX_CALIBRATED_ROWS):
             x = torch.randn(m, k, device=q.device, dtype=dtype)
             exact, both = _references(x, q, scale, bias)
@@ -205,8 +185,8 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
                 if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
                     log.warning("fp8 %s %s gave wrong results for %s; not used", kind, config, name)
                     continue
-                run = rotated(lambda w, s, kind=kind, config=config: run_kernel(kind, config, x, w, s, bias), copies)
-                timed[(kind, config)] = graph_us(run, replays=7)
+                timed[(kind, config)] = timer.us(
+                    lambda w, s, kind=kind, config=config: run_kernel(kind, config, x, w, s, bias))
             if not timed:
                 continue
             best = min(timed, key=timed.get)
@@ -218,8 +198,7 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
                          f"({n * k / timed[best] / 1e6:.2f} TB/s); best split_k "
                          f"{f'{best_split[0]:.1f} {best_split[1]}' if best_split else '-'}; {others}")
         _CHOSEN[shape] = table
-        del copies
-        torch.cuda.empty_cache()  # the copies' memory back to the device before the graphs are captured
+        timer.close()  # the copies' memory back to the device before the graphs are captured
     return lines
 
 
