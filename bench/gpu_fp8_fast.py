@@ -220,7 +220,7 @@ def engine_decode(batches: list[int], calibration: list[str], shape_name: str = 
     shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", shape_name)
     lines = ["| engine | " + " | ".join(f"B={b}" for b in batches) + " | build s |",
              "|---|" + "---:|" * (len(batches) + 1)]
-    for label in engines or ["bf16", "fp8-v08", "fp8"]:
+    for label in engines or list(ENGINES):
         quantize, fast, head, fuse, fast_accum = ENGINES[label]
         fp8.FAST, fp8.FUSE_QUANT, fp8.FAST_ACCUM = fast, fuse, fast_accum
         fp8.reset()
@@ -265,7 +265,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES), help="products of part 1, from: " + ", ".join(SHAPES))
     ap.add_argument("--accum-rows", default="32,64,128,256", help="part 2's row counts ('' skips it)")
     ap.add_argument("--fused-rows", default="1,8,32,64,128,256", help="part 3's row counts ('' skips it)")
-    ap.add_argument("--engines", default="bf16,fp8-v08,fp8", help="part 4's engines, from: " + ", ".join(ENGINES))
+    ap.add_argument("--engines", default="bf16,fp8,fp8-head,fp8-head-fused,fp8-head-fused-accurate", help="part 4's engines, from: " + ", ".join(ENGINES))
     ap.add_argument("--skip-products", action="store_true")
     ap.add_argument("--skip-engines", action="store_true")
     ap.add_argument("--shape", default="qwen3-8b", help="qwen3-tiny with --device cpu --skip-products tries part 2 on a CPU")

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "per output channel (half the bytes of bf16; default: none)")
     serve.add_argument("--quantize-lm-head", action=argparse.BooleanOptionalAction, default=None,
                        help="with --quantize fp8, the output head too (e4m3, one scale per vocabulary row; a tied "
-                            "head gets its own copy, the embedding lookup stays unquantized)")
+                            "head gets its own copy, the embedding lookup stays unquantized; default: on)")
     serve.add_argument("--gguf-keep-packed", action=argparse.BooleanOptionalAction, default=None,
                        help="keep a GGUF model's Q8_0/Q4_K/Q5_K/Q6_K linear layers packed on the device, multiplied "
                             "by Triton kernels: a third of bf16's memory for Q4_K, but slower than bf16 so far (default: off, "
