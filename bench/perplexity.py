@@ -1,4 +1,4 @@
-"""Held-out perplexity through the engine, with and without FP8 weights and an FP8 KV cache.
+"""Held-out perplexity through the engine, with and without FP8 weights (and head) and an FP8 KV cache.
 
     python bench/perplexity.py [--model DIR] [--device cpu] [--max-tokens 16384]
 
@@ -8,6 +8,10 @@ under 2% of the range), read from this interpreter's standard library. Non-overl
 `--window` tokens each run as one prefill through the engine's runner and paged KV cache (so an
 FP8 cache is written, then read back by the attention), and every position after the first
 scores the next token. Prints one row per configuration and the change against the first.
+
+FP8 products run the plain-torch references on the CPU: the weight-only one by default; the
+"w8a8" rows (`fp8.CPU_EMULATES_GPU`) quantize the activations per token for every product the GPU
+sends to `_scaled_mm` (a 512-token prefill: all of them), as the GPU does.
 """
 
 from __future__ import annotations
@@ -25,9 +29,14 @@ HELD_OUT = ["base64.py", "queue.py", "socket.py", "logging/config.py", "modulefi
 CONFIGS = {  # name -> LLM options
     "float32": {"dtype": "float32"},
     "bf16": {"dtype": "bfloat16"},
-    "fp8 weights": {"dtype": "float32", "quantize": "fp8"},
+    "fp8 weights": {"dtype": "float32", "quantize": "fp8", "quantize_lm_head": False},
     "fp8 KV": {"dtype": "float32", "kv_cache_dtype": "fp8"},
-    "fp8 weights + KV": {"dtype": "float32", "quantize": "fp8", "kv_cache_dtype": "fp8"},
+    "fp8 weights + KV": {"dtype": "float32", "quantize": "fp8", "quantize_lm_head": False, "kv_cache_dtype": "fp8"},
+    "fp8 weights + head": {"dtype": "float32", "quantize": "fp8", "quantize_lm_head": True},
+    "fp8 w8a8": {"dtype": "float32", "quantize": "fp8", "quantize_lm_head": False, "emulate_gpu": True},
+    "fp8 w8a8 + head": {"dtype": "float32", "quantize": "fp8", "quantize_lm_head": True, "emulate_gpu": True},
+    "fp8 w8a8 + head + KV": {"dtype": "float32", "quantize": "fp8", "quantize_lm_head": True, "emulate_gpu": True,
+                             "kv_cache_dtype": "fp8"},
 }
 
 
@@ -57,14 +66,22 @@ def window_nll(llm, ids: list[int]) -> tuple[float, int]:
 
 
 def perplexity(model: str, device: str, options: dict, windows: list[list[int]]) -> float:
-    """Perplexity of the model with LLM `options` over the token windows."""
+    """Perplexity of the model with LLM `options` over the token windows ("emulate_gpu": the CPU's
+    FP8 products quantize activations where the GPU's would)."""
     from onebit import LLM
+    from onebit.kernels import fp8
 
-    llm = LLM(model, device=device, parallel=1, ctx_size=max(map(len, windows)) + 16, cuda_graphs=False, **options)
-    total, count = 0.0, 0
-    for ids in windows:
-        nll, n = window_nll(llm, ids)
-        total, count = total + nll, count + n
+    options = dict(options)
+    fp8.CPU_EMULATES_GPU = options.pop("emulate_gpu", False)
+    try:
+        llm = LLM(model, device=device, parallel=1, ctx_size=max(map(len, windows)) + 16, cuda_graphs=False,
+                  **options)
+        total, count = 0.0, 0
+        for ids in windows:
+            nll, n = window_nll(llm, ids)
+            total, count = total + nll, count + n
+    finally:
+        fp8.CPU_EMULATES_GPU = False
     return math.exp(total / count)
 
 

@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--quantize", default=None, choices=["fp8"],
                        help="quantize the decoder's linear layers after loading: fp8 = e4m3 weights with one scale "
                             "per output channel (half the bytes of bf16; default: none)")
+    serve.add_argument("--quantize-lm-head", action=argparse.BooleanOptionalAction, default=None,
+                       help="with --quantize fp8, the output head too (e4m3, one scale per vocabulary row; a tied "
+                            "head gets its own copy, the embedding lookup stays unquantized; default: on)")
     serve.add_argument("--gguf-keep-packed", action=argparse.BooleanOptionalAction, default=None,
                        help="keep a GGUF model's Q8_0/Q4_K/Q5_K/Q6_K linear layers packed on the device, multiplied "
                             "by Triton kernels: a third of bf16's memory for Q4_K, but slower than bf16 so far (default: off, "
@@ -295,6 +298,7 @@ def serve(args: argparse.Namespace) -> int:
                               enable_prefix_caching=not args.no_prefix_caching,
                               cuda_graphs=not args.no_cuda_graphs, overlap=args.overlap,
                               triton_gemv=not args.no_triton_gemv, quantize=args.quantize,
+                              **({} if args.quantize_lm_head is None else {"quantize_lm_head": args.quantize_lm_head}),
                               kv_cache_dtype=args.kv_cache_dtype,
                               gguf_keep_packed=args.gguf_keep_packed,
                               fair_share=not args.no_fair_share, priority_preempt=args.priority_preempt,

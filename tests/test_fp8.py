@@ -93,8 +93,10 @@ def test_quantized_model_stays_near_the_unquantized_one(tiny_model_dir):
     quantized = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8")
     model = quantized.engine.runner.model
     layers = quantized.engine.model_config.num_layers
-    assert sum(isinstance(m, Fp8Linear) for m in model.modules()) == 4 * layers  # qkv, o, gate_up, down
-    assert not any(type(m).__name__ == "Linear" and not n.endswith("lm_head") for n, m in model.named_modules())
+    # qkv, o, gate_up, down, and the (tied) head by default
+    assert sum(isinstance(m, Fp8Linear) for m in model.modules()) == 4 * layers + 1
+    assert isinstance(model.lm_head, Fp8Linear)
+    assert not any(type(m).__name__ == "Linear" for m in model.modules())
     got = all_logits(quantized, ids)
     err = ((got - want).norm() / want.norm()).item()
     assert 0 < err < 0.1, err

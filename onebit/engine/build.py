@@ -80,7 +80,7 @@ def _load(config: EngineConfig, path: Path, tokenizer: Tokenizer, device: torch.
     model, cfg = load_model(path, device, dtype, config.load_format, config.gguf_keep_packed)
     if config.quantize:
         from onebit.models.quantize import quantize_model
-        count = quantize_model(model, config.quantize)
+        count = quantize_model(model, config.quantize, head=config.quantize_lm_head)
         log.info("quantized %d linear layers to %s", count, config.quantize)
     mtp = None
     if method == "mtp":

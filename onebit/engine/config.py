@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 from onebit.engine.spec.config import SpeculativeConfig
 
+# `--quantize fp8` quantizes the output head too unless told otherwise: on the demo model's held-out
+# text the head adds +0.07-0.14 points of perplexity, +0.68% against float32 with FP8 weights,
+# activations and KV cache together (docs/perf.md "FP8 and GGUF accuracy"; #20's budget: 1%).
+QUANTIZE_LM_HEAD_DEFAULT = True
+
 
 @dataclass
 class EngineConfig:
@@ -26,6 +31,9 @@ class EngineConfig:
     and off on the CPU, where there is no device queue to hide host work behind.
     quantize: None, or "fp8": the decoder's linear layers quantized after loading (e4m3 weights with
     one scale per output channel; `onebit.models.quantize`).
+    quantize_lm_head: with `quantize`, the output head too (per-row scales; a tied head gets an e4m3
+    copy and the embedding lookup keeps the run dtype). The default follows the held-out perplexity
+    in docs/perf.md.
     kv_cache_dtype: "auto" (the model's dtype) or "fp8": K/V stored as e4m3 with fixed per-layer,
     per-KV-head scales from a calibration prefill at start-up (`onebit.engine.kv_calibration`), half
     the bytes of bf16 per cached token.
@@ -60,6 +68,7 @@ class EngineConfig:
     overlap: bool | None = None
     triton_gemv: bool = True
     quantize: str | None = None
+    quantize_lm_head: bool = QUANTIZE_LM_HEAD_DEFAULT
     kv_cache_dtype: str = "auto"
     gguf_keep_packed: bool | None = None
     fair_share: bool = True  # share slots and prefill between users by least service (False: FIFO)

@@ -14,7 +14,7 @@ from onebit.engine.transfer import upload
 from onebit.kernels import batch_invariant, fp8, gemv
 from onebit.kernels.attention import AttentionMetadata, triton_decode
 from onebit.models.config import ModelConfig
-from onebit.models.quantize import fp8_layers
+from onebit.models.quantize import fp8_layers, quantized_input_layers
 from onebit.models.rope import rope_cos_sin
 from onebit.models.transformer import CausalLM
 
@@ -92,7 +92,7 @@ class ModelRunner:
                 log.info(line)
         if device.type == "cuda" and fp8_layers(model):  # --quantize fp8: its kernel per row count
             lines = fp8.calibrate(fp8_layers(model), [b for b in ladder_for(rows) if b <= fp8.MAX_CALIBRATED_ROWS],
-                                  dtype)
+                                  dtype, quantized_input_layers(model))
             for line in lines:
                 log.info(line)
             self.gemv_report += lines

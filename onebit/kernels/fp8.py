@@ -12,6 +12,9 @@ A weight [N, K] is stored as e4m3 values with one float32 scale per output row, 
   (`triton_fp8_fast.quantize_rows`) and `torch._scaled_mm` multiplies with row-wise scales.
 Which one runs for a (shape, row count) is measured at start-up (`calibrate`, inside CUDA graphs
 like the decode steps), never assumed; unmeasured cases take a fixed rule (`default_choice`).
+A product whose input comes from an RMSNorm or SiLU * mul may take it already quantized
+(`Fp8Rows`, from `add_rms_norm_quantize` / `silu_mul_quantize`: the producer's kernel emits e4m3
+and the row scales, so no separate quantizer runs); its calibration then times `_scaled_mm` alone.
 On the CPU (and wherever neither applies) the plain-torch references below run; tests compare
 the kernels against them.
 """
@@ -20,9 +23,11 @@ from __future__ import annotations
 
 import bisect
 import logging
+from typing import NamedTuple
 
 import torch
 
+from onebit.kernels import fused_ref
 from onebit.kernels.timing import ProductTimer
 
 log = logging.getLogger(__name__)
@@ -38,15 +43,50 @@ MAX_CALIBRATED_ROWS = 256
 # False: the first dispatch (v0.8: `triton_fp8.weight_only` up to 64 rows, `_scaled_mm` after
 # quantizing by torch ops above), for A/B runs (bench/gpu_fp8_fast.py).
 FAST = True
+# `torch._scaled_mm(use_fast_accum=...)`. True (since the first FP8 dispatch): on Hopper the FP8
+# tensor cores accumulate each K slice in a reduced-precision accumulator (about 14 significant
+# bits after aligning to the largest product, per DeepSeek-V3's report) and cuBLAS/CUTLASS never
+# promote the running sum to float32; False promotes it every few K steps (slower, float32-exact
+# up to the e4m3 inputs). bench/gpu_fp8_fast.py measures both, speed and error.
+FAST_ACCUM = True
+# Let an RMSNorm / SiLU * mul feeding an FP8 product emit its e4m3 rows (see `takes_quantized_rows`).
+# Off until bench/gpu_fp8_fast.py has compiled and timed the fused kernels on the device (session 8
+# checked them only in Triton's interpreter); the bench turns it on for its fused settings.
+FUSE_QUANT = False
+# On the CPU, run the products the GPU sends to `_scaled_mm` without calibration (more than
+# MAX_WEIGHT_ONLY_ROWS rows: prefills) through `w8a8_ref`, activations quantized per token, as on the
+# GPU; False keeps the weight-only reference everywhere. For accuracy runs (bench/perplexity.py).
+CPU_EMULATES_GPU = False
 
 try:
-    from onebit.kernels import triton_fp8, triton_fp8_fast
+    from onebit.kernels import triton_fp8, triton_fp8_fast, triton_fp8_fused
 except ImportError:  # pragma: no cover - depends on the install
-    triton_fp8 = triton_fp8_fast = None
+    triton_fp8 = triton_fp8_fast = triton_fp8_fused = None
 
 # (N, K, has bias) -> [(rows, (kind, config))] sorted by rows: the winner measured at each row
 # count; a product of m rows takes the entry of the fewest calibrated rows >= m.
 _CHOSEN: dict[tuple[int, int, bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
+# The same for products whose input arrives already quantized (`Fp8Rows`) when `_scaled_mm` runs.
+_CHOSEN_QUANTIZED_INPUT: dict[tuple[int, int, bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
+
+
+class Fp8Rows(NamedTuple):
+    """Activations already quantized per token for an FP8 product: x ~= q * scale, q [T, K] e4m3,
+    scale [T, 1] float32; dtype is the one x had (the product's output dtype)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        """The activations' shape, [T, K]."""
+        return self.q.shape
+
+    @property
+    def device(self) -> torch.device:
+        """Where the activations are."""
+        return self.q.device
 
 
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,15 +120,65 @@ def w8a8_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.
     return y.to(x.dtype)
 
 
+def quantized_input_ref(x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Reference of the product of rows already quantized: (x.q * x.scale) @ (q * scale).T + bias."""
+    y = (x.q.float() @ q.float().t()) * x.scale.view(-1, 1) * scale[None, :]
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def add_rms_norm_quantize_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                              eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q, scale [T, 1], x + residual or None): the RMSNorm's result in x's dtype, quantized per token."""
+    if residual is None:
+        normed, summed = fused_ref.rms_norm_ref(x, weight, eps), None
+    else:
+        normed, summed = fused_ref.add_rms_norm_ref(x, residual, weight, eps)
+    q, s = quantize_rows(normed)
+    return q, s.view(-1, 1), summed
+
+
+def silu_mul_quantize_ref(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale [T, 1]): silu(gate) * up in gate_up's dtype, quantized per token."""
+    q, s = quantize_rows(fused_ref.silu_mul_ref(gate_up))
+    return q, s.view(-1, 1)
+
+
+def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                          eps: float) -> tuple[Fp8Rows, torch.Tensor | None]:
+    """(rms_norm(x + residual) as `Fp8Rows`, x + residual or None): one Triton kernel on CUDA."""
+    if x.is_cuda and triton_fp8_fused is not None and x.dim() == 2 and x.is_contiguous():
+        q, s, summed = triton_fp8_fused.add_rms_norm_quantize(x, residual, weight, eps)
+    else:
+        q, s, summed = add_rms_norm_quantize_ref(x, residual, weight, eps)
+    return Fp8Rows(q, s, x.dtype), summed
+
+
+def silu_mul_quantize(gate_up: torch.Tensor) -> Fp8Rows:
+    """silu(gate) * up for gate_up = [gate | up], as `Fp8Rows`: one Triton kernel on CUDA."""
+    if gate_up.is_cuda and triton_fp8_fused is not None and gate_up.dim() == 2 and gate_up.is_contiguous():
+        q, s = triton_fp8_fused.silu_mul_quantize(gate_up)
+    else:
+        q, s = silu_mul_quantize_ref(gate_up)
+    return Fp8Rows(q, s, gate_up.dtype)
+
+
+def scaled_mm_quantized(x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Rows already in e4m3 times the FP8 weight on the tensor cores (row-wise scales, a bf16
+    result, accumulation as FAST_ACCUM says)."""
+    y = torch._scaled_mm(x.q, q.t(), scale_a=x.scale.view(-1, 1), scale_b=scale.view(1, -1),
+                         bias=bias.to(torch.bfloat16) if bias is not None else None,
+                         out_dtype=torch.bfloat16, use_fast_accum=FAST_ACCUM)
+    return y.to(x.dtype)
+
+
 def _scaled_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                fused: bool = False) -> torch.Tensor:
     """The many-row product on FP8 tensor cores (row-wise scales give a bf16 result); `fused`
     quantizes the activations with the one-pass Triton kernel instead of torch ops."""
     xq, xs = triton_fp8_fast.quantize_rows(x) if fused else quantize_rows(x)
-    y = torch._scaled_mm(xq, q.t(), scale_a=xs.view(-1, 1), scale_b=scale.view(1, -1),
-                         bias=bias.to(torch.bfloat16) if bias is not None else None,
-                         out_dtype=torch.bfloat16, use_fast_accum=True)
-    return y.to(x.dtype)
+    return scaled_mm_quantized(Fp8Rows(xq, xs, x.dtype), q, scale, bias)
 
 
 def run_kernel(kind: str, config: tuple | None, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
@@ -116,14 +206,25 @@ def default_choice(rows: int, n: int, k: int) -> tuple[str, tuple | None]:
     return "ref", None
 
 
-def choice_for(rows: int, n: int, k: int, has_bias: bool) -> tuple[str, tuple | None]:
-    """The calibrated (kind, config) for this product, else `default_choice`."""
-    table = _CHOSEN.get((n, k, has_bias))
+def choice_for(rows: int, n: int, k: int, has_bias: bool, quantized_input: bool = False) -> tuple[str, tuple | None]:
+    """The calibrated (kind, config) for this product, else `default_choice`; `quantized_input`: the
+    table of a product whose producer hands over e4m3 rows when `_scaled_mm` runs."""
+    table = (_CHOSEN_QUANTIZED_INPUT if quantized_input else _CHOSEN).get((n, k, has_bias))
     if table:
         at = bisect.bisect_left(table, rows, key=lambda entry: entry[0])
         if at < len(table):
             return table[at][1]
     return default_choice(rows, n, k)
+
+
+def takes_quantized_rows(rows: int, n: int, k: int, has_bias: bool, device: torch.device) -> bool:
+    """Whether a product fed by a fusing producer (an RMSNorm, SiLU * mul) runs `_scaled_mm` for
+    this many rows, so the producer should emit `Fp8Rows` rather than values in the model's dtype."""
+    if not FUSE_QUANT:
+        return False
+    if device.type == "cuda":
+        return FAST and triton_fp8_fused is not None and choice_for(rows, n, k, has_bias, True)[0] == "scaled_mm"
+    return CPU_EMULATES_GPU and default_choice(rows, n, k)[0] == "scaled_mm"
 
 
 def candidates(rows: int, n: int, k: int) -> list[tuple[str, tuple | None]]:
@@ -155,20 +256,23 @@ def _references(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: tor
 
 @torch.inference_mode()
 def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], rows: list[int],
-              dtype: torch.dtype = torch.bfloat16) -> list[str]:
+              dtype: torch.dtype = torch.bfloat16, quantized_input: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """Time every candidate (`run_kernel` kinds and configs) per distinct CUDA FP8 weight shape
     among `layers` (name -> (q, scale, bias)) and per row count in `rows` (up to
     MAX_CALIBRATED_ROWS), inside CUDA graphs over weights that do not stay in L2; check each
-    result against its reference on the spot and remember the fastest correct one. Returns one
-    report line per shape and row count."""
+    result against its reference on the spot and remember the fastest correct one. The layers
+    named in `quantized_input` get e4m3 rows from their producer when `_scaled_mm` runs (with
+    FUSE_QUANT): theirs is timed on rows quantized beforehand, into a table of their own. Returns
+    one report line per shape and row count."""
     if triton_fp8_fast is None or not FAST:
         return []
     lines, seen = [], set()
     for name, (q, scale, bias) in layers.items():
+        pre = FUSE_QUANT and name in quantized_input
         shape = (q.shape[0], q.shape[1], bias is not None)
-        if shape in seen or not q.is_cuda:
+        if (shape, pre) in seen or not q.is_cuda:
             continue
-        seen.add(shape)
+        seen.add((shape, pre))
         n, k = q.shape
         table, timer = [], ProductTimer(q, scale)
         for m in sorted(r for r in set(rows) if r <= MAX_CALIBRATED_ROWS):
@@ -185,8 +289,12 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
                 if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
                     log.warning("fp8 %s %s gave wrong results for %s; not used", kind, config, name)
                     continue
-                timed[(kind, config)] = timer.us(
-                    lambda w, s, kind=kind, config=config: run_kernel(kind, config, x, w, s, bias))
+                if pre and kind == "scaled_mm":  # the producer quantizes: only the product is timed
+                    rows_in = Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype)
+                    timed[(kind, config)] = timer.us(lambda w, s: scaled_mm_quantized(rows_in, w, s, bias))
+                else:
+                    timed[(kind, config)] = timer.us(
+                        lambda w, s, kind=kind, config=config: run_kernel(kind, config, x, w, s, bias))
             if not timed:
                 continue
             best = min(timed, key=timed.get)
@@ -194,10 +302,10 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
             best_split = min((us, c) for (kd, c), us in timed.items() if kd == "split_k") if any(
                 kd == "split_k" for kd, _ in timed) else None
             others = ", ".join(f"{kd} {us:.1f}" for (kd, _), us in timed.items() if kd != "split_k")
-            lines.append(f"fp8 {name} {n}x{k}, {m} row(s): {best[0]} {best[1] or ''} {timed[best]:.1f} us "
+            lines.append(f"fp8 {name} {n}x{k}{' (e4m3 input)' if pre else ''}, {m} row(s): {best[0]} {best[1] or ''} {timed[best]:.1f} us "
                          f"({n * k / timed[best] / 1e6:.2f} TB/s); best split_k "
                          f"{f'{best_split[0]:.1f} {best_split[1]}' if best_split else '-'}; {others}")
-        _CHOSEN[shape] = table
+        (_CHOSEN_QUANTIZED_INPUT if pre else _CHOSEN)[shape] = table
         timer.close()  # the copies' memory back to the device before the graphs are captured
     return lines
 
@@ -205,6 +313,7 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
 def reset() -> None:
     """Forget every calibrated choice (tests, A/B runs)."""
     _CHOSEN.clear()
+    _CHOSEN_QUANTIZED_INPUT.clear()
 
 
 def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
@@ -244,16 +353,26 @@ def linear_blocks(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, blo
     return block_weight_only_ref(x, q, scale_inv, block, bias)
 
 
-def linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+           quantized_input: bool = False) -> torch.Tensor:
     """x [T, K] times an FP8 weight (q [N, K], scale [N]) plus bias: the kernels on CUDA (the
-    calibrated choice for the row count), else the weight-only reference."""
+    calibrated choice for the row count), else the weight-only reference (`w8a8_ref` for the
+    products `CPU_EMULATES_GPU` names). x may be `Fp8Rows` (its producer quantized it: then
+    `_scaled_mm`); `quantized_input` says the product's producer does that when `_scaled_mm` runs
+    (which calibration table applies)."""
+    if isinstance(x, Fp8Rows):
+        if x.q.is_cuda:
+            return scaled_mm_quantized(x, q, scale, bias)
+        return quantized_input_ref(x, q, scale, bias)
     if x.is_cuda and x.dim() == 2 and triton_fp8 is not None:
         m, (n, k) = x.shape[0], q.shape
         if not FAST:  # the first dispatch, for A/B runs
             kind, config = ("weight_only", None) if m <= MAX_WEIGHT_ONLY_ROWS else \
                 ("scaled_mm_torch", None) if n % 16 == 0 and k % 16 == 0 else ("ref", None)
         else:
-            kind, config = choice_for(m, n, k, bias is not None)
+            kind, config = choice_for(m, n, k, bias is not None, quantized_input and FUSE_QUANT)
         if kind != "ref":
             return run_kernel(kind, config, x.contiguous(), q, scale, bias)
+    if CPU_EMULATES_GPU and not x.is_cuda and x.dim() == 2 and default_choice(x.shape[0], *q.shape)[0] == "scaled_mm":
+        return w8a8_ref(x, q, scale, bias)
     return weight_only_ref(x, q, scale, bias)

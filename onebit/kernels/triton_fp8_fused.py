@@ -1,0 +1,100 @@
+"""Triton kernels that emit a product's FP8 input directly: add + RMSNorm and SiLU * mul, each
+ending in the per-token e4m3 quantization `_scaled_mm` wants (one scale per row).
+
+With FP8 weights, a product of many rows runs `torch._scaled_mm` on e4m3 activations. Its input
+used to be written in bf16 by the norm (or SiLU * mul) kernel, then read again by the one-pass
+quantizer (`triton_fp8_fast.quantize_rows`): two launches and a round trip of the activations.
+Here the producing kernel rounds its result to the model's dtype exactly as the unfused kernel
+stores it, takes the row's absolute maximum and writes e4m3 values and the row's scale instead,
+so the numbers are the ones the separate quantizer would have produced from the stored result.
+
+Constructs as in the kernels already run on the device: one program per row, the norm's row in
+one block (`triton_fused._add_rms_norm_kernel`), the SiLU row walked twice in blocks (amax, then
+quantize; the second read comes from the cache, as in `triton_fp8_fast._quantize_rows_kernel`),
+IEEE division (`div_rn`) and the exact e4m3 rounding of `triton_fp8_fast._round_to_e4m3`.
+References: `onebit.kernels.fp8.add_rms_norm_quantize_ref` and `fp8.silu_mul_quantize_ref`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onebit.kernels.triton_fp8_fast import FP8_MAX, _round_to_e4m3
+
+
+@triton.jit
+def _add_rms_norm_quantize_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, n_cols, eps,
+                                  HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        x = x + tl.load(res_ptr + row * n_cols + cols, mask=ok, other=0.0)
+        tl.store(res_out_ptr + row * n_cols + cols, x, mask=ok)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    normed = (xf * rstd).to(x.dtype)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+    # The value the unfused kernel stores (rounded to x's dtype), then quantized as a row.
+    out = (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype).to(tl.float32)
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(out), axis=0), 1e-12), FP8_MAX)
+    tl.store(s_ptr + row, scale)
+    q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(out, scale), -FP8_MAX), FP8_MAX))
+    tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+
+
+def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """(q [T, D] e4m3, scale [T, 1] float32, x + residual or None) with q * scale ~= rms_norm(x + residual)
+    as `triton_fused.add_rms_norm` would store it, for a contiguous [T, D] x."""
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    res_out = torch.empty_like(x) if residual is not None else x
+    block = triton.next_power_of_2(cols)
+    _add_rms_norm_quantize_kernel[(rows,)](x, residual if residual is not None else x, weight, q, scale, res_out,
+                                           cols, eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
+                                           num_warps=8 if block >= 4096 else 4)
+    return q, scale, (res_out if residual is not None else None)
+
+
+@triton.jit
+def _silu_mul_value(gu_row, cols, ok, n_cols):
+    # silu(gate) * up as `triton_fused._silu_mul_kernel` stores it (each step rounded to the input's dtype).
+    gate = tl.load(gu_row + cols, mask=ok, other=0.0)
+    up = tl.load(gu_row + n_cols + cols, mask=ok, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
+
+
+@triton.jit
+def _silu_mul_quantize_kernel(gu_ptr, q_ptr, s_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    gu_row = gu_ptr + row * 2 * n_cols
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, n_cols, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        amax = tl.maximum(amax, tl.abs(_silu_mul_value(gu_row, cols, cols < n_cols, n_cols)))
+    scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), FP8_MAX)
+    tl.store(s_ptr + row, scale)
+    for k0 in range(0, n_cols, BLOCK):  # computed again from the cached row rather than stored in between
+        cols = k0 + tl.arange(0, BLOCK)
+        ok = cols < n_cols
+        v = _silu_mul_value(gu_row, cols, ok, n_cols)
+        q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX))
+        tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+
+
+def silu_mul_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [T, I] e4m3, scale [T, 1] float32) with q * scale ~= silu(gate) * up, for a contiguous
+    [T, 2 I] gate_up = [gate | up]."""
+    rows, width = gate_up.shape
+    n = width // 2
+    q = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=gate_up.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=gate_up.device)
+    block = min(triton.next_power_of_2(n), 2048)
+    _silu_mul_quantize_kernel[(rows,)](gate_up, q, scale, n, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+    return q, scale

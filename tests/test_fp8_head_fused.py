@@ -1,0 +1,215 @@
+"""FP8 output head (`--quantize-lm-head`) and the producers that emit e4m3 rows for `_scaled_mm`
+(`triton_fp8_fused`: add + RMSNorm and SiLU * mul with the per-token quantization in the same
+kernel), against their plain-torch references in Triton's interpreter on CPU (the GPU where there
+is one), and their wiring in the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from onebit.kernels import fp8
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+fused = pytest.importorskip("onebit.kernels.triton_fp8_fused")
+BF16 = torch.bfloat16
+
+
+def _skip_bf16_off_gpu(dtype: torch.dtype) -> None:
+    # Triton's interpreter computes bf16 through numpy wrongly (the unfused `triton_fused` kernels
+    # give NaN there too): bf16 cases run on a GPU only.
+    if dtype == BF16 and DEVICE != "cuda":
+        pytest.skip("bf16 in Triton's interpreter")
+
+
+@pytest.fixture
+def fp8_flags():
+    """Restore fp8's module switches and calibration after a test."""
+    saved = (fp8.FUSE_QUANT, fp8.CPU_EMULATES_GPU, fp8.FAST_ACCUM)
+    yield
+    fp8.FUSE_QUANT, fp8.CPU_EMULATES_GPU, fp8.FAST_ACCUM = saved
+    fp8.reset()
+
+
+def _dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float().view(-1, 1)
+
+
+def _assert_same_quantization(got, want, exact: bool):
+    """q and scale of a kernel against the reference: the scales to float32 rounding, the e4m3
+    values equal (exact) or, where the kernel's arithmetic may differ by an ulp before rounding
+    (exp, sqrt), within one e4m3 step on at most 1% of the entries."""
+    (q, s), (q_ref, s_ref) = got, want
+    assert q.dtype == torch.float8_e4m3fn and q.shape == q_ref.shape and s.shape == s_ref.shape == (q.shape[0], 1)
+    torch.testing.assert_close(s.float().cpu(), s_ref.float().cpu(), rtol=1e-5, atol=0)
+    a, b = _dequantized(q, s).cpu(), _dequantized(q_ref, s_ref).cpu()
+    if exact:
+        assert torch.equal(q.float().cpu(), q_ref.float().cpu())
+        return
+    differ = a != b
+    assert differ.float().mean().item() <= 0.01
+    step = b.abs() / 8 + s_ref.cpu().view(-1, 1) * 2 ** -9  # one e4m3 step (3 mantissa bits), subnormals
+    assert ((a - b).abs() <= step * 1.01).all()
+
+
+@pytest.mark.parametrize("rows,cols,residual,dtype", [(3, 64, False, torch.float32), (5, 448, True, torch.float32),
+                                                      (4, 300, True, torch.float32), (4, 300, True, BF16),
+                                                      (2, 1024, False, BF16)])
+def test_add_rms_norm_quantize_matches_the_reference(rows, cols, residual, dtype):
+    _skip_bf16_off_gpu(dtype)
+    g = torch.Generator().manual_seed(rows * cols)
+    x = (torch.randn(rows, cols, generator=g) * 3).to(dtype).to(DEVICE)
+    res = (torch.randn(rows, cols, generator=g)).to(dtype).to(DEVICE) if residual else None
+    w = (torch.rand(cols, generator=g) + 0.5).to(dtype).to(DEVICE)
+    q, s, summed = fused.add_rms_norm_quantize(x, res, w, 1e-6)
+    q_ref, s_ref, summed_ref = fp8.add_rms_norm_quantize_ref(x, res, w, 1e-6)
+    _assert_same_quantization((q, s), (q_ref, s_ref), exact=False)
+    if residual:
+        assert torch.equal(summed, summed_ref)
+    else:
+        assert summed is None and summed_ref is None
+
+
+@pytest.mark.parametrize("rows,inter,dtype", [(3, 96, torch.float32), (2, 2100, torch.float32), (4, 200, BF16)])
+def test_silu_mul_quantize_matches_the_reference(rows, inter, dtype):
+    # 2100 columns: more than one 2048-column block per row, the last one partial.
+    _skip_bf16_off_gpu(dtype)
+    g = torch.Generator().manual_seed(rows + inter)
+    gate_up = (torch.randn(rows, 2 * inter, generator=g) * 2).to(dtype).to(DEVICE)
+    got = fused.silu_mul_quantize(gate_up)
+    _assert_same_quantization(got, fp8.silu_mul_quantize_ref(gate_up), exact=False)
+
+
+def test_fused_quantization_of_an_exact_row_is_exact():
+    # Values that rms_norm leaves on the e4m3 grid up to the row's scale: every e4m3 value is hit exactly.
+    row = torch.tensor([[448.0, -448.0, 1.0, -0.5, 0.0, 3.5, 240.0, -0.125]]).to(DEVICE)
+    q, s, _ = fused.add_rms_norm_quantize(row, None, torch.ones(8, device=DEVICE), 0.0)
+    q_ref, s_ref, _ = fp8.add_rms_norm_quantize_ref(row, None, torch.ones(8, device=DEVICE), 0.0)
+    _assert_same_quantization((q, s), (q_ref, s_ref), exact=True)
+
+
+def test_products_of_quantized_rows_equal_w8a8():
+    g = torch.Generator().manual_seed(3)
+    w, x, b = torch.randn(40, 96, generator=g), torch.randn(7, 96, generator=g), torch.randn(40, generator=g)
+    q, scale = fp8.quantize_rows(w)
+    xq, xs = fp8.quantize_rows(x)
+    rows = fp8.Fp8Rows(xq, xs.view(-1, 1), x.dtype)
+    assert rows.shape == (7, 96) and rows.device == x.device
+    assert torch.equal(fp8.linear(rows, q, scale, b), fp8.w8a8_ref(x, q, scale, b))
+    assert torch.equal(fp8.quantized_input_ref(rows, q, scale, None), fp8.w8a8_ref(x, q, scale, None))
+
+
+def test_producers_emit_e4m3_only_where_the_product_runs_scaled_mm(fp8_flags):
+    cpu = torch.device("cpu")
+    fp8.CPU_EMULATES_GPU = False
+    assert not fp8.takes_quantized_rows(512, 64, 64, False, cpu)  # the CPU's weight-only reference
+    fp8.CPU_EMULATES_GPU = True
+    fp8.FUSE_QUANT = True  # off by default until a device run has timed the fused kernels
+    assert [fp8.takes_quantized_rows(m, 64, 64, False, cpu) for m in (1, 16, 64, 65, 512)] == \
+        [False, False, False, True, True]  # above MAX_WEIGHT_ONLY_ROWS, as the uncalibrated GPU rule
+    assert not fp8.takes_quantized_rows(512, 60, 64, False, cpu)  # a shape `_scaled_mm` does not take
+    fp8.FUSE_QUANT = False
+    assert not fp8.takes_quantized_rows(512, 64, 64, False, cpu)
+    fp8.FUSE_QUANT = True
+    fp8._CHOSEN_QUANTIZED_INPUT[(64, 64, False)] = [(8, ("split_k", (16, 16, 64, 1, 4))), (64, ("scaled_mm", None))]
+    assert fp8.choice_for(8, 64, 64, False, quantized_input=True)[0] == "split_k"
+    assert fp8.choice_for(33, 64, 64, False, quantized_input=True) == ("scaled_mm", None)
+    assert fp8.choice_for(33, 64, 64, False) == fp8.default_choice(33, 64, 64)  # the other table is untouched
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_quantizing_the_head_keeps_the_embedding(tie, tiny_models):
+    from onebit import LLM
+    from onebit.models.quantize import Fp8Linear
+    from tests.model_probe import all_logits
+
+    model_dir = tiny_models("qwen3", tie_word_embeddings=tie)
+    ids = list(range(5, 40))
+    plain = LLM(str(model_dir), device="cpu", parallel=1)
+    want = all_logits(plain, ids)
+    embedding = plain.engine.runner.model.embed_tokens.weight.detach().clone()
+    no_head = LLM(str(model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
+    head = LLM(str(model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=True)
+    model = head.engine.runner.model
+    layers = head.engine.model_config.num_layers
+    assert isinstance(model.lm_head, Fp8Linear)
+    assert sum(isinstance(m, Fp8Linear) for m in model.modules()) == 4 * layers + 1
+    assert (no_head.engine.runner.model.lm_head is None) == tie  # untouched without the option
+    # The lookup still reads the embedding in the run dtype, bit for bit.
+    assert model.embed_tokens.weight.dtype == torch.float32 and torch.equal(model.embed_tokens.weight, embedding)
+    if tie:  # the head is the embedding's matrix, quantized per vocabulary row
+        torch.testing.assert_close(fp8.dequantize_rows(model.lm_head.qweight, model.lm_head.weight_scale),
+                                   embedding, rtol=0.07, atol=0)
+    got, without = all_logits(head, ids), all_logits(no_head, ids)
+    assert not torch.equal(got, without)  # the head's quantization reached the logits
+    err = ((got - want).norm() / want.norm()).item()
+    assert 0 < err < 0.1, err
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() > 0.9
+
+
+def test_fused_producers_feed_the_same_numbers_as_the_separate_quantizer(tiny_model_dir, fp8_flags, monkeypatch):
+    """On the CPU emulating the GPU's many-row products: with the norms and SiLU * mul emitting
+    e4m3 rows the logits are bit for bit those of quantizing their outputs separately, and each
+    decoder layer's three producers ran."""
+    from onebit import LLM
+    from onebit.models.quantize import Fp8InputNorm, Fp8SwiGLU, quantized_input_layers
+    from tests.model_probe import all_logits
+
+    fp8.CPU_EMULATES_GPU = True
+    ids = [(7 * i) % 200 + 3 for i in range(80)]  # 80 rows: above MAX_WEIGHT_ONLY_ROWS, `_scaled_mm` on a GPU
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
+    model = llm.engine.runner.model
+    layers = llm.engine.model_config.num_layers
+    assert sum(isinstance(m, Fp8InputNorm) for m in model.modules()) == 2 * layers
+    assert sum(isinstance(m, Fp8SwiGLU) for m in model.modules()) == layers
+    assert {n.rpartition(".")[2] for n in quantized_input_layers(model)} == {"qkv_proj", "gate_up_proj", "down_proj"}
+    assert len(quantized_input_layers(model)) == 3 * layers
+    calls = {"norm": 0, "silu": 0}
+    norm_quantize, silu_quantize = fp8.add_rms_norm_quantize, fp8.silu_mul_quantize
+
+    def counted(key, fn):
+        def run(*args):
+            calls[key] += 1
+            return fn(*args)
+        return run
+
+    monkeypatch.setattr(fp8, "add_rms_norm_quantize", counted("norm", norm_quantize))
+    monkeypatch.setattr(fp8, "silu_mul_quantize", counted("silu", silu_quantize))
+    fp8.FUSE_QUANT = True
+    fused_logits = all_logits(llm, ids)
+    assert calls == {"norm": 2 * layers, "silu": layers}
+    fp8.FUSE_QUANT = False
+    separate = all_logits(llm, ids)
+    assert calls == {"norm": 2 * layers, "silu": layers}  # not called again
+    assert torch.equal(fused_logits, separate)
+    fp8.CPU_EMULATES_GPU = False
+    weight_only = all_logits(llm, ids)
+    assert not torch.equal(weight_only, separate)  # the emulation quantized the activations
+    assert ((weight_only - separate).norm() / weight_only.norm()).item() < 0.1
+    short = all_logits(llm, ids[:20])  # few rows: no producer quantizes
+    assert calls == {"norm": 2 * layers, "silu": layers} and short.shape[0] == 20
+
+
+def test_serve_quantizes_the_head_with_the_flag(tiny_model_dir):
+    """`1bit serve --quantize fp8 --quantize-lm-head` scores a prompt as the engine with the head in
+    FP8 does, not as the one with the head in the run dtype."""
+    from onebit import LLM
+    from tests.model_probe import all_logits
+    from tests.server_utils import openai_clients, running_server
+
+    ids = list(range(5, 25))
+
+    def greedy_logprob(head: bool) -> float:
+        llm = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=head)
+        return all_logits(llm, ids)[-1].float().log_softmax(-1).max().item()
+
+    want, bf_head = greedy_logprob(True), greedy_logprob(False)
+    assert abs(want - bf_head) > 1e-4  # the head's quantization is visible in this logprob
+    with running_server(tiny_model_dir, "--ctx-size", "128", "--parallel", "1", "--quantize", "fp8",
+                        "--quantize-lm-head") as server:
+        client, _ = openai_clients(server)
+        reply = client.completions.create(model=tiny_model_dir.name, prompt=ids, max_tokens=3, temperature=0,
+                                          logprobs=1)
+    got = reply.choices[0].logprobs.token_logprobs
+    assert len(got) == 3
+    assert abs(got[0] - want) < 1e-5, (got[0], want, bf_head)
