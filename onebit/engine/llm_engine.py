@@ -186,6 +186,9 @@ class LLMEngine:
                     log.exception("step failed")
                     deltas += [self._fail(seq, f"internal error during sampling: {exc}") for seq, _ in plain]
                     plain, sampled = [], None
+        # From here a row is the row of `sampled`'s tokens that the next step feeds from: the same
+        # as the logits row unless drafting rows or a request failed in the sampler left gaps.
+        plain = [(seq, i) for i, (seq, _) in enumerate(plain)]
         computed = self.scheduler.mark_computed(plan)
         return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting, started,
                             cold=self.overlap and previous is None, prep=time.perf_counter() - started)

@@ -43,7 +43,7 @@ class LaunchedStep:
 
     plan: list[tuple[Sequence, int]]
     out: StepOutput
-    plain: list[tuple[Sequence, int]]  # sequences that sample one token, with their logits row
+    plain: list[tuple[Sequence, int]]  # sequences that sample one token, with their row of sampled's tokens
     sampled: SampledBatch | None
     computed: dict  # seq -> (computed tokens before the step, tokens computed in it)
     decodes: int

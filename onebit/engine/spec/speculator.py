@@ -58,14 +58,15 @@ class Speculator:
 
     def _eligible(self, scheduler, awaiting=frozenset()) -> tuple[list[Sequence], list[Sequence]]:
         """(running decodes, those of them that may draft); `awaiting`: sequences whose next token
-        an in-flight step is still computing (decodes of the coming step too)."""
+        an in-flight step is still computing (decodes of the coming step too). A request that can
+        never draft (logprobs, penalties, logit bias, draft_max 0) is not counted as one that may:
+        else a batch of only such requests would have the policy choose drafting steps that draft
+        nothing, and with overlap each of them waits for the tokens before it for nothing."""
         decoding = scheduler.decoding()
         if awaiting:
             decoding += [seq for seq in scheduler.running if seq in awaiting and seq.num_uncomputed == 0]
-        if self.max_running is None:
-            return decoding, decoding
-        primary = self.primary(scheduler.running)
-        return decoding, [seq for seq in decoding if seq in primary]
+        primary = self.primary(scheduler.running) if self.max_running is not None else None
+        return decoding, [seq for seq in decoding if (primary is None or seq in primary) and draft_budget(seq, 1)]
 
     def decide(self, scheduler, awaiting=frozenset()) -> int:
         """The policy's draft length for the coming step (0: a plain step), asked once per step
