@@ -110,3 +110,15 @@ def test_the_sweeps_table_sets_the_defaults_by_type_and_rows():
     assert ("Q6_K", 1) not in table
     with pytest.raises(ValueError, match='"fma" takes at most 4 rows'):
         tr.matmul_few_rows(torch.zeros(5, 256), _weight("Q4_K", 16, 256, 0).to("cpu"), config=tr.RepackedConfig("fma"))
+
+
+def test_the_shipped_table_gives_every_type_and_row_count_a_launch_it_accepts():
+    """gguf_repacked_table.json (the device sweep's picks, package data) parses and never sends more
+    rows to the CUDA-core mode than it takes, so no row count of a decode step raises at run time."""
+    shipped = tr.table_from_json(tr.TABLE_FILE.read_text())
+    assert {qtype for qtype, _ in shipped} <= set(REPACKED_TYPES) and shipped
+    for (qtype, m), config in {**tr.DEFAULT, **shipped}.items():
+        assert 1 <= m <= tr.MAX_KERNEL_ROWS and config.mode in ("fma", "dot"), (qtype, m, config)
+        assert config.mode == "dot" or m <= tr.FMA_MAX_ROWS, (qtype, m, config)
+        assert config.reduce in ("sum", "atomic") and config.block_n > 0 and config.ng > 0, (qtype, m, config)
+    assert all((qtype, m) in tr.DEFAULT for qtype in REPACKED_TYPES for m in range(1, tr.MAX_KERNEL_ROWS + 1))
