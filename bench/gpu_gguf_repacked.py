@@ -196,6 +196,7 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
 
 
 def main() -> int:
+    """Sweep the repacked kernel's configs (and with --engine, decode tok/s); the table printed last."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("out/gguf_repacked"))
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="compile processes")

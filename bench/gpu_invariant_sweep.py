@@ -289,6 +289,7 @@ def attention_share(log) -> dict[int, float]:
 
 
 def main():
+    """Sweep the invariant product's launches per shape and M; write table.json and the summary under --out."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--budget", type=float, default=190, help="seconds after which no more launches are timed")

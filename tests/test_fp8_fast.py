@@ -9,19 +9,15 @@ import torch
 from torch import nn
 
 from onebit.kernels import fp8
+from tests.test_fp8 import _case as fp8_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 triton_fast = pytest.importorskip("onebit.kernels.triton_fp8_fast")
 
 
 def _case(m, n, k, bias, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g) * 3  # rows of different ranges
-    q, scale = fp8.quantize_rows(w)
-    b = torch.randn(n, generator=g) if bias else None
-    x = torch.randn(m, k, generator=g)
-    to = lambda t: t.to(DEVICE) if t is not None else None  # noqa: E731
-    return to(x).to(dtype), to(q), to(scale), to(b)
+    """(x, q, scale, bias) of test_fp8's random product, on DEVICE."""
+    return fp8_case(m, n, k, bias, seed, dtype)[:4]
 
 
 # (rows, N, K, bias, (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps)): one row and row tiles; N not a

@@ -151,3 +151,15 @@ def test_int_mode_reassociation_stays_within_its_float32_bound(qtype):
         exact_b = xb.double() @ w.dequantize().double().cpu().t()
         got = tr.matmul_few_rows(xb.to(DEVICE), w, config=tr.RepackedConfig("int", 64, 1)).double().cpu()
         assert ((got - exact_b).abs() <= _int_error_bound(xb.float(), w.to("cpu")) + exact_b.abs() * 2.0**-8).all()
+
+
+def test_the_shipped_table_gives_every_type_and_row_count_a_launch_it_accepts():
+    """gguf_repacked_table.json (the device sweep's picks, package data) parses and never sends more
+    rows to the CUDA-core mode than it takes, so no row count of a decode step raises at run time."""
+    shipped = tr.table_from_json(tr.TABLE_FILE.read_text())
+    assert {qtype for qtype, _ in shipped} <= set(REPACKED_TYPES) and shipped
+    for (qtype, m), config in {**tr.DEFAULT, **shipped}.items():
+        assert 1 <= m <= tr.MAX_KERNEL_ROWS and config.mode in ("fma", "dot", "int"), (qtype, m, config)
+        assert config.mode != "fma" or m <= tr.FMA_MAX_ROWS, (qtype, m, config)
+        assert config.reduce in ("sum", "atomic") and config.block_n > 0 and config.ng > 0, (qtype, m, config)
+    assert all((qtype, m) in tr.DEFAULT for qtype in REPACKED_TYPES for m in range(1, tr.MAX_KERNEL_ROWS + 1))

@@ -112,15 +112,39 @@ def test_abort_while_a_step_is_in_flight(tiny_model_dir):
     _no_leak(llm)
 
 
-def test_plain_steps_overlap_beside_drafting_steps():
+def test_a_request_failing_in_the_sampler_leaves_the_others_fed_right(tiny_model_dir):
+    """When one row of a step fails to sample, the others are sampled without it, so their tokens
+    sit at other rows than their logits: the next step must feed each request its own token."""
+    from onebit.engine.fault_injection import Fault, FaultInjector
+    prompts = _prompts()[:4]
+    users = ["ok", "bad", "ok", "ok"]  # a middle row fails: the rows after it move up
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = LLM(str(tiny_model_dir), device="cpu", parallel=4, overlap=False).generate(prompts, params)
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=4, overlap=True)
+    engine = llm.engine
+    engine.faults = FaultInjector([Fault("sampler", "bad", 3)])
+    fed = _count_feeds(llm)
+    for i, (prompt, user) in enumerate(zip(prompts, users)):
+        engine.add_request(f"r{i}", prompt, params, user=user)
+    got = {f"r{i}": ([], None) for i in range(4)}
+    while engine.has_unfinished():
+        for d in engine.step():
+            got[d.request_id] = (got[d.request_id][0] + d.token_ids, d.finish_reason)
+    tokens, reason = got["r1"]  # it fails once the host has seen 3 tokens, which overlap may delay by one
+    assert reason == "error" and 2 <= len(tokens) <= 3 and tokens == want[1].token_ids[:len(tokens)]
+    assert [got[f"r{i}"] for i in (0, 2, 3)] == [(want[i].token_ids, "length") for i in (0, 2, 3)]
+    assert sum(fed) > 0
+    _no_leak(llm)
+
+def test_plain_steps_overlap_beside_drafting_steps(tiny_models):
     """With a drafter, the steps the policy keeps plain overlap and the drafting ones wait for the
     tokens before them: the greedy output stays that of plain steps (the MTP head's states too,
     which it takes from the non-overlapped steps)."""
-    from onebit.models.default_model import default_model_dir
+    model = str(tiny_models("qwen3", mtp=True))
     prompts = [[(11 * i + 5 * j) % 300 + 40 for j in range(6 + 3 * i)] for i in range(3)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    plain = LLM(str(default_model_dir()), device="cpu", parallel=3, overlap=False).generate(prompts, params)
-    llm = LLM(str(default_model_dir()), device="cpu", parallel=3, overlap=True, speculative="mtp")
+    plain = LLM(model, device="cpu", parallel=3, overlap=False).generate(prompts, params)
+    llm = LLM(model, device="cpu", parallel=3, overlap=True, speculative="mtp")
     assert llm.engine.overlap
     policy, calls = llm.engine.speculator.policy, []
 
@@ -129,10 +153,119 @@ def test_plain_steps_overlap_beside_drafting_steps():
         return policy.k_max if len(calls) // 4 % 2 else 0  # second of a run on (it needs fresh states)
     policy.choose = runs_of_four
     fed = _count_feeds(llm)
+    seen = _check_drafting_invariants(llm)
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert llm.engine.spec_proposed > 0, "the drafting steps should have drafted"
     assert sum(fed) > 0, "the plain steps should have read their input ids from the step before"
+    assert seen["drafting"] > 0 and seen["plain"] > 0 and seen["k>0 timed"] > 0
+    _no_leak(llm)
+
+
+def _check_drafting_invariants(llm: LLM) -> dict[str, int]:
+    """Spy on the engine so that every step checks what overlap beside a drafter relies on: a
+    drafting step is launched only with nothing in flight (drafts come from the host's tokens),
+    no forward mixes drafts with placeholders or fed ids, no drafting step is left in flight, and
+    the policy times each step under the draft length it was launched with. Returns counts of what
+    was checked, for the caller to assert on."""
+    engine, seen = llm.engine, {"drafting": 0, "plain": 0, "k>0 timed": 0}
+    launch, update, run = engine._launch, engine._update, engine.runner.run
+    record_step, step = engine.speculator.policy.record_step, engine.step
+    observed = []
+
+    def launching(previous, deltas):
+        assert previous is None or engine.speculator.step_k == 0, "drafting with a step in flight"
+        launched = launch(previous, deltas)
+        if launched is not None:
+            launched.k_at_launch = engine.speculator.step_k if launched.drafting else 0
+            seen["drafting" if launched.drafting else "plain"] += 1
+        return launched
+
+    def running(plan, want_hidden=False, fed_tokens=None):
+        drafts = [seq for seq, _ in plan if seq.num_draft]
+        placeholders = [seq for seq, _ in plan if seq.fed_row is not None]
+        assert not (drafts and (placeholders or fed_tokens is not None)), "drafts beside placeholders"
+        return run(plan, want_hidden=want_hidden, fed_tokens=fed_tokens)
+
+    def updating(launched):
+        observed.append(launched)
+        try:
+            return update(launched)
+        finally:
+            observed.pop()
+
+    def recording(batch, k, seconds, cold=False, prep=None):
+        assert k == observed[-1].k_at_launch, "a step timed under another step's draft length"
+        seen["k>0 timed"] += k > 0
+        return record_step(batch, k, seconds, cold, prep)
+
+    def stepping():
+        deltas = step()
+        assert engine._inflight is None or not engine._inflight.drafting
+        return deltas
+    engine._launch, engine._update, engine.runner.run = launching, updating, running
+    engine.speculator.policy.record_step, engine.step = recording, stepping
+    return seen
+
+
+def test_requests_that_cannot_draft_keep_overlap_beside_a_drafter(tiny_models):
+    """Requests that never draft (here: logprobs) do not make the policy choose drafting steps,
+    which would wait for the tokens before them and draft nothing: every step stays plain and
+    overlaps, and the output (logprobs too) is that of plain steps without a drafter."""
+    model = str(tiny_models("qwen3", mtp=True))
+    prompts = [[(13 * i + 7 * j) % 300 + 40 for j in range(5 + 4 * i)] for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
+    plain = LLM(model, device="cpu", parallel=3, overlap=False)
+    llm = LLM(model, device="cpu", parallel=3, overlap=True, speculative="mtp")
+    decide, chosen = llm.engine.speculator.decide, []
+    llm.engine.speculator.decide = lambda *args: chosen.append(decide(*args)) or chosen[-1]
+    fed = _count_feeds(llm)
+    assert _outputs_of(llm, prompts, params) == _outputs_of(plain, prompts, params)
+    assert chosen and not any(chosen), "no step should have been a drafting one"
+    assert sum(fed) > 0, "the steps should have overlapped"
+    _no_leak(llm)
+
+
+def _outputs_of(llm: LLM, prompts, params):
+    return [(o.token_ids, o.finish_reason, [(lp.token_id, round(lp.logprob, 4)) for lp in o.logprobs or []])
+            for o in llm.generate(prompts, params)]
+
+
+def test_failures_beside_overlapped_and_drafting_steps_fail_only_their_request(tiny_models):
+    """With overlap and a drafter, a request failing in the drafter, the sampler or the detokenizer
+    (including when the step before is finished early for a drafting step) ends with an error;
+    the others finish with the plain engine's output and nothing leaks."""
+    from onebit.engine.fault_injection import Fault, FaultInjector
+    model = str(tiny_models("qwen3", mtp=True))
+    prompts = [[(17 * i + 3 * j) % 300 + 40 for j in range(5 + 2 * i)] for i in range(5)]
+    users = ["drafter", "sampler", "detokenizer", "ok", "ok"]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    want = LLM(model, device="cpu", parallel=5, overlap=False).generate(prompts, params)
+    llm = LLM(model, device="cpu", parallel=5, overlap=True, speculative="mtp")
+    engine = llm.engine
+    engine.faults = engine.speculator.faults = FaultInjector([Fault(place, place, 5) for place in users[:3]])
+    policy, calls = engine.speculator.policy, []
+
+    def runs_of_three(batch, drafting=None):  # drafting and plain steps in turn, whatever the timing
+        calls.append(batch)
+        return policy.k_max if len(calls) // 3 % 2 else 0
+    policy.choose = runs_of_three
+    seen = _check_drafting_invariants(llm)
+    got = {f"r{i}": ([], None, None) for i in range(len(prompts))}
+    for i, (prompt, user) in enumerate(zip(prompts, users)):
+        engine.add_request(f"r{i}", prompt, params, user=user)
+    while engine.has_unfinished():
+        for d in engine.step():
+            tokens, _, _ = got[d.request_id]
+            got[d.request_id] = (tokens + d.token_ids, d.finish_reason, d.error)
+    for i, user in enumerate(users):
+        tokens, reason, error = got[f"r{i}"]
+        if user == "ok":
+            assert (tokens, reason, error) == (want[i].token_ids, "length", None)
+        else:
+            assert reason == "error" and error and len(tokens) < 20, (user, reason, error)
+    assert "drafting" in got["r0"][2] and "sampling" in got["r1"][2] and "detokenizer" in got["r2"][2]
+    assert seen["drafting"] > 0 and seen["plain"] > 0 and engine.spec_proposed > 0
     _no_leak(llm)
 
 

@@ -123,7 +123,7 @@ class LLMEngine:
         if previous is None:  # nothing in flight: this step's time counts from now, not from an idle gap
             self._clock = max(self._clock, started)
         worked = previous is not None
-        drafts = self.speculator.decide(self.scheduler, {seq for seq, _ in previous.plain} if previous else ())
+        drafts = self.speculator.decide(self.scheduler, previous.plain if previous is not None else ())
         if previous is not None and (drafts or not previous.can_feed()):
             deltas += self._update(previous)  # drafts are made from the tokens the last step chose
             previous = None
@@ -156,7 +156,7 @@ class LLMEngine:
     def _launch(self, previous: LaunchedStep | None, deltas: list[StepDelta]) -> LaunchedStep | None:
         """Schedule, forward and queue the sampling of one step; None when nothing runs (or it
         failed, whose deltas go to `deltas`)."""
-        started = time.perf_counter()  # drafting counts: a draft model's forwards are part of a step's cost
+        started = time.perf_counter()  # for `prep`: the host work until the step is queued
         plan, drafting, chose = self._schedule(previous, deltas)
         if not plan:
             return None
@@ -186,8 +186,11 @@ class LLMEngine:
                     log.exception("step failed")
                     deltas += [self._fail(seq, f"internal error during sampling: {exc}") for seq, _ in plain]
                     plain, sampled = [], None
+        # From here a row is the row of `sampled`'s tokens that the next step feeds from: the same
+        # as the logits row unless drafting rows or a request failed in the sampler left gaps.
+        plain = [(seq, i) for i, (seq, _) in enumerate(plain)]
         computed = self.scheduler.mark_computed(plan)
-        return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting, started,
+        return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting,
                             cold=self.overlap and previous is None, prep=time.perf_counter() - started)
 
     def _without_failing(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]],

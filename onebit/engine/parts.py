@@ -43,12 +43,11 @@ class LaunchedStep:
 
     plan: list[tuple[Sequence, int]]
     out: StepOutput
-    plain: list[tuple[Sequence, int]]  # sequences that sample one token, with their logits row
+    plain: list[tuple[Sequence, int]]  # sequences that sample one token, with their row of sampled's tokens
     sampled: SampledBatch | None
     computed: dict  # seq -> (computed tokens before the step, tokens computed in it)
     decodes: int
     drafting: list[Sequence]
-    started: float
     cold: bool = False  # launched with no step in flight although overlap is on
     prep: float = 0.0  # host seconds from the start of its launch until it was queued
 
@@ -56,5 +55,5 @@ class LaunchedStep:
         """Whether the next step may start before this one's tokens reach the host: not when a
         penalty needs them (they count the output so far), nor a grammar (its next mask depends on
         them), nor drafts (verification decides the next tokens): such steps run without overlap."""
-        return self.sampled is not None and not self.drafting and not any(seq.params.has_penalties or seq.grammar is not None
-                                                    for seq, _ in self.plain)
+        return self.sampled is not None and not self.drafting and not any(
+            seq.params.has_penalties or seq.grammar is not None for seq, _ in self.plain)

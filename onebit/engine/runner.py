@@ -90,9 +90,10 @@ class ModelRunner:
             self.gemv_report = gemv.calibrate(model.linear_weights(), few_rows)
             for line in self.gemv_report:
                 log.info(line)
-        if device.type == "cuda" and fp8_layers(model):  # --quantize fp8: its kernel per row count
-            lines = fp8.calibrate(fp8_layers(model), [b for b in ladder_for(rows) if b <= fp8.MAX_CALIBRATED_ROWS],
-                                  dtype, quantized_input_layers(model))
+        quantized = fp8_layers(model) if device.type == "cuda" else {}
+        if quantized:  # --quantize fp8: its kernel per row count
+            lines = fp8.calibrate(quantized, [b for b in ladder_for(rows) if b <= fp8.MAX_CALIBRATED_ROWS], dtype,
+                                  quantized_input_layers(model))
             for line in lines:
                 log.info(line)
             self.gemv_report += lines

@@ -21,8 +21,9 @@ import os
 
 import torch
 
-# device name -> "N,K" -> {"splits": S, "launches": [[max_m, block_n, warps, stages, block_m, block_k], ...]}
-# (launches sorted by max_m; the last one also serves every larger M).
+# device name -> "N,K" -> {"splits": S, "launches": [[max_m, block_n, warps, stages, block_m, block_k, variant],
+# ...]} (launches sorted by max_m; the last one also serves every larger M; variant: `Launch.variant`, 0 when
+# a row has six columns).
 TABLE: dict[str, dict[str, dict]] = {
     # bench/gpu_invariant_sweep.py on the H200, 2026-12-01 (session 8, second sweep: Hopper-sized tiles
     # and TMA variants): every launch checked bit-identical at M = 1..256 through the loader.

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
+from onebit.kernels.triton_gguf import _sum_splits_kernel  # the float32 split-K partials, summed in order
 
 MAX_KERNEL_ROWS = 16
 QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
@@ -442,17 +443,6 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
         tl.store(ptrs + pid_k * stride_ysplit, acc, mask=ok)
     else:
         tl.atomic_add(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok, sem="relaxed")
-
-
-@triton.jit
-def _sum_splits_kernel(ws_ptr, y_ptr, N, TOTAL, SPLIT, stride_ym, BLOCK: tl.constexpr):
-    # y[m, n] = sum over s = 0 .. SPLIT-1, in that order, of ws[s, m, n] (float32 [SPLIT, M, N]).
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < TOTAL
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, SPLIT):
-        acc += tl.load(ws_ptr + s * TOTAL + offs, mask=ok, other=0.0)
-    tl.store(y_ptr + (offs // N) * stride_ym + offs % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit

@@ -56,26 +56,28 @@ class Speculator:
                 self.failed.append(seq)
         return out
 
-    def _eligible(self, scheduler, awaiting=frozenset()) -> tuple[list[Sequence], list[Sequence]]:
-        """(running decodes, those of them that may draft); `awaiting`: sequences whose next token
-        an in-flight step is still computing (decodes of the coming step too)."""
+    def _eligible(self, scheduler, in_flight=()) -> tuple[list[Sequence], list[Sequence]]:
+        """(running decodes, those of them that may draft); `in_flight`: the (sequence, row) pairs
+        of a step whose tokens are still on the device (decodes of the coming step too). A request
+        that can never draft (logprobs, penalties, logit bias, draft_max 0) is not one that may:
+        else a batch of only such requests would have the policy choose drafting steps that draft
+        nothing, and with overlap each of them waits for the tokens before it for nothing."""
         decoding = scheduler.decoding()
-        if awaiting:
+        if in_flight:
+            awaiting = {seq for seq, _ in in_flight}
             decoding += [seq for seq in scheduler.running if seq in awaiting and seq.num_uncomputed == 0]
-        if self.max_running is None:
-            return decoding, decoding
-        primary = self.primary(scheduler.running)
-        return decoding, [seq for seq in decoding if seq in primary]
+        primary = self.primary(scheduler.running) if self.max_running is not None else None
+        return decoding, [seq for seq in decoding if (primary is None or seq in primary) and draft_budget(seq, 1)]
 
-    def decide(self, scheduler, awaiting=frozenset()) -> int:
+    def decide(self, scheduler, in_flight=()) -> int:
         """The policy's draft length for the coming step (0: a plain step), asked once per step
         before it is scheduled: a drafting step needs the previous step's tokens on the host, so
-        the engine gives up overlap for it. `propose` then drafts with this k. `awaiting`: the
-        sequences an in-flight step is computing a token for."""
+        the engine gives up overlap for it. `propose` then drafts with this k. `in_flight`: the
+        (sequence, row) pairs of the step still on the device (`LaunchedStep.plain`), if any."""
         self.step_k = 0
         if self.policy is None:
             return 0
-        decoding, eligible = self._eligible(scheduler, awaiting)
+        decoding, eligible = self._eligible(scheduler, in_flight)
         self.step_k = self.policy.choose(len(decoding), drafting=len(eligible)) if eligible else 0
         return self.step_k
 
