@@ -21,9 +21,11 @@ from onebit.bench.oracle import OracleDrafter
 from onebit.bench.prompts import DEFAULT_RANDOM_IDS, make_prompts
 
 
-def bench_prompts(spec: str, levels: list[int], seed: int, warmup: int) -> list[list[int]]:
-    """Every distinct token-id prompt the bench sends at these levels (warm-up included)."""
-    defaults = SimpleNamespace(requests=None, duration_s=None)  # the bench without --requests or --duration
+def bench_prompts(spec: str, levels: list[int], seed: int, warmup: int,
+                  requests: list[int] | None = None) -> list[list[int]]:
+    """Every distinct token-id prompt the bench sends at these levels (warm-up included); `requests`:
+    the bench's --requests (one count per level), None for its default."""
+    defaults = SimpleNamespace(requests=requests, duration_s=None, concurrency=levels)  # the bench's settings
     pools = [make_prompts(spec, max(warmup, 1), "completions", seed="warm-up", id_range=DEFAULT_RANDOM_IDS)]
     for c in levels:
         pools.append(make_prompts(spec, requests_per_level(defaults, c), "completions", seed=seed + c,
@@ -45,6 +47,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--prompts", default="random:128")
     ap.add_argument("--concurrency", default="1,2,4,8,12,16,24,32,64")
+    ap.add_argument("--requests", help="the bench's --requests: one count per --concurrency level, e.g. 8,16")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0, help="the bench's --seed")
     ap.add_argument("--warmup", type=int, default=2, help="the bench's warm-up request count")
@@ -53,7 +56,11 @@ def main() -> None:
     ap.add_argument("--deterministic", action="store_true", help="record with batch-invariant kernels")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    prompts = bench_prompts(args.prompts, [int(c) for c in args.concurrency.split(",")], args.seed, args.warmup)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    requests = [int(r) for r in args.requests.split(",")] if args.requests else None
+    if requests is not None and len(requests) != len(levels):
+        ap.error("--requests needs one count per --concurrency level")
+    prompts = bench_prompts(args.prompts, levels, args.seed, args.warmup, requests)
     llm = LLM(args.model, device=args.device, parallel=args.parallel, ctx_size=args.ctx_size,
               load_format=args.load_format, deterministic=args.deterministic)
     start = time.perf_counter()
