@@ -126,6 +126,24 @@ def test_greedy_output_identical_with_speculation(demo_plain, options):
     assert bm.num_free == bm.num_blocks and all(c == 0 for c in bm.ref_count)
 
 
+def test_a_drafter_with_nothing_to_offer_is_timed_and_counted_as_missing(tiny_model_dir):
+    """Steps chosen to draft that drafted nothing (an n-gram drafter without a match) are timed
+    under their draft length and count as first drafts rejected, so the policy learns they do not
+    pay instead of choosing them (and losing overlap) on every step."""
+    llm = _always_draft(LLM(str(tiny_model_dir), device="cpu", parallel=2, overlap=True, speculative="ngram"))
+    engine = llm.engine
+    engine.speculator.drafter.propose_one = lambda seq, k: []  # never a match
+    policy = engine.speculator.policy
+    prior = policy.acceptance
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([[5, 6, 7, 8], [9, 10, 11]], params)
+    assert all(len(o.token_ids) == 12 for o in outs)
+    assert engine.spec_proposed == 0
+    assert policy.acceptance < prior * 0.9 ** 16  # about 20 misses (two rows, 11 decode steps), each a rejected first draft
+    assert any(k == policy.k_max for k, _ in policy.times), policy.times  # timed as drafting steps
+    assert not any(k == 0 for k, _ in policy.times)  # ...not as plain ones
+
+
 def test_request_can_turn_drafting_off_and_sampling_stays_valid():
     llm = _always_draft(LLM(str(default_model_dir()), device="cpu", parallel=2, speculative="mtp"))
     off = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, draft_max=0)

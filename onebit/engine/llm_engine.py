@@ -191,7 +191,8 @@ class LLMEngine:
         plain = [(seq, i) for i, (seq, _) in enumerate(plain)]
         computed = self.scheduler.mark_computed(plan)
         return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting,
-                            cold=self.overlap and previous is None, prep=time.perf_counter() - started)
+                            cold=self.overlap and previous is None, prep=time.perf_counter() - started,
+                            k=self.speculator.step_k if chose else 0)
 
     def _without_failing(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]],
                          deltas: list[StepDelta]) -> list[tuple[Sequence, int]]:
@@ -242,7 +243,7 @@ class LLMEngine:
         # that launched it with nothing in flight): with overlap a plain step costs about one GPU
         # step, a drafting step also its exposed host work, so the policy weighs drafting against
         # overlapped plain steps at their true price.
-        self.speculator.observe(step.plan, step.out, step.computed, step.decodes, bool(step.drafting), verified,
+        self.speculator.observe(step.plan, step.out, step.computed, step.decodes, step.k, verified,
                                 self._clock, step.cold, step.prep if self.overlap else None)
         self._clock = time.perf_counter()
         return deltas

@@ -100,6 +100,12 @@ class Speculator:
                 seq.token_ids.extend(drafts)
                 seq.num_draft = len(drafts)
                 drafting.append(seq)
+            elif self.policy is not None:
+                # Nothing to offer (an n-gram drafter without a match) yields one token, as a first
+                # draft rejected would: counted so, the policy stops choosing steps that draft
+                # nothing and cost their overlap. (The MTP head leaves out rows whose states are
+                # stale, which are not misses.)
+                self.policy.record_acceptance(1, 0)
         return drafting, bool(chosen)
 
     def primary(self, running: list[Sequence]) -> set[Sequence]:
@@ -171,17 +177,18 @@ class Speculator:
             self.masker = GrammarMasker(logits.shape[-1], logits.device)
         return self.masker
 
-    def observe(self, plan, out, computed, decodes: int, drafted: bool, verified: bool, started: float,
+    def observe(self, plan, out, computed, decodes: int, k: int, verified: bool, started: float,
                 cold: bool = False, prep: float | None = None) -> None:
         """After a step's tokens are final: let the drafter learn from it, count it, and time it
-        (`cold`: launched with nothing in flight although overlap is on; `prep`: with overlap on,
+        (`k`: the draft length chosen for it, 0 for a plain step, whether or not drafts came;
+        `cold`: launched with nothing in flight although overlap is on; `prep`: with overlap on,
         the host time it took to prepare and launch)."""
         if self.drafter is not None:
             self.drafter.observe(plan, out, computed)
         if decodes:
             self.stats.record_step(verified)
             if self.policy is not None:
-                self.policy.record_step(decodes, self.step_k if drafted else 0, time.perf_counter() - started,
+                self.policy.record_step(decodes, k, time.perf_counter() - started,
                                          cold, prep)
 
     def release(self, seq: Sequence) -> None:
