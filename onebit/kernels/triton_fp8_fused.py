@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels.triton_fp8_fast import FP8_MAX, _round_to_e4m3
+from onebit.kernels.triton_fused import _add_rms_norm_row, _silu_mul_row
 
 
 @triton.jit
@@ -30,16 +31,9 @@ def _add_rms_norm_quantize_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_p
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=ok, other=0.0)
-    if HAS_RESIDUAL:
-        x = x + tl.load(res_ptr + row * n_cols + cols, mask=ok, other=0.0)
-        tl.store(res_out_ptr + row * n_cols + cols, x, mask=ok)
-    xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
-    normed = (xf * rstd).to(x.dtype)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
     # The value the unfused kernel stores (rounded to x's dtype), then quantized as a row.
-    out = (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype).to(tl.float32)
+    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
+    out = out.to(tl.float32)
     scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(out), axis=0), 1e-12), FP8_MAX)
     tl.store(s_ptr + row, scale)
     q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(out, scale), -FP8_MAX), FP8_MAX))
@@ -61,29 +55,19 @@ def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight
 
 
 @triton.jit
-def _silu_mul_value(gu_row, cols, ok, n_cols):
-    # silu(gate) * up as `triton_fused._silu_mul_kernel` stores it (each step rounded to the input's dtype).
-    gate = tl.load(gu_row + cols, mask=ok, other=0.0)
-    up = tl.load(gu_row + n_cols + cols, mask=ok, other=0.0)
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
-    return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
-
-
-@triton.jit
 def _silu_mul_quantize_kernel(gu_ptr, q_ptr, s_ptr, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     gu_row = gu_ptr + row * 2 * n_cols
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for k0 in range(0, n_cols, BLOCK):
         cols = k0 + tl.arange(0, BLOCK)
-        amax = tl.maximum(amax, tl.abs(_silu_mul_value(gu_row, cols, cols < n_cols, n_cols)))
+        amax = tl.maximum(amax, tl.abs(_silu_mul_row(gu_row, cols, cols < n_cols, n_cols).to(tl.float32)))
     scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), FP8_MAX)
     tl.store(s_ptr + row, scale)
     for k0 in range(0, n_cols, BLOCK):  # computed again from the cached row rather than stored in between
         cols = k0 + tl.arange(0, BLOCK)
         ok = cols < n_cols
-        v = _silu_mul_value(gu_row, cols, ok, n_cols)
+        v = _silu_mul_row(gu_row, cols, ok, n_cols).to(tl.float32)
         q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX))
         tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
 

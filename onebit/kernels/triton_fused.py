@@ -12,11 +12,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < n_cols
+def _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL: tl.constexpr):
+    # One row of rms_norm(x [+ residual]) * w in x's dtype (x + residual stored to res_out_ptr first);
+    # triton_fp8_fused quantizes this same value.
     x = tl.load(x_ptr + row * n_cols + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         x = x + tl.load(res_ptr + row * n_cols + cols, mask=ok, other=0.0)
@@ -25,7 +23,17 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, ep
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     normed = (xf * rstd).to(x.dtype)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0)
-    tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=ok)
+    return (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
+    tl.store(out_ptr + row * n_cols + cols, out, mask=ok)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
@@ -39,15 +47,22 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
 
 @triton.jit
+def _silu_mul_row(gu_row, cols, ok, n_cols):
+    # silu(gate) * up at `cols` of one [2 I] gate_up row, each step rounded to the input's dtype;
+    # triton_fp8_fused quantizes this same value.
+    gate = tl.load(gu_row + cols, mask=ok, other=0.0)
+    up = tl.load(gu_row + n_cols + cols, mask=ok, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
 def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
-    gate = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=ok, other=0.0)
-    up = tl.load(gu_ptr + row * 2 * n_cols + n_cols + cols, mask=ok, other=0.0)
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
-    tl.store(out_ptr + row * n_cols + cols, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=ok)
+    tl.store(out_ptr + row * n_cols + cols, _silu_mul_row(gu_ptr + row * 2 * n_cols, cols, ok, n_cols), mask=ok)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

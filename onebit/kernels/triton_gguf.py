@@ -476,6 +476,13 @@ def _few_rows_kernel(x_ptr, q_ptr, s_ptr, d_ptr, y_ptr, M, N, STEPS_PER_SPLIT, s
                                  BLOCK_N)
     ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
+    _store_partial(y_ptr, ptrs, acc, ok, pid_k, stride_ysplit, REDUCE)
+
+
+@triton.jit
+def _store_partial(y_ptr, ptrs, acc, ok, pid_k, stride_ysplit, REDUCE: tl.constexpr):
+    # A few-row program's float32 result: stored (REDUCE 0), stored as split pid_k's partial for
+    # `_sum_splits_kernel` (1), or added atomically (2).
     if REDUCE == 0:
         tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
     elif REDUCE == 1:

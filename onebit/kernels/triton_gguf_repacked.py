@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
-from onebit.kernels.triton_gguf import _sum_splits_kernel  # the float32 split-K partials, summed in order
+from onebit.kernels.triton_gguf import _store_partial, _sum_splits_kernel  # split-K partials, summed in order
 
 MAX_KERNEL_ROWS = 16
 QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
@@ -280,12 +280,7 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
             acc = tl.where(rm[:, None] == 3, tl.sum(tl.sum(acc3, axis=2), axis=1)[None, :], acc)
     ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
-    if REDUCE == 0:
-        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
-    elif REDUCE == 1:
-        tl.store(ptrs + pid_k * stride_ysplit, acc, mask=ok)
-    else:
-        tl.atomic_add(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok, sem="relaxed")
+    _store_partial(y_ptr, ptrs, acc, ok, pid_k, stride_ysplit, REDUCE)
 
 
 @triton.jit
@@ -437,12 +432,7 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
                         acc -= (offset + 128.0 * scale) * xsum
     ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None]
     ok = m_ok[None, :] & n_ok[:, None]
-    if REDUCE == 0:
-        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
-    elif REDUCE == 1:
-        tl.store(ptrs + pid_k * stride_ysplit, acc, mask=ok)
-    else:
-        tl.atomic_add(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok, sem="relaxed")
+    _store_partial(y_ptr, ptrs, acc, ok, pid_k, stride_ysplit, REDUCE)
 
 
 @triton.jit
