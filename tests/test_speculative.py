@@ -65,17 +65,45 @@ def test_policy_measures_and_drops_drafting_when_it_costs():
     policy = DraftPolicy(k_max=2)
     step_time = {2: 0.030, 1: 0.020, 0: 0.006}
     tried = []
-    for _ in range(3):  # each unmeasured draft length is tried once
+    for _ in range(6):  # each unmeasured draft length is tried twice: a warm-up step, then a kept one
         k = policy.choose(64)
         tried.append(k)
         policy.record_step(64, k, step_time[k])
-    assert tried == [2, 1, 0]
+    assert tried == [2, 2, 1, 1, 0, 0]
     assert policy.choose(64) == 0  # drafting triples the step time: plain decode wins
     fast = DraftPolicy(k_max=2)
     for k, t in ((2, 0.0105), (1, 0.0102), (0, 0.010)):
-        fast.record_step(1, k, t)
+        _record_twice(fast, 1, k, t)
     fast.acceptance = 0.8
     assert fast.choose(1) == 2
+
+
+def _record_twice(policy: DraftPolicy, batch: int, k: int, seconds: float, **kw) -> None:
+    """A pair's first step is its warm-up (not kept); the second is its first kept time."""
+    policy.record_step(batch, k, seconds, **kw)
+    policy.record_step(batch, k, seconds, **kw)
+
+
+def test_policy_survives_a_compiling_first_step_and_re_measures_stale_pairs():
+    """On the GPU a draft length's first step may compile kernels or capture a graph (seconds):
+    kept, it ruled drafting out for good (G14, session 9: 186 tok/s at one request, 2 tokens drafted,
+    where drafting made 486). The warm-up step is not kept; a later stall that was kept is replaced
+    by the next time far below it, which the periodic re-measurement of the stalest pair brings."""
+    policy = DraftPolicy(k_max=1, explore_every=8)
+    policy.acceptance = 0.7
+    policy.record_step(1, 1, 2.0)  # warm-up: a compile
+    policy.record_step(1, 1, 0.006)
+    _record_twice(policy, 1, 0, 0.005)
+    assert policy.times[(1, 1)] == 0.006
+    assert policy.choose(1) == 1  # 1.7 tokens in 6 ms beat 1 in 5 ms
+    policy.record_step(1, 1, 1.5)  # a stall kept in the estimate...
+    picks = []
+    for _ in range(16):
+        k = policy.choose(1)
+        picks.append(k)
+        policy.record_step(1, k, 0.006 if k else 0.005)
+    assert picks[0] == 0 and 1 in picks  # ...makes plain steps win until k=1 is re-measured
+    assert policy.times[(1, 1)] == 0.006 and picks[-1] == 1
 
 
 def test_policy_charges_drafting_for_the_cold_step_after_it():
@@ -84,8 +112,8 @@ def test_policy_charges_drafting_for_the_cold_step_after_it():
     def policy_with(prep: float | None) -> DraftPolicy:
         policy = DraftPolicy(k_max=1)
         policy.acceptance = 0.5  # k=1: 1.5 tokens for the drafting rows
-        policy.record_step(64, 1, 0.0105)
-        policy.record_step(64, 0, 0.0100, prep=prep)
+        _record_twice(policy, 64, 1, 0.0105)
+        _record_twice(policy, 64, 0, 0.0100, prep=prep)
         policy.record_step(64, 0, 0.0250, cold=True, prep=prep)  # spans the next launch: not a step time
         return policy
     # 8 of 64 rows draft: (56 + 8 * 1.5) / 10.5 ms beats 64 / 10 ms with no host work to expose...

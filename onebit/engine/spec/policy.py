@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 from onebit.engine.sequence import Sequence
 
 
@@ -27,9 +30,13 @@ class DraftPolicy:
     times and observed acceptance.
 
     Step times are kept per (draft length, batch-size bucket); the chosen k maximises expected
-    tokens per second of the whole batch: (1 + a + a^2 + ... + a^k) / time(k). A pair never
-    measured is tried once; every `explore_every` steps the runner-up is re-measured so the
-    estimates follow the machine and the load. With `always`, every step drafts k_max.
+    tokens per second of the whole batch: (1 + a + a^2 + ... + a^k) / time(k). A pair's first
+    step is a warm-up and not kept (on a GPU it may compile kernels or capture a graph for the new
+    shape: seconds, which would rule that k out for good), so a pair is tried until it has one kept
+    time. An estimate is the median of the pair's last few times, so a one-off stall (or the last
+    step of a batch, timed without a launch after it) moves nothing. Every `explore_every` steps
+    the pair of the batch's bucket measured longest ago is re-measured, so the estimates follow
+    the machine and the load. With `always`, every step drafts k_max.
 
     With overlapped steps a drafting step also makes the plain step after it start cold: that
     step's host preparation no longer hides behind the GPU. Plain steps report their preparation
@@ -37,12 +44,17 @@ class DraftPolicy:
     step's launch too, so it is not folded into the step times.
     """
 
-    def __init__(self, k_max: int, explore_every: int = 1024, always: bool = False):
+    SAMPLES = 5  # step times per estimate
+
+    def __init__(self, k_max: int, explore_every: int = 64, always: bool = False):
         self.k_max = k_max
         self.always = always  # draft k_max whenever possible, measured or not
         self.explore_every = explore_every
-        self.times: dict[tuple[int, int], float] = {}
+        self.times: dict[tuple[int, int], float] = {}  # (k, bucket) -> estimated step seconds
+        self.warmed: set[tuple[int, int]] = set()  # pairs whose warm-up step has run
+        self.measured_at: dict[tuple[int, int], int] = {}  # pair -> self.steps when last folded
         self.prep: dict[int, float] = {}  # bucket -> host time to prepare a plain step (overlap only)
+        self._recent: dict[tuple[str, object], deque] = {}  # ("time" or "prep", key) -> last few values
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
 
@@ -72,23 +84,29 @@ class DraftPolicy:
                         key=lambda k: -(batch - drafting + drafting * self.expected_tokens(k))
                         / (self.times[(k, b)] + (restart if k else 0.0)))
         if self.steps % self.explore_every == 0:
-            return ranked[1]
+            return min(ranked[1:], key=lambda k: self.measured_at.get((k, b), 0))
         return ranked[0]
 
     def record_step(self, batch: int, k: int, seconds: float, cold: bool = False, prep: float | None = None) -> None:
-        """Fold a measured step time into its (k, bucket) estimate (exponential moving average).
+        """Fold a measured step time into its (k, bucket) estimate (after the pair's warm-up step).
         With overlap on, a plain step also gives `prep`, its host preparation time, and `cold`
         says it started with nothing in flight (its time is then not a step's cost)."""
         b = self.bucket(batch)
         if prep is not None and not k:
-            self._fold(self.prep, b, prep)
-        if not (cold and not k):
-            self._fold(self.times, (k, b), seconds)
+            self._fold("prep", self.prep, b, prep)
+        if cold and not k:
+            return
+        if (k, b) not in self.warmed:
+            self.warmed.add((k, b))
+            return
+        self._fold("time", self.times, (k, b), seconds)
+        self.measured_at[(k, b)] = self.steps
 
-    @staticmethod
-    def _fold(table: dict, key, value: float) -> None:
-        old = table.get(key)
-        table[key] = value if old is None else 0.8 * old + 0.2 * value
+    def _fold(self, kind: str, table: dict, key, value: float) -> None:
+        """Set table[key] to the median of its last SAMPLES values."""
+        recent = self._recent.setdefault((kind, key), deque(maxlen=self.SAMPLES))
+        recent.append(value)
+        table[key] = statistics.median(recent)
 
     def record_acceptance(self, proposed: int, accepted: int) -> None:
         """Fold one verification into the estimate of the chance that a draft is kept given the
