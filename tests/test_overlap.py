@@ -187,20 +187,20 @@ def _check_drafting_invariants(llm: LLM) -> dict[str, int]:
         assert not (drafts and (placeholders or fed_tokens is not None)), "drafts beside placeholders"
         return run(plan, want_hidden=want_hidden, fed_tokens=fed_tokens)
 
-    def updating(launched):
+    def updating(launched, followed=True):
         observed.append(launched)
         try:
-            return update(launched)
+            return update(launched, followed)
         finally:
             observed.pop()
 
-    def recording(batch, k, seconds, cold=False, prep=None):
+    def recording(batch, k, seconds, steady=True):
         launched = observed[-1]  # a drafting step under its k, a plain-chosen one under 0; a step
         # chosen to draft that got no drafts (stale MTP states) under either
         assert k in (0, launched.k_at_launch), "a step timed under another step's draft length"
         assert k == launched.k_at_launch or not launched.drafting, "a drafting step timed as plain"
         seen["k>0 timed"] += k > 0
-        return record_step(batch, k, seconds, cold, prep)
+        return record_step(batch, k, seconds, steady)
 
     def stepping():
         deltas = step()

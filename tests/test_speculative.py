@@ -106,23 +106,20 @@ def test_policy_survives_a_compiling_first_step_and_re_measures_stale_pairs():
     assert policy.times[(1, 1)] == 0.006 and picks[-1] == 1
 
 
-def test_policy_charges_drafting_for_the_cold_step_after_it():
-    """With overlap, a drafting step makes the next plain step start cold, its host preparation
-    exposed: a small gain per drafting step stops paying once that is charged, a large one does not."""
-    def policy_with(prep: float | None) -> DraftPolicy:
-        policy = DraftPolicy(k_max=1)
-        policy.acceptance = 0.5  # k=1: 1.5 tokens for the drafting rows
-        _record_twice(policy, 64, 1, 0.0105)
-        _record_twice(policy, 64, 0, 0.0100, prep=prep)
-        policy.record_step(64, 0, 0.0250, cold=True, prep=prep)  # spans the next launch: not a step time
-        return policy
-    # 8 of 64 rows draft: (56 + 8 * 1.5) / 10.5 ms beats 64 / 10 ms with no host work to expose...
-    assert policy_with(None).choose(64, drafting=8) == 1
-    assert policy_with(None).times[(0, 64)] == 0.0100
-    # ...but not when preparing a plain step takes 1.5 ms that overlap would have hidden
-    assert policy_with(0.0015).choose(64, drafting=8) == 0
-    # all rows drafting gain 1.5x: that still pays
-    assert policy_with(0.0015).choose(64, drafting=64) == 1
+def test_policy_compares_steady_rates_and_skips_cold_plain_steps():
+    """A drafting step's time already holds the host work it exposes, so drafting is weighed at
+    its steady rate; the plain step after it starts cold and its wall time (which spans the next
+    launch) is not a steady plain step's cost."""
+    policy = DraftPolicy(k_max=1)
+    policy.acceptance = 0.5  # k=1: 1.5 tokens for the drafting rows
+    _record_twice(policy, 64, 1, 0.0105)
+    _record_twice(policy, 64, 0, 0.0100)
+    policy.record_step(64, 0, 0.0250, steady=False)
+    assert policy.times[(0, 64)] == 0.0100
+    # 8 of 64 rows draft: (56 + 8 * 1.5) / 10.5 ms beats 64 / 10 ms...
+    assert policy.choose(64, drafting=8) == 1
+    # ...but 2 of 64 do not: 65 / 10.5 ms against 64 / 10 ms
+    assert policy.choose(64, drafting=2) == 0
 
 
 @pytest.fixture(scope="module")

@@ -125,11 +125,12 @@ class LLMEngine:
         worked = previous is not None
         drafts = self.speculator.decide(self.scheduler, previous.plain if previous is not None else ())
         if previous is not None and (drafts or not previous.can_feed()):
-            deltas += self._update(previous)  # drafts are made from the tokens the last step chose
+            # drafts are made from the tokens the last step chose
+            deltas += self._update(previous, followed=False)
             previous = None
         launched = self._launch(previous, deltas)  # schedule -> run -> sample (queued on the device)
         if previous is not None:
-            deltas += self._update(previous)
+            deltas += self._update(previous, followed=launched is not None)
         if launched is not None:
             worked = True
             if self.overlap and not launched.drafting:
@@ -156,7 +157,6 @@ class LLMEngine:
     def _launch(self, previous: LaunchedStep | None, deltas: list[StepDelta]) -> LaunchedStep | None:
         """Schedule, forward and queue the sampling of one step; None when nothing runs (or it
         failed, whose deltas go to `deltas`)."""
-        started = time.perf_counter()  # for `prep`: the host work until the step is queued
         plan, drafting, chose = self._schedule(previous, deltas)
         if not plan:
             return None
@@ -191,7 +191,7 @@ class LLMEngine:
         plain = [(seq, i) for i, (seq, _) in enumerate(plain)]
         computed = self.scheduler.mark_computed(plan)
         return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting,
-                            cold=self.overlap and previous is None, prep=time.perf_counter() - started,
+                            cold=self.overlap and previous is None,
                             k=self.speculator.step_k if chose else 0)
 
     def _without_failing(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]],
@@ -221,8 +221,9 @@ class LLMEngine:
             logits = logits[upload(rows, torch.long, logits.device)]
         return self.sampler.sample(logits, [seq for seq, _ in plain])
 
-    def _update(self, step: LaunchedStep) -> list[StepDelta]:
-        """Wait for a launched step's tokens and apply them: append, verify drafts, finish, commit."""
+    def _update(self, step: LaunchedStep, followed: bool = True) -> list[StepDelta]:
+        """Wait for a launched step's tokens and apply them: append, verify drafts, finish, commit.
+        `followed` False: with overlap on, no step was launched behind it (its time is short)."""
         try:
             tokens, logprobs = step.sampled.resolve() if step.sampled is not None else ([], [])
         except Exception as exc:
@@ -242,9 +243,10 @@ class LLMEngine:
         # A step's cost is the wall time since the step before it was done (or since the call
         # that launched it with nothing in flight): with overlap a plain step costs about one GPU
         # step, a drafting step also its exposed host work, so the policy weighs drafting against
-        # overlapped plain steps at their true price.
+        # overlapped plain steps at their true price. A plain step launched cold or done with no
+        # launch behind it is no steady step.
         self.speculator.observe(step.plan, step.out, step.computed, step.decodes, step.k, verified,
-                                self._clock, step.cold, step.prep if self.overlap else None)
+                                self._clock, steady=not step.cold and followed)
         self._clock = time.perf_counter()
         return deltas
 

@@ -50,7 +50,6 @@ class LaunchedStep:
     drafting: list[Sequence]
     cold: bool = False  # launched with no step in flight although overlap is on
     k: int = 0  # the draft length chosen for it (0: a plain step), even if no drafts came
-    prep: float = 0.0  # host seconds from the start of its launch until it was queued
 
     def can_feed(self) -> bool:
         """Whether the next step may start before this one's tokens reach the host: not when a

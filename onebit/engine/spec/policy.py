@@ -38,10 +38,14 @@ class DraftPolicy:
     the pair of the batch's bucket measured longest ago is re-measured, so the estimates follow
     the machine and the load. With `always`, every step drafts k_max.
 
-    With overlapped steps a drafting step also makes the plain step after it start cold: that
-    step's host preparation no longer hides behind the GPU. Plain steps report their preparation
-    time (`prep`), and drafting is charged it; a cold plain step's own wall time spans the next
-    step's launch too, so it is not folded into the step times.
+    Rates are compared in the steady state of each choice: a drafting step's time runs from the
+    moment the step before it was done, so it holds its own host work that overlap would have
+    hidden, and a run of drafting steps pays nothing more. The plain step after a drafting one
+    starts cold (its preparation exposed once per switch, not per drafting step), and the one
+    before it is done with no launch behind it: neither time is a steady plain step's, so neither
+    is kept. (Charging every
+    drafting step that restart, as v0.9 did, ruled drafting out at one request: 186 tok/s where
+    drafting made 486, and on the CPU, where a step is all host work, 68 tok/s against 109.)
     """
 
     SAMPLES = 5  # step times per estimate
@@ -53,8 +57,7 @@ class DraftPolicy:
         self.times: dict[tuple[int, int], float] = {}  # (k, bucket) -> estimated step seconds
         self.warmed: set[tuple[int, int]] = set()  # pairs whose warm-up step has run
         self.measured_at: dict[tuple[int, int], int] = {}  # pair -> self.steps when last folded
-        self.prep: dict[int, float] = {}  # bucket -> host time to prepare a plain step (overlap only)
-        self._recent: dict[tuple[str, object], deque] = {}  # ("time" or "prep", key) -> last few values
+        self._recent: dict[tuple[int, int], deque] = {}  # pair -> its last few kept step times
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
 
@@ -79,34 +82,26 @@ class DraftPolicy:
             if (k, b) not in self.times:
                 return k
         drafting = batch if drafting is None else drafting
-        restart = self.prep.get(b, 0.0)
         ranked = sorted(range(self.k_max + 1),
-                        key=lambda k: -(batch - drafting + drafting * self.expected_tokens(k))
-                        / (self.times[(k, b)] + (restart if k else 0.0)))
+                        key=lambda k: -(batch - drafting + drafting * self.expected_tokens(k)) / self.times[(k, b)])
         if self.steps % self.explore_every == 0:
             return min(ranked[1:], key=lambda k: self.measured_at.get((k, b), 0))
         return ranked[0]
 
-    def record_step(self, batch: int, k: int, seconds: float, cold: bool = False, prep: float | None = None) -> None:
+    def record_step(self, batch: int, k: int, seconds: float, steady: bool = True) -> None:
         """Fold a measured step time into its (k, bucket) estimate (after the pair's warm-up step).
-        With overlap on, a plain step also gives `prep`, its host preparation time, and `cold`
-        says it started with nothing in flight (its time is then not a step's cost)."""
+        `steady` False: a plain step whose time is not a steady plain step's cost (with overlap on,
+        one launched with nothing in flight, or one done with no launch after it); not kept."""
         b = self.bucket(batch)
-        if prep is not None and not k:
-            self._fold("prep", self.prep, b, prep)
-        if cold and not k:
+        if not (steady or k):
             return
         if (k, b) not in self.warmed:
             self.warmed.add((k, b))
             return
-        self._fold("time", self.times, (k, b), seconds)
+        recent = self._recent.setdefault((k, b), deque(maxlen=self.SAMPLES))
+        recent.append(seconds)
+        self.times[(k, b)] = statistics.median(recent)
         self.measured_at[(k, b)] = self.steps
-
-    def _fold(self, kind: str, table: dict, key, value: float) -> None:
-        """Set table[key] to the median of its last SAMPLES values."""
-        recent = self._recent.setdefault((kind, key), deque(maxlen=self.SAMPLES))
-        recent.append(value)
-        table[key] = statistics.median(recent)
 
     def record_acceptance(self, proposed: int, accepted: int) -> None:
         """Fold one verification into the estimate of the chance that a draft is kept given the

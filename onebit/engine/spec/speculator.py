@@ -178,18 +178,16 @@ class Speculator:
         return self.masker
 
     def observe(self, plan, out, computed, decodes: int, k: int, verified: bool, started: float,
-                cold: bool = False, prep: float | None = None) -> None:
+                steady: bool = True) -> None:
         """After a step's tokens are final: let the drafter learn from it, count it, and time it
         (`k`: the draft length chosen for it, 0 for a plain step, whether or not drafts came;
-        `cold`: launched with nothing in flight although overlap is on; `prep`: with overlap on,
-        the host time it took to prepare and launch)."""
+        `steady`: see DraftPolicy.record_step)."""
         if self.drafter is not None:
             self.drafter.observe(plan, out, computed)
         if decodes:
             self.stats.record_step(verified)
             if self.policy is not None:
-                self.policy.record_step(decodes, k, time.perf_counter() - started,
-                                         cold, prep)
+                self.policy.record_step(decodes, k, time.perf_counter() - started, steady)
 
     def release(self, seq: Sequence) -> None:
         """Forget a finished, aborted or failed request."""
