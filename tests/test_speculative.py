@@ -84,6 +84,25 @@ def _record_twice(policy: DraftPolicy, batch: int, k: int, seconds: float, **kw)
     policy.record_step(batch, k, seconds, **kw)
 
 
+def test_policy_enters_drafting_only_by_a_margin_and_stays_while_it_wins():
+    """Leaving drafting starts the next plain step cold, so near a tie the policy keeps what it
+    does: from plain steps it drafts only when drafting is ENTER_MARGIN faster."""
+    policy = DraftPolicy(k_max=1, explore_every=10 ** 6)
+    policy.acceptance = 0.5  # 1.5 tokens per drafting step
+    _record_twice(policy, 1, 0, 0.010)
+    _record_twice(policy, 1, 1, 0.014)  # 1.5 / 14 ms: 7% faster than 1 / 10 ms
+    policy.last_k = 0
+    assert policy.choose(1) == 0 and policy.choose(1) == 0
+    policy.last_k = 1  # (an exploration step drafted)
+    assert policy.choose(1) == 1 and policy.choose(1) == 1
+    _record_twice(policy, 1, 1, 0.012)  # median of 14, 14, 12, 12 ms: 13 ms, 15% faster
+    policy.last_k = 0
+    assert policy.choose(1) == 1
+    for _ in range(5):
+        policy.record_step(1, 1, 0.020)  # drafting got slow: plain wins, and is left for at once
+    assert policy.choose(1) == 0
+
+
 def test_policy_survives_a_compiling_first_step_and_re_measures_stale_pairs():
     """On the GPU a draft length's first step may compile kernels or capture a graph (seconds):
     kept, it ruled drafting out for good (G14, session 9: 186 tok/s at one request, 2 tokens drafted,
@@ -116,7 +135,10 @@ def test_policy_compares_steady_rates_and_skips_cold_plain_steps():
     _record_twice(policy, 64, 0, 0.0100)
     policy.record_step(64, 0, 0.0250, steady=False)
     assert policy.times[(0, 64)] == 0.0100
-    # 8 of 64 rows draft: (56 + 8 * 1.5) / 10.5 ms beats 64 / 10 ms...
+    # 8 of 64 rows draft: (56 + 8 * 1.5) / 10.5 ms beats 64 / 10 ms, by too little to leave plain
+    # steps for, but enough to keep drafting...
+    assert policy.choose(64, drafting=8) == 0
+    policy.last_k = 1
     assert policy.choose(64, drafting=8) == 1
     # ...but 2 of 64 do not: 65 / 10.5 ms against 64 / 10 ms
     assert policy.choose(64, drafting=2) == 0

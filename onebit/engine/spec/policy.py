@@ -43,12 +43,15 @@ class DraftPolicy:
     hidden, and a run of drafting steps pays nothing more. The plain step after a drafting one
     starts cold (its preparation exposed once per switch, not per drafting step), and the one
     before it is done with no launch behind it: neither time is a steady plain step's, so neither
-    is kept. (Charging every
+    is kept. That switch cost is why plain steps give way to drafting only when drafting wins by
+    `ENTER_MARGIN`: near a tie, alternating paid it every other step (G14, session 9: 0.89x of
+    `--parallel 64` at 64 requests, a third of the steps drafting). (Charging every
     drafting step that restart, as v0.9 did, ruled drafting out at one request: 186 tok/s where
     drafting made 486, and on the CPU, where a step is all host work, 68 tok/s against 109.)
     """
 
     SAMPLES = 5  # step times per estimate
+    ENTER_MARGIN = 0.10  # after a plain step, drafting must be this much faster to be chosen
 
     def __init__(self, k_max: int, explore_every: int = 64, always: bool = False):
         self.k_max = k_max
@@ -60,6 +63,7 @@ class DraftPolicy:
         self._recent: dict[tuple[int, int], deque] = {}  # pair -> its last few kept step times
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
+        self.last_k = 0  # the previous step's choice
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -77,15 +81,21 @@ class DraftPolicy:
         self.steps += 1
         if self.always:
             return self.k_max
+        self.last_k = self._choose(batch, batch if drafting is None else drafting)
+        return self.last_k
+
+    def _choose(self, batch: int, drafting: int) -> int:
         b = self.bucket(batch)
         for k in range(self.k_max, -1, -1):
             if (k, b) not in self.times:
                 return k
-        drafting = batch if drafting is None else drafting
-        ranked = sorted(range(self.k_max + 1),
-                        key=lambda k: -(batch - drafting + drafting * self.expected_tokens(k)) / self.times[(k, b)])
+        rate = {k: (batch - drafting + drafting * self.expected_tokens(k)) / self.times[(k, b)]
+                for k in range(self.k_max + 1)}
+        ranked = sorted(rate, key=lambda k: -rate[k])
         if self.steps % self.explore_every == 0:
             return min(ranked[1:], key=lambda k: self.measured_at.get((k, b), 0))
+        if ranked[0] and not self.last_k and rate[ranked[0]] < (1 + self.ENTER_MARGIN) * rate[0]:
+            return 0
         return ranked[0]
 
     def record_step(self, batch: int, k: int, seconds: float, steady: bool = True) -> None:
