@@ -46,9 +46,12 @@ run() {  # label, serve args
     --prompts random:128 --label "$1" --out "$OUT/runs" --no-progress > "$OUT/$1.log" 2>&1 || tail -20 "$OUT/$1.log"
   grep -A14 "total tok/s" "$OUT/$1.log" | grep "^|" | head -12
 }
-run parallel-64 "--parallel 64"
-run parallel-8-oracle "--parallel 8 $ORACLE"
-run adaptive-at-8-oracle "--parallel 8 --adaptive --adaptive-at 8 --adaptive-slots 56 $ORACLE"
+# RUNS: which of the three to run (all unless set), e.g. RUNS="parallel-64 adaptive-at-8-oracle".
+RUNS=${RUNS:-parallel-64 parallel-8-oracle adaptive-at-8-oracle}
+case " $RUNS " in *" parallel-64 "*) run parallel-64 "--parallel 64";; esac
+case " $RUNS " in *" parallel-8-oracle "*) run parallel-8-oracle "--parallel 8 $ORACLE";; esac
+case " $RUNS " in *" adaptive-at-8-oracle "*)
+  run adaptive-at-8-oracle "--parallel 8 --adaptive --adaptive-at 8 --adaptive-slots 56 $ORACLE";; esac
 R=$OUT/runs
 python3 -m onebit.cli bench report $R/parallel-8-oracle.json $R/parallel-64.json $R/adaptive-at-8-oracle.json \
   --out $R/adaptive > "$OUT/report.log" 2>&1

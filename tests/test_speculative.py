@@ -103,6 +103,26 @@ def test_policy_enters_drafting_only_by_a_margin_and_stays_while_it_wins():
     assert policy.choose(1) == 0
 
 
+def test_policy_re_measures_plain_steps_while_drafting():
+    """While drafting, a plain-step re-measurement runs PLAIN_PROBE plain steps (the first cold,
+    the last done with no launch behind it: not steady); the middle one's time replaces a stale
+    estimate, and the policy leaves drafting that no longer pays."""
+    policy = DraftPolicy(k_max=1, explore_every=16)
+    policy.acceptance = 0.5
+    _record_twice(policy, 64, 0, 0.020)  # measured under a load that has gone (stale, too high)
+    _record_twice(policy, 64, 1, 0.016)
+    choices = []
+    for _ in range(40):
+        k = policy.choose(64)
+        choices.append(k)
+        steady = not (k == 0 and choices[-2:-1] != [0])  # a plain step after a drafting one is cold
+        policy.record_step(64, k, 0.010 if k == 0 else 0.016, steady=steady)
+    first_plain = choices.index(0)
+    assert choices[first_plain:first_plain + 3] == [0, 0, 0]
+    assert policy.times[(0, 64)] == 0.010  # the stale 20 ms is gone
+    assert choices[0] == 1 and choices[-8:] == [0] * 8  # 1.5 tokens / 16 ms lose to 1 / 10 ms
+
+
 def test_policy_survives_a_compiling_first_step_and_re_measures_stale_pairs():
     """On the GPU a draft length's first step may compile kernels or capture a graph (seconds):
     kept, it ruled drafting out for good (G14, session 9: 186 tok/s at one request, 2 tokens drafted,
@@ -117,7 +137,7 @@ def test_policy_survives_a_compiling_first_step_and_re_measures_stale_pairs():
     assert policy.choose(1) == 1  # 1.7 tokens in 6 ms beat 1 in 5 ms
     policy.record_step(1, 1, 1.5)  # a stall kept in the estimate...
     picks = []
-    for _ in range(16):
+    for _ in range(12):  # steps 2-13: the re-measurement comes at step 8
         k = policy.choose(1)
         picks.append(k)
         policy.record_step(1, k, 0.006 if k else 0.005)

@@ -36,7 +36,11 @@ class DraftPolicy:
     time. An estimate is the median of the pair's last few times, so a one-off stall (or the last
     step of a batch, timed without a launch after it) moves nothing. Every `explore_every` steps
     the pair of the batch's bucket measured longest ago is re-measured, so the estimates follow
-    the machine and the load. With `always`, every step drafts k_max.
+    the machine and the load; a pair last measured more than `explore_every` steps ago starts its
+    window anew. Re-measuring plain steps from drafting ones takes `PLAIN_PROBE` plain steps in a
+    row: the first starts cold and the last is done with no launch behind it, so only the middle
+    one is a steady time (with one plain step, the plain estimate froze while drafting went on).
+    With `always`, every step drafts k_max.
 
     Rates are compared in the steady state of each choice: a drafting step's time runs from the
     moment the step before it was done, so it holds its own host work that overlap would have
@@ -52,6 +56,7 @@ class DraftPolicy:
 
     SAMPLES = 5  # step times per estimate
     ENTER_MARGIN = 0.10  # after a plain step, drafting must be this much faster to be chosen
+    PLAIN_PROBE = 3  # plain steps in a row that re-measure plain steps from drafting ones
 
     def __init__(self, k_max: int, explore_every: int = 64, always: bool = False):
         self.k_max = k_max
@@ -64,6 +69,7 @@ class DraftPolicy:
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
         self.last_k = 0  # the previous step's choice
+        self._plain_left = 0  # plain steps still to run for a re-measurement
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -85,6 +91,9 @@ class DraftPolicy:
         return self.last_k
 
     def _choose(self, batch: int, drafting: int) -> int:
+        if self._plain_left:
+            self._plain_left -= 1
+            return 0
         b = self.bucket(batch)
         for k in range(self.k_max, -1, -1):
             if (k, b) not in self.times:
@@ -93,7 +102,10 @@ class DraftPolicy:
                 for k in range(self.k_max + 1)}
         ranked = sorted(rate, key=lambda k: -rate[k])
         if self.steps % self.explore_every == 0:
-            return min(ranked[1:], key=lambda k: self.measured_at.get((k, b), 0))
+            k = min(ranked[1:], key=lambda k: self.measured_at.get((k, b), 0))
+            if not k and self.last_k:
+                self._plain_left = self.PLAIN_PROBE - 1
+            return k
         if ranked[0] and not self.last_k and rate[ranked[0]] < (1 + self.ENTER_MARGIN) * rate[0]:
             return 0
         return ranked[0]
@@ -109,6 +121,8 @@ class DraftPolicy:
             self.warmed.add((k, b))
             return
         recent = self._recent.setdefault((k, b), deque(maxlen=self.SAMPLES))
+        if self.steps - self.measured_at.get((k, b), self.steps) > self.explore_every:
+            recent.clear()  # stale: the load or the machine may have changed since
         recent.append(seconds)
         self.times[(k, b)] = statistics.median(recent)
         self.measured_at[(k, b)] = self.steps
