@@ -559,3 +559,43 @@ def test_policy_weighs_drafts_by_the_share_that_drafts():
     policy.times.update({(0, b): 1.0, (1, b): 1.5, (2, b): 1.5})
     assert policy.choose(64, drafting=1) == 0
     assert policy.choose(64) == 2
+
+
+def _simulate_policy(policy: DraftPolicy, steps: int, drafting: int, batch: int, step_ms: dict[int, float],
+                     ramp_steps: int = 0, ramp_factor: float = 1.0) -> list[int]:
+    """Drive the policy as the overlapped engine does, with given step costs (no clock): a plain step
+    after a drafting one starts cold, the plain step before a drafting one is done with no launch
+    behind it, and neither is a steady time; plain steps of the first `ramp_steps` cost
+    `ramp_factor` times more (a level's start, prefills riding along). Returns the choices."""
+    choices, pending = [], None  # pending: (seconds, cold) of the plain step still in flight
+    for i in range(steps):
+        k = policy.choose(batch, drafting=drafting)
+        if pending is not None:
+            seconds, cold = pending
+            followed = k == 0  # a drafting step first waits for the step in flight
+            policy.record_step(batch, 0, seconds if followed else seconds / 4, steady=followed and not cold)
+            pending = None
+        if k:
+            policy.record_step(batch, k, step_ms[k] / 1e3)
+        else:
+            scale = ramp_factor if i < ramp_steps else 1.0
+            pending = (step_ms[0] * scale / 1e3, bool(choices) and choices[-1] > 0)
+        choices.append(k)
+    return choices
+
+
+def test_policy_dynamics_at_one_request_and_at_64():
+    """Counts, not clocks: with the H200's step costs (G14, session 9), one request drafts nearly
+    every step, and at 64 requests with 8 drafting rows (plain 10% faster) drafting fades after a
+    level start that made plain steps look slow: the plain estimate is re-measured while drafting
+    (it froze before 01d3b33, and 64 requests ran at 0.87x)."""
+    one = DraftPolicy(3)
+    one.acceptance = 0.75
+    choices = _simulate_policy(one, 1000, drafting=1, batch=1, step_ms={0: 5.3, 1: 5.4, 2: 5.5, 3: 5.6})
+    assert sum(k == 3 for k in choices[100:]) >= 0.9 * 900
+    many = DraftPolicy(3)
+    many.acceptance = 0.75
+    choices = _simulate_policy(many, 1000, drafting=8, batch=64, step_ms={0: 7.8, 1: 8.6, 2: 9.5, 3: 10.5},
+                               ramp_steps=40, ramp_factor=1.5)
+    assert any(choices[:200])  # the ramp made drafting look worth it...
+    assert sum(k > 0 for k in choices[400:]) <= 0.05 * 600  # ...and the re-measured plain time ended it
