@@ -1,0 +1,161 @@
+"""Where a decode step's time goes: kernels by kind, GPU-busy time against the step's wall time.
+
+    PYTHONPATH=. python3 bench/gpu_step_profile.py [--out DIR] [--batches 1,8,64] [--engines bf16,fp8]
+        [--shape qwen3-8b] [--steps 20] [--device cuda]
+
+One device call (~2 min, no wheels). For each engine (bf16; fp8 = `--quantize fp8` with its FP8
+head) on the shape with random weights (CUDA graphs, overlapped steps), and each batch size: the
+requests are prefilled first, then `--steps` decode steps run under torch.profiler. Per step it
+reports the wall time, the time kernels ran (their durations summed: one stream, so no overlap),
+the gap between the two (host work the GPU waited for, launch latency), the weight-read floor
+(weight bytes at 4.24 TB/s) and the kernel time by kind: GEMM (cuBLAS / CUTLASS), the few-row
+Triton products, attention, norms, rotary, sampling, copies, other. The twelve longest kernels
+follow. This is the profile #19 asks for ("B=1 at 85% of bandwidth": which kernels stand between
+the step and the weight-read floor) and #20's (FP8 at 324 tok/s against a 490 floor).
+
+On the CPU (`--device cpu --shape qwen3-tiny`) the same tables come from CPU operators, which checks
+the script, not the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_shape_model import make_shape_model  # noqa: E402  (bench/ is the script directory)
+
+from onebit import SamplingParams  # noqa: E402
+from onebit.bench.offline import random_prompts  # noqa: E402
+from onebit.engine.build import build_engine  # noqa: E402
+from onebit.engine.config import EngineConfig  # noqa: E402
+
+COPY_BANDWIDTH = 4.24e12  # H200 device-to-device copy, bytes/s (docs/perf.md)
+PROMPT = 128
+# (kind, substrings of a kernel or operator name, lower case); the first kind that matches wins.
+KINDS = [
+    ("attention", ("attn", "attention", "decode_kernel", "prefill", "flash", "paged", "split_kv", "_kv_")),
+    ("few-row triton", ("gemv", "split_k", "weight_only", "few_row", "repacked", "fp8_fast", "_fp8")),
+    ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "sm90", "scaled_mm", "aten::mm", "aten::addmm",
+              "aten::linear", "aten::matmul", "aten::bmm")),
+    ("norm", ("rms", "norm")),
+    ("rotary", ("rope", "rotary")),
+    ("sampling", ("argmax", "softmax", "topk", "sort", "sample", "multinomial", "gumbel", "exponential")),
+    ("copy", ("memcpy", "memset", "copy", "cat", "index", "gather", "scatter", "fill")),
+]
+
+
+def kind_of(name: str) -> str:
+    """The kind of a kernel or operator, by its name."""
+    low = name.lower()
+    for kind, needles in KINDS:
+        if any(n in low for n in needles):
+            return kind
+    return "other"
+
+
+def weight_bytes(engine) -> int:
+    """Bytes of every parameter and buffer of the model: what one decode step reads at least."""
+    model = engine.runner.model
+    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+
+def profile_decode(engine, batch: int, steps: int, device: str) -> dict:
+    """Prefill `batch` requests, then profile `steps` decode steps. Returns wall and kernel times
+    per step (seconds) and the kernel time by kind and by name."""
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True)
+    ids = [f"profile-{batch}-{i}" for i in range(batch)]
+    for rid, prompt in zip(ids, random_prompts(batch, PROMPT, engine.model_config.vocab_size, seed=batch)):
+        engine.add_request(rid, prompt, params)
+    waiting = set(ids)
+    while waiting:  # until every request has its first token: from here on, decode steps only
+        waiting -= {d.request_id for d in engine.step() if d.token_ids}
+    for _ in range(3):
+        engine.step()
+    cuda = device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    for rid in ids:
+        engine.abort(rid)
+    while engine.has_unfinished():
+        engine.step()
+    by_name: dict[str, float] = defaultdict(float)
+    for entry in prof.key_averages():
+        if cuda:  # kernels only: an operator's device time is its kernels', counted once there
+            if entry.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            seconds = entry.device_time_total / 1e6
+        else:
+            seconds = entry.self_cpu_time_total / 1e6
+        if seconds > 0:
+            by_name[entry.key] += seconds
+    by_kind: dict[str, float] = defaultdict(float)
+    for name, seconds in by_name.items():
+        by_kind[kind_of(name)] += seconds
+    return {"wall": wall / steps, "busy": sum(by_name.values()) / steps,
+            "by_kind": {k: v / steps for k, v in by_kind.items()},
+            "by_name": {k: v / steps for k, v in by_name.items()}}
+
+
+def main() -> None:
+    """Parse, build each engine, profile each batch size, print the tables."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--engines", default="bf16,fp8")
+    ap.add_argument("--shape", default="qwen3-8b")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", args.shape)
+    kinds = [k for k, _ in KINDS] + ["other"]
+    lines = ["| engine | B | step ms | kernels ms | gap ms | weight floor ms | "
+             + " | ".join(kinds) + " |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
+    tops = []
+    for label in args.engines.split(","):
+        engine = build_engine(EngineConfig(
+            model=str(shape), device=args.device, dtype="bfloat16" if args.device == "cuda" else "float32",
+            parallel=max(batches), ctx_size=PROMPT + args.steps + 64, max_batch_tokens=8192,
+            enable_prefix_caching=False, load_format="dummy", cuda_graphs=args.device == "cuda",
+            overlap=True, quantize="fp8" if label == "fp8" else None))
+        floor = weight_bytes(engine) / COPY_BANDWIDTH
+        for b in batches:
+            r = profile_decode(engine, b, args.steps, args.device)
+            ms = {k: r["by_kind"].get(k, 0.0) * 1e3 for k in kinds}
+            lines.append(f"| {label} | {b} | {r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | "
+                         f"{(r['wall'] - r['busy']) * 1e3:.2f} | {floor * 1e3:.2f} | "
+                         + " | ".join(f"{ms[k]:.2f}" for k in kinds) + " |")
+            print(lines[-1], flush=True)
+            top = sorted(r["by_name"].items(), key=lambda kv: -kv[1])[:12]
+            tops.append(f"\n{label} B={b}, longest kernels (ms per step, kind):")
+            tops += [f"  {sec * 1e3:7.3f}  {kind_of(name):15s} {name[:110]}" for name, sec in top]
+        del engine
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    text = "\n".join(["decode step profile, per step (kernels by kind in ms)", ""] + lines + tops)
+    print("\n" + text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "step_profile.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The device scripts that diagnose speed, run on the CPU at toy size: a script that breaks costs a
+device call, so each must at least run to its table here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from onebit.models.default_model import default_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args: list[str]) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_step_profile_prints_a_row_per_batch_with_its_kernel_time(tmp_path):
+    out = _run(["bench/gpu_step_profile.py", "--device", "cpu", "--shape", "qwen3-tiny", "--batches", "1,2",
+                "--engines", "bf16", "--steps", "2", "--out", str(tmp_path)])
+    rows = [line.split("|") for line in (tmp_path / "step_profile.md").read_text().splitlines()
+            if line.startswith("| bf16 |")]
+    assert [r[2].strip() for r in rows] == ["1", "2"]
+    for r in rows:
+        step_ms, kernels_ms = float(r[3]), float(r[4])
+        assert 0 < kernels_ms <= step_ms * 1.05  # operators ran, and within the step's wall time
+    assert "longest kernels" in out
+
+
+def test_step_profile_sorts_kernel_names_into_kinds():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from gpu_step_profile import kind_of
+    finally:
+        sys.path.pop(0)
+    assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
+    assert kind_of("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT") == "gemm"
+    assert kind_of("_decode_attention_kernel") == "attention"
+    assert kind_of("_gemv_split_k_kernel") == "few-row triton"
+    assert kind_of("_add_rms_norm_kernel") == "norm"
+    assert kind_of("Memcpy DtoD (Device -> Device)") == "copy"
+    assert kind_of("void at::native::vectorized_elementwise_kernel<4, silu>") == "other"
+
+
+def test_spec_policy_probe_runs_auto_and_always():
+    out = _run(["bench/spec_policy_probe.py", "-m", str(default_model_dir()), "--device", "cpu",
+                "--batches", "1", "--requests", "1", "--max-tokens", "12"])
+    summary = out.split("summary", 1)[1]
+    assert "B=1 policy=auto:" in summary and "B=1 policy=always:" in summary
