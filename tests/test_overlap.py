@@ -194,13 +194,13 @@ def _check_drafting_invariants(llm: LLM) -> dict[str, int]:
         finally:
             observed.pop()
 
-    def recording(batch, k, seconds, steady=True):
+    def recording(batch, k, seconds, steady=True, mixed=False):
         launched = observed[-1]  # a drafting step under its k, a plain-chosen one under 0; a step
         # chosen to draft that got no drafts (stale MTP states) under either
         assert k in (0, launched.k_at_launch), "a step timed under another step's draft length"
         assert k == launched.k_at_launch or not launched.drafting, "a drafting step timed as plain"
         seen["k>0 timed"] += k > 0
-        return record_step(batch, k, seconds, steady)
+        return record_step(batch, k, seconds, steady, mixed)
 
     def stepping():
         deltas = step()

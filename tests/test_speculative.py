@@ -104,7 +104,7 @@ def test_policy_enters_drafting_only_by_a_margin_and_stays_while_it_wins():
 
 
 def test_policy_re_measures_plain_steps_while_drafting():
-    """While drafting, a plain-step re-measurement runs PLAIN_PROBE plain steps (the first cold,
+    """While drafting, a plain-step re-measurement runs PROBE_STEPS plain steps (the first cold,
     the last done with no launch behind it: not steady); the middle one's time replaces a stale
     estimate, and the policy leaves drafting that no longer pays."""
     policy = DraftPolicy(k_max=1, explore_every=16)
@@ -120,7 +120,34 @@ def test_policy_re_measures_plain_steps_while_drafting():
     first_plain = choices.index(0)
     assert choices[first_plain:first_plain + 3] == [0, 0, 0]
     assert policy.times[(0, 64)] == 0.010  # the stale 20 ms is gone
-    assert choices[0] == 1 and choices[-8:] == [0] * 8  # 1.5 tokens / 16 ms lose to 1 / 10 ms
+    assert choices[0] == 1 and choices[-6:] == [0] * 6  # 1.5 tokens / 16 ms lose to 1 / 10 ms (35-40:
+    # after the re-measurement of drafting at steps 32-34)
+
+
+def test_policy_keeps_steps_with_a_prompt_chunk_only_while_nothing_better_is_known():
+    policy = DraftPolicy(k_max=1)
+    policy.record_step(8, 0, 0.010)  # warm-up
+    policy.record_step(8, 0, 0.030, mixed=True)  # a level's start: all steps carry prompts
+    assert policy.times[(0, 8)] == 0.030
+    policy.record_step(8, 0, 0.010)
+    policy.record_step(8, 0, 0.010)
+    for _ in range(5):
+        policy.record_step(8, 0, 0.030, mixed=True)  # now ignored
+    assert policy.times[(0, 8)] == 0.010
+
+
+def test_engine_marks_steps_that_carry_a_prompt_chunk(tiny_model_dir):
+    """A request that starts while another decodes rides along in a decode step: that step is
+    timed as mixed; the pure decode steps around it are not."""
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=2, overlap=True, speculative="ngram")
+    policy = llm.engine.speculator.policy
+    seen = []
+    record = policy.record_step
+    policy.record_step = lambda batch, k, seconds, steady=True, mixed=False: (
+        seen.append(mixed), record(batch, k, seconds, steady, mixed))
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 12, 6)]
+    llm.generate([[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]], params)
+    assert seen.count(True) >= 1 and seen.count(False) >= 5
 
 
 def test_policy_survives_a_compiling_first_step_and_re_measures_stale_pairs():

@@ -189,10 +189,11 @@ class LLMEngine:
         # From here a row is the row of `sampled`'s tokens that the next step feeds from: the same
         # as the logits row unless drafting rows or a request failed in the sampler left gaps.
         plain = [(seq, i) for i, (seq, _) in enumerate(plain)]
+        mixed = any(n > 1 + seq.num_draft for seq, n in plan)
         computed = self.scheduler.mark_computed(plan)
         return LaunchedStep(plan, out, plain, sampled, computed, decodes, drafting,
                             cold=self.overlap and previous is None,
-                            k=self.speculator.step_k if chose else 0)
+                            k=self.speculator.step_k if chose else 0, mixed=mixed)
 
     def _without_failing(self, logits: torch.Tensor, plain: list[tuple[Sequence, int]],
                          deltas: list[StepDelta]) -> list[tuple[Sequence, int]]:
@@ -246,7 +247,7 @@ class LLMEngine:
         # overlapped plain steps at their true price. A plain step launched cold or done with no
         # launch behind it is no steady step.
         self.speculator.observe(step.plan, step.out, step.computed, step.decodes, step.k, verified,
-                                self._clock, steady=not step.cold and followed)
+                                self._clock, steady=not step.cold and followed, mixed=step.mixed)
         self._clock = time.perf_counter()
         return deltas
 

@@ -50,6 +50,7 @@ class LaunchedStep:
     drafting: list[Sequence]
     cold: bool = False  # launched with no step in flight although overlap is on
     k: int = 0  # the draft length chosen for it (0: a plain step), even if no drafts came
+    mixed: bool = False  # a prompt chunk rode along (its time is not a decode step's alone)
 
     def can_feed(self) -> bool:
         """Whether the next step may start before this one's tokens reach the host: not when a

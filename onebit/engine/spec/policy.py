@@ -37,9 +37,10 @@ class DraftPolicy:
     step of a batch, timed without a launch after it) moves nothing. Every `explore_every` steps
     the pair of the batch's bucket measured longest ago is re-measured, so the estimates follow
     the machine and the load; a pair last measured more than `explore_every` steps ago starts its
-    window anew. Re-measuring plain steps from drafting ones takes `PLAIN_PROBE` plain steps in a
-    row: the first starts cold and the last is done with no launch behind it, so only the middle
-    one is a steady time (with one plain step, the plain estimate froze while drafting went on).
+    window anew. A re-measurement runs `PROBE_STEPS` steps in a row: from drafting, the first
+    plain step starts cold and the last is done with no launch behind it, so only the middle one
+    is a steady time (with one plain step, the plain estimate froze while drafting went on). Steps
+    that carry a prompt chunk are kept only where nothing better is known.
     With `always`, every step drafts k_max.
 
     Rates are compared in the steady state of each choice: a drafting step's time runs from the
@@ -56,7 +57,7 @@ class DraftPolicy:
 
     SAMPLES = 5  # step times per estimate
     ENTER_MARGIN = 0.10  # after a plain step, drafting must be this much faster to be chosen
-    PLAIN_PROBE = 3  # plain steps in a row that re-measure plain steps from drafting ones
+    PROBE_STEPS = 3  # steps in a row that re-measure a pair (from drafting, plain keeps only one)
 
     def __init__(self, k_max: int, explore_every: int = 64, always: bool = False):
         self.k_max = k_max
@@ -69,7 +70,7 @@ class DraftPolicy:
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
         self.last_k = 0  # the previous step's choice
-        self._plain_left = 0  # plain steps still to run for a re-measurement
+        self._probe: tuple[int, int] = (0, 0)  # (k, steps left) of a re-measurement under way
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -91,9 +92,10 @@ class DraftPolicy:
         return self.last_k
 
     def _choose(self, batch: int, drafting: int) -> int:
-        if self._plain_left:
-            self._plain_left -= 1
-            return 0
+        k, left = self._probe
+        if left:
+            self._probe = (k, left - 1)
+            return k
         b = self.bucket(batch)
         for k in range(self.k_max, -1, -1):
             if (k, b) not in self.times:
@@ -103,17 +105,18 @@ class DraftPolicy:
         ranked = sorted(rate, key=lambda k: -rate[k])
         if self.steps % self.explore_every == 0:
             k = min(ranked[1:], key=lambda k: self.measured_at.get((k, b), 0))
-            if not k and self.last_k:
-                self._plain_left = self.PLAIN_PROBE - 1
+            self._probe = (k, self.PROBE_STEPS - 1)
             return k
         if ranked[0] and not self.last_k and rate[ranked[0]] < (1 + self.ENTER_MARGIN) * rate[0]:
             return 0
         return ranked[0]
 
-    def record_step(self, batch: int, k: int, seconds: float, steady: bool = True) -> None:
+    def record_step(self, batch: int, k: int, seconds: float, steady: bool = True, mixed: bool = False) -> None:
         """Fold a measured step time into its (k, bucket) estimate (after the pair's warm-up step).
         `steady` False: a plain step whose time is not a steady plain step's cost (with overlap on,
-        one launched with nothing in flight, or one done with no launch after it); not kept."""
+        one launched with nothing in flight, or one done with no launch after it); not kept.
+        `mixed`: a prompt chunk rode along, costing both choices alike; kept only while the pair
+        has no other time (a level's start is all such steps)."""
         b = self.bucket(batch)
         if not (steady or k):
             return
@@ -123,6 +126,8 @@ class DraftPolicy:
         recent = self._recent.setdefault((k, b), deque(maxlen=self.SAMPLES))
         if self.steps - self.measured_at.get((k, b), self.steps) > self.explore_every:
             recent.clear()  # stale: the load or the machine may have changed since
+        elif mixed and recent:
+            return
         recent.append(seconds)
         self.times[(k, b)] = statistics.median(recent)
         self.measured_at[(k, b)] = self.steps

@@ -178,16 +178,16 @@ class Speculator:
         return self.masker
 
     def observe(self, plan, out, computed, decodes: int, k: int, verified: bool, started: float,
-                steady: bool = True) -> None:
+                steady: bool = True, mixed: bool = False) -> None:
         """After a step's tokens are final: let the drafter learn from it, count it, and time it
         (`k`: the draft length chosen for it, 0 for a plain step, whether or not drafts came;
-        `steady`: see DraftPolicy.record_step)."""
+        `steady`, `mixed`: see DraftPolicy.record_step)."""
         if self.drafter is not None:
             self.drafter.observe(plan, out, computed)
         if decodes:
             self.stats.record_step(verified)
             if self.policy is not None:
-                self.policy.record_step(decodes, k, time.perf_counter() - started, steady)
+                self.policy.record_step(decodes, k, time.perf_counter() - started, steady, mixed)
 
     def release(self, seq: Sequence) -> None:
         """Forget a finished, aborted or failed request."""
