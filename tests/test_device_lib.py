@@ -245,7 +245,9 @@ def test_build_runs_niced_in_its_own_session_and_stops_whole(tmp_path, python):
                 f'for _ in $(seq 1 100); do grep -q "4/10" "{tmp_path}/build.log" 2>/dev/null && break; sleep 0.1; done\n'
                 'build_running && echo running; echo "progress=$(build_progress)"; echo "base=$base pid=$BUILD_PID"\n'
                 'stop_build; wait "$BUILD_PID"; echo "rc=$?"; build_running && echo running || echo ended\n'
-                'sleep 0.2; echo "left=$(pgrep -g "$BUILD_PID" | wc -l)"', tmp_path)
+                # live (not zombie) processes left in the build's group; the killed ones go within moments
+                'live() { ps -e -o pgid=,stat= | awk -v g="$BUILD_PID" \'$1 == g && $2 !~ /^Z/\' | wc -l; }\n'
+                'for _ in $(seq 1 100); do (( $(live) == 0 )) && break; sleep 0.1; done; echo "left=$(live)"', tmp_path)
     out = lines(done.stdout)
     assert out[0] == "running" and out[1] == "progress=[4/10]"
     base, pid = (int(field.split("=")[1]) for field in out[2].split())
