@@ -14,6 +14,7 @@
 # output depend on its batch, so the record stops matching after a few tokens and the oracle's
 # acceptance falls far below P (10-27% at P=0.75 in the first run); deterministic mode keeps it.
 set -u
+. "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 LEVELS=${LEVELS:-1,2,4,8,12,16,24,32,64}
 # Requests per level: the bench's default (4 per client) leaves the 64-stream level ~1.3 s long, and
@@ -32,7 +33,7 @@ REQFLAG=""
 [ -n "$REQUESTS" ] && REQFLAG="--requests $REQUESTS"
 mkdir -p "$OUT"
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  install_wheels || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 MODEL=/tmp/$SHAPE-shape

@@ -4,9 +4,10 @@
 # per comparison with and without --deterministic, and the decode cost table last.
 # Usage: OUT=DIR bash bench/gpu_deterministic.sh
 set -u
+. "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+install_wheels || exit 1
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 python3 bench/gpu_deterministic.py --out "$OUT" > "$OUT/deterministic.log" 2>&1 || tail -40 "$OUT/deterministic.log"
 cat "$OUT/deterministic.md" 2>/dev/null

@@ -7,11 +7,12 @@
 # requests, ramp-up and tail included). Overlap is on (the CUDA default) in all three.
 # Run from the repo root with .whl carried:  OUT=DIR [REQUESTS=512] bash bench/gpu_host_overhead.sh
 set -u
+. "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 REQUESTS=${REQUESTS:-512}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+install_wheels || exit 1
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 python3 bench/make_shape_model.py /tmp/qwen3-8b-shape --fill-vocab > /dev/null || exit 1
 python3 bench/host_profile.py -m /tmp/qwen3-8b-shape --load-format dummy --device cuda --concurrency 64 \
   --requests "$REQUESTS" --prompt-tokens 128 --max-tokens 128 --ctx-size 1024 --max-batch-tokens 8192 \

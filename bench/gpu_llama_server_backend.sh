@@ -23,9 +23,7 @@
 # PY (python3), WHEELS (1: install .whl/*.whl into /tmp/site), PEERS_DIR (.peers), WORK (model dir's parent).
 # Under $OUT: report.md, llama-server.json, 1bit-llama-server.json, ratio.md, build.log, logs.tar.gz.
 set -u
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-say() { echo "[$(el)s] $*"; }
+. "$(dirname "$0")/device_lib.sh"  # el, say, install_wheels_if_carried, the llama-server build
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
@@ -47,35 +45,24 @@ export PEERS_DIR=$PEERS
 mkdir -p "$OUT"
 
 # --- wheels (the device's python3 lacks fastapi, uvicorn, pydantic, gguf) -------------------------------
-if [[ ${WHEELS:-1} == 1 ]] && compgen -G ".whl/*.whl" >/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl > "$OUT/pip.log" 2>&1 || { say "pip install of .whl failed:"; tail -5 "$OUT/pip.log"; }
-    export PYTHONPATH=/tmp/site:$REPO
-else
-    export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
-fi
+install_wheels_if_carried "$PY" "$OUT/pip.log" "$REPO"
 export PYTHONUNBUFFERED=1
 
 # --- A: the binary -------------------------------------------------------------------------------------
 VARIANT=(--cuda "$CUDA_ARCH")
 [[ $DEVICE == cpu ]] && VARIANT=()  # a CPU dry run of this script: the CPU build, SHAPE=qwen3-tiny
-BUILD_CMD=(bench/peers/build_llama_server.sh "${VARIANT[@]}")
-BIN=$(PYTHON=$PY bash bench/peers/build_llama_server.sh --path "${VARIANT[@]}" 2>/dev/null)
-[[ -f $BIN && ! -x $BIN ]] && chmod +x "$BIN"  # carried files may lose their mode
-BUILD_PID=
-if [[ -x $BIN ]]; then
+BIN=$(llama_server_bin "$PY" "${VARIANT[@]}")
+if llama_server_ready "$BIN"; then  # carried files may lose their mode: it gets it back
     say "llama-server: $BIN"
 else
     say "building llama-server for sm_$CUDA_ARCH -> $OUT/build.log"
-    PYTHON=$PY JOBS=$(nproc) setsid nice -n 10 "${BUILD_CMD[@]}" > "$OUT/build.log" 2>&1 &
-    BUILD_PID=$!
+    start_llama_server_build "$OUT/build.log" "$(nproc)" "$PY" "${VARIANT[@]}"
 fi
-build_running() { [[ -n $BUILD_PID ]] && kill -0 "$BUILD_PID" 2>/dev/null; }
 
 # --- B: model and GGUF ---------------------------------------------------------------------------------
 if [[ -z ${WORK:-} ]]; then
     WORK=$PEERS/gpu-$SHAPE
-    if [[ $SHAPE == qwen3-8b ]] && (( $(df -Pk /dev/shm | awk 'NR==2 {print $4}') > 40 * 1024 * 1024 )); then
+    if [[ $SHAPE == qwen3-8b ]] && shm_has_room; then
         WORK=/dev/shm/onebit-peers-$SHAPE  # the same place gpu_llamacpp.sh uses: reused between the two
     fi
 fi
@@ -99,10 +86,10 @@ say "model $MODEL, GGUF $(du -h "$GGUF" | cut -f1)"
 # --- waiting for the build ---------------------------------------------------------------------------
 while build_running && (( $(el) < LIMIT_S - BENCH_S )); do sleep 2; done
 if build_running; then
-    say "the build is not done ($(grep -o '^\[[0-9]*/[0-9]*\]' "$OUT/build.log" | tail -1)); no time left to bench \
+    say "the build is not done ($(build_progress)); no time left to bench \
 in this call. It keeps compiling to the end of the call: run the same command again while the machine is held."
     while build_running && (( $(el) < LIMIT_S - 10 )); do sleep 2; done
-    build_running && kill -TERM -- "-$BUILD_PID" 2>/dev/null
+    build_running && stop_build
     exit 1
 fi
 if [[ -n $BUILD_PID ]]; then

@@ -38,9 +38,7 @@
 # OURS_MAX_S (seconds step C may take with PEER=1; default LIMIT_S - LLAMA_MIN_S - its start), PY (python3),
 # WHEELS (1), PEERS_DIR (.peers), WORK (model, GGUF and runs; /dev/shm when it has room).
 set -u
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-say() { echo "[$(el)s] $*"; }
+. "$(dirname "$0")/device_lib.sh"  # el, say, install_wheels_if_carried, the llama-server build
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
@@ -71,8 +69,7 @@ mkdir -p "$OUT"
 
 if [[ -z ${WORK:-} ]]; then
     WORK=$REPO/.peers/long-prompt-$SHAPE
-    if [[ $SHAPE == qwen3-8b ]] && [[ -d /dev/shm ]] \
-        && (( $(df -Pk /dev/shm | awk 'NR==2 {print $4}') > 40 * 1024 * 1024 )); then
+    if [[ $SHAPE == qwen3-8b ]] && shm_has_room; then
         WORK=/dev/shm/onebit-long-prompt-$SHAPE
     fi
 fi
@@ -88,41 +85,24 @@ say "PEER=$PEER, work dir $WORK, $NCPU CPUs; workloads $WORKLOADS at C=$CONC ($R
 # --- A: the llama-server build (PEER=1 / only) -------------------------------------------------------------
 VARIANT=(--cuda "$CUDA_ARCH")
 [[ $BUILD == cpu ]] && VARIANT=()
-BIN=$(PYTHON=$PY bash bench/peers/build_llama_server.sh --path "${VARIANT[@]}" 2>/dev/null)
-BUILD_PID=
-OURS_CPUS=() BUILD_CPUS=()
+BIN=$(llama_server_bin "$PY" "${VARIANT[@]}")
+OURS_CPUS=()
 if [[ $PEER != 0 ]]; then
-    [[ -f $BIN && ! -x $BIN ]] && chmod +x "$BIN"
-    if [[ -x $BIN ]]; then
+    if llama_server_ready "$BIN"; then
         say "llama-server already built: $BIN"
         echo "reused $BIN" > "$LOGS/llama-build.log"
     else
-        if [[ $PEER == 1 ]] && command -v taskset >/dev/null && (( NCPU >= 8 )); then
+        if [[ $PEER == 1 ]] && can_split_cpus; then
             OURS_CPUS=(taskset -c 0-3)
             BUILD_CPUS=(taskset -c "4-$((NCPU - 1))")
         fi
         say "building llama-server (${VARIANT[*]:-cpu}) in the background -> logs/llama-build.log"
-        PYTHON=$PY JOBS=$NCPU setsid "${BUILD_CPUS[@]}" nice -n 10 bash bench/peers/build_llama_server.sh \
-            "${VARIANT[@]}" > "$LOGS/llama-build.log" 2>&1 &
-        BUILD_PID=$!
+        start_llama_server_build "$LOGS/llama-build.log" "$NCPU" "$PY" "${VARIANT[@]}"
     fi
 fi
-build_running() { [[ -n $BUILD_PID ]] && kill -0 "$BUILD_PID" 2>/dev/null; }
-progress() { grep -o '^\[[0-9]*/[0-9]*\]' "$LOGS/llama-build.log" | tail -1; }
-widen_build() {  # every CPU for the build again (new compiler processes inherit it from ninja)
-    [[ -n $BUILD_PID && ${#BUILD_CPUS[@]} -gt 0 ]] || return 0
-    local p
-    for p in $(pgrep -g "$BUILD_PID" 2>/dev/null); do taskset -a -p -c "0-$((NCPU - 1))" "$p" >/dev/null 2>&1; done
-}
 
 # --- wheels (the device's python3 lacks fastapi, uvicorn, pydantic, gguf) ------------------------------------
-if [[ ${WHEELS:-1} == 1 ]] && compgen -G ".whl/*.whl" >/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl > "$LOGS/pip.log" 2>&1 || { say "pip install of .whl failed:"; tail -5 "$LOGS/pip.log"; }
-    export PYTHONPATH=/tmp/site:$REPO
-else
-    export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
-fi
+install_wheels_if_carried "$PY" "$LOGS/pip.log" "$REPO"
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 
 # --- B: model, GGUF, reference ------------------------------------------------------------------------------
@@ -202,8 +182,8 @@ if [[ $PEER != 0 ]]; then
     else
         while build_running && (( $(el) < LIMIT_S - 90 )); do sleep 2; done
         if build_running; then
-            MISSING="the llama-server build was not done $(el)s into the call (at $(progress) build steps)"
-            kill -TERM -- "-$BUILD_PID" 2>/dev/null
+            MISSING="the llama-server build was not done $(el)s into the call (at $(build_progress) build steps)"
+            stop_build
         elif [[ -n $BUILD_PID ]]; then
             wait "$BUILD_PID"
             rc=$?
@@ -211,7 +191,7 @@ if [[ $PEER != 0 ]]; then
                 MISSING="the llama-server build failed (rc $rc): see logs/llama-build.log"
                 tail -30 "$LOGS/llama-build.log"
             else
-                say "llama-server built ($(progress))"
+                say "llama-server built ($(build_progress))"
             fi
         fi
     fi

@@ -3,12 +3,13 @@
 # through HTTP with `1bit bench`. Run from the repo root with .whl carried (tools/device_wheels.sh).
 # Usage: bash bench/gpu_serve.sh [CONCURRENCY] [GPU_PY_ARGS...]
 set -u
+. "$(dirname "$0")/device_lib.sh"
 CONC=${1:-1,8,32,64}
 shift || true
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+install_wheels || exit 1
+export PYTHONUNBUFFERED=1
 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py > "$OUT/kernels.log" 2>&1
 tail -3 "$OUT/kernels.log"
 python3 bench/make_shape_model.py /tmp/qwen3-8b-shape > /dev/null

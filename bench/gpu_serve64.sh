@@ -6,10 +6,11 @@
 # seconds inside steps) from its log.
 # Run from the repo root with .whl carried:  OUT=DIR [VARIANTS="--no-overlap"] bash bench/gpu_serve64.sh [LEVELS]
 set -u
+. "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+install_wheels || exit 1
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 python3 bench/make_shape_model.py /tmp/qwen3-8b-shape --fill-vocab > /dev/null || exit 1
 SERVE="-m /tmp/qwen3-8b-shape --load-format dummy --device cuda --parallel 64 --ctx-size 1024 --max-batch-tokens 8192"
 for extra in "" ${VARIANTS:---no-overlap}; do

@@ -7,10 +7,11 @@
 # "Free under load" (--mtp through the server) is in bench/gpu_tables.sh.
 # Usage: OUT=DIR bash bench/gpu_spec.sh   (DETERMINISTIC=1: the oracle table with --deterministic)
 set -u
+. "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+install_wheels || exit 1
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_cuda_graph_inputs.py > "$OUT/tests.log" 2>&1
 tail -2 "$OUT/tests.log"
 python3 bench/gpu_spec.py --out "$OUT" ${DETERMINISTIC:+--deterministic} > "$OUT/spec.log" 2>&1 || tail -30 "$OUT/spec.log"

@@ -5,6 +5,7 @@
 # Carry the folder .whl with the device call and start the command with:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+# (the same as `. bench/device_lib.sh && install_wheels`, which the bench/gpu_*.sh scripts run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude

@@ -34,9 +34,7 @@
 # OURS_S (100) and LLAMA_S (130): seconds kept for steps C and D, OVERLAP (0), PY (python3),
 # WHEELS (1: install .whl/*.whl into /tmp/site), PEERS_DIR (.peers).
 set -u
-T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-say() { echo "[$(el)s] $*"; }
+. "$(dirname "$0")/../device_lib.sh"  # el, say, install_wheels_if_carried, the llama-server build
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -68,21 +66,17 @@ OURS_ARGS=${OURS_ARGS:-"--device $DEVICE --ctx-size $CTX"}
 # a finished slot's KV to host memory when the slot takes a new request.
 LLAMA_ARGS=${LLAMA_ARGS:-"-ngl 99 -fa on"}
 PEERS=${PEERS_DIR:-$REPO/.peers}  # build_llama_server.sh reads PEERS_DIR too
-if [[ $BUILD == cuda ]]; then
-    BUILD_CMD=(bench/peers/build_llama_server.sh --cuda "$CUDA_ARCH")
-else
-    BUILD_CMD=(bench/peers/build_llama_server.sh)
-fi
+VARIANT=(--cuda "$CUDA_ARCH")
+[[ $BUILD == cuda ]] || VARIANT=()
 # Where the builder puts (or put) this variant: PEERS/VERSION-cuda-ARCH or PEERS/VERSION-cpu.
-BIN=$(PYTHON=$PY bash "${BUILD_CMD[0]}" --path "${BUILD_CMD[@]:1}" 2>/dev/null)
+BIN=$(llama_server_bin "$PY" "${VARIANT[@]}")
 
 mkdir -p "$OUT"
 # The model lives in RAM (/dev/shm) when it has room for weights + GGUF (2 x 16.4 GB for the 8B
 # shape), so nothing waits for the disk; else beside the repo in .peers/ (ignored by git).
 if [[ -z ${WORK:-} ]]; then
     WORK=$REPO/.peers/gpu-$SHAPE
-    if [[ $SHAPE == qwen3-8b ]] && [[ -d /dev/shm ]] \
-        && (( $(df -Pk /dev/shm | awk 'NR==2 {print $4}') > 40 * 1024 * 1024 )); then
+    if [[ $SHAPE == qwen3-8b ]] && shm_has_room; then
         WORK=/dev/shm/onebit-peers-$SHAPE
     fi
 fi
@@ -96,29 +90,20 @@ mkdir -p "$MODEL" "$RUNS" "$LOGS"
 say "work dir $WORK, $NCPU CPUs"
 
 # --- A: the llama-server build ------------------------------------------------------------------
-FRONT=() BUILD_CPUS=()
-BUILD_PID=
-[[ -f $BIN && ! -x $BIN ]] && chmod +x "$BIN"  # carried from an earlier call
-if [[ -x $BIN ]]; then
+FRONT=()
+if llama_server_ready "$BIN"; then  # a binary carried from an earlier call gets its mode back
     say "llama-server already built: $BIN"
     echo "reused $BIN" > "$OUT/llama-build.log"
 else
-    if [[ $OVERLAP == 1 ]] && command -v taskset >/dev/null && (( NCPU >= 8 )); then
+    if [[ $OVERLAP == 1 ]] && can_split_cpus; then
         FRONT=(taskset -c 0-3)
         BUILD_CPUS=(taskset -c 4-$((NCPU - 1)))
     fi
-    say "building llama-server (${BUILD_CMD[*]}, JOBS=$JOBS) -> $OUT/llama-build.log"
-    # setsid: its own process group, so that a stop reaches cmake, ninja and every compiler.
-    JOBS=$JOBS setsid "${BUILD_CPUS[@]}" nice -n 10 "${BUILD_CMD[@]}" > "$OUT/llama-build.log" 2>&1 &
-    BUILD_PID=$!
+    say "building llama-server (bench/peers/build_llama_server.sh${VARIANT[*]:+ ${VARIANT[*]}}, JOBS=$JOBS) \
+-> $OUT/llama-build.log"
+    # No PYTHON for the builder: it picks its own python, as this script always let it.
+    start_llama_server_build "$OUT/llama-build.log" "$JOBS" "" "${VARIANT[@]}"
 fi
-build_running() { [[ -n $BUILD_PID ]] && kill -0 "$BUILD_PID" 2>/dev/null; }
-progress() { grep -o '^\[[0-9]*/[0-9]*\]' "$OUT/llama-build.log" | tail -1; }
-widen_build() {  # give the build every CPU (new compiler processes inherit it from ninja)
-    [[ -n $BUILD_PID && ${#BUILD_CPUS[@]} -gt 0 ]] || return 0
-    local p
-    for p in $(pgrep -g "$BUILD_PID" 2>/dev/null); do taskset -a -p -c "0-$((NCPU - 1))" "$p" >/dev/null 2>&1; done
-}
 BUILD_RC=
 build_result() {  # after the build process ended: its status, and the last lines when it failed
     wait "$BUILD_PID"
@@ -150,13 +135,7 @@ and carry \".peers/$rel\" (with .whl) instead of .peers/sdist"
 }
 
 # --- wheels (the device's python3 lacks fastapi, uvicorn, pydantic, gguf) -----------------------
-if [[ ${WHEELS:-1} == 1 ]] && compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl > "$LOGS/pip.log" 2>&1 || { say "pip install of .whl failed:"; tail -5 "$LOGS/pip.log"; }
-    export PYTHONPATH=/tmp/site:$REPO
-else
-    export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
-fi
+install_wheels_if_carried python3 "$LOGS/pip.log" "$REPO"
 export PYTHONUNBUFFERED=1
 "$PY" -c "import matplotlib" 2>/dev/null || say "no matplotlib here: the report comes without report.png"
 
@@ -222,7 +201,7 @@ MISSING=
 if (( PREP_RC != 0 )); then
     MISSING="the model could not be prepared (logs/prepare.log)"
 elif build_running; then
-    MISSING="the llama-server build was not done $(el)s into this call (at $(progress) build steps), too late \
+    MISSING="the llama-server build was not done $(el)s into this call (at $(build_progress) build steps), too late \
 to measure in this one; it goes on compiling to the end of the call: run the same command again while the \
 machine is held, the build resumes where it stopped and model, GGUF and reference are reused"
     say "$MISSING"
@@ -256,9 +235,9 @@ if build_running; then
     # (or, when it finishes, its binary comes back to be carried).
     while build_running && (( $(el) < LIMIT_S - 10 )); do sleep 2; done
     if build_running; then
-        kill -TERM -- "-$BUILD_PID" 2>/dev/null
+        stop_build
         wait "$BUILD_PID" 2>/dev/null
-        say "build stopped at $(progress) steps; the same command again resumes it if the machine is still \
+        say "build stopped at $(build_progress) steps; the same command again resumes it if the machine is still \
 held (it is given back soon after a call ends), else starts over"
     elif build_result; then
         say "the build finished $(el)s into the call, too late to measure in it: the same command again \
