@@ -45,28 +45,40 @@ def q8_0_bytes(t: torch.Tensor) -> np.ndarray:
     return packed.reshape(rows, -1).cpu().numpy()
 
 
-def write_gguf_from(model, shape_dir: Path, out: Path, qtype) -> Path:
-    """Write the loaded model `model` as a GGUF file (qwen3 names; vectors in F32)."""
-    from tests.gguf_files import FILE_TYPES, gguf_name, hyper_parameters, vocab_metadata
+def write_model_gguf(model, shape_dir: Path, out: Path, file_type: int, matrix) -> Path:
+    """Write the loaded model `model` (its config.json in shape_dir) as a GGUF file of llama.cpp file type
+    `file_type`: qwen3 names, vectors in F32, each matrix as `matrix(gguf name, tensor)` encodes it:
+    (data, GGML type, shape when the data's own shape does not give it, else None)."""
+    from tests.gguf_files import gguf_name, hyper_parameters, vocab_metadata
 
     c = json.loads((shape_dir / "config.json").read_text())
     w = gguf.GGUFWriter(out, "qwen3")
-    hyper_parameters(w, c, FILE_TYPES[qtype])
+    hyper_parameters(w, c, file_type)
     vocab_metadata(w, shape_dir, "gpt-2", False)
     for hf, t in hf_state_dict(model).items():
         name = gguf_name(hf, c["num_hidden_layers"], mtp_block=-1)
         if t.dim() == 1:
             w.add_tensor(name, t.float().cpu().numpy())
-        elif qtype == gguf.GGMLQuantizationType.BF16:
-            w.add_tensor(name, t.to(torch.bfloat16).cpu().view(torch.int16).numpy().view(np.uint16),
-                         raw_shape=tuple(t.shape), raw_dtype=qtype)
         else:
-            w.add_tensor(name, q8_0_bytes(t), raw_dtype=qtype)
+            data, kind, shape = matrix(name, t)
+            w.add_tensor(name, data, raw_shape=shape, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def write_gguf_from(model, shape_dir: Path, out: Path, qtype) -> Path:
+    """Write the loaded model `model` as a GGUF file with its matrices in `qtype` (BF16 or Q8_0)."""
+    from tests.gguf_files import FILE_TYPES
+
+    def matrix(name, t):
+        if qtype == gguf.GGMLQuantizationType.BF16:
+            return t.to(torch.bfloat16).cpu().view(torch.int16).numpy().view(np.uint16), qtype, tuple(t.shape)
+        return q8_0_bytes(t), qtype, None
+
+    return write_model_gguf(model, shape_dir, out, FILE_TYPES[qtype], matrix)
 
 
 class PeakMemory:

@@ -189,30 +189,20 @@ def few_rows_table(out: Path, device: str = "cuda", timer=None) -> list[str]:
 def write_quantized(model, shape_dir: Path, out: Path, recipe: str) -> Path:
     """Write the dummy-loaded `model` as GGUF: recipe "Q4_K_M" or "Q8_0" (vectors F32)."""
     from onebit.testing.gguf_encode import ENCODERS, q4_k_m_type
-    from tests.gguf_files import gguf_name, hyper_parameters, vocab_metadata
 
-    from bench.make_shape_model import hf_state_dict
+    from bench.gpu_gguf import write_model_gguf
 
     c = json.loads((shape_dir / "config.json").read_text())
-    w = gguf.GGUFWriter(out, "qwen3")
-    hyper_parameters(w, c, {"Q4_K_M": 15, "Q8_0": 7}[recipe])
-    vocab_metadata(w, shape_dir, "gpt-2", False)
-    tied = c["tie_word_embeddings"]
-    for hf, t in hf_state_dict(model).items():
-        name = gguf_name(hf, c["num_hidden_layers"], mtp_block=-1)
-        if t.dim() == 1:
-            w.add_tensor(name, t.float().cpu().numpy())
-            continue
-        qtype = q4_k_m_type(name, t.shape[1], c["num_hidden_layers"], tied) if recipe == "Q4_K_M" else "Q8_0"
+
+    def matrix(name, t):
+        qtype = q4_k_m_type(name, t.shape[1], c["num_hidden_layers"], c["tie_word_embeddings"]) \
+            if recipe == "Q4_K_M" else "Q8_0"
         kind = gguf.GGMLQuantizationType[qtype]
         data = ENCODERS[qtype](t).cpu().numpy() if qtype in ENCODERS else \
             gguf.quants.quantize(t.float().cpu().numpy(), kind)  # the fallbacks of shapes not 256-wide
-        w.add_tensor(name, data, raw_dtype=kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+        return data, kind, None
+
+    return write_model_gguf(model, shape_dir, out, {"Q4_K_M": 15, "Q8_0": 7}[recipe], matrix)
 
 
 def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: str, batches: list[int]) -> None:

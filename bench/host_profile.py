@@ -111,7 +111,7 @@ def timed_worker_main(config: EngineConfig, conn, parent_pid: int) -> None:
     from onebit.backends import native_worker
 
     native_worker.die_with_parent(parent_pid)
-    engine = native_worker._load_engine(config)
+    engine = native_worker.load_engine(config)
     clock = Clock()
     proxy = TimedConn(conn, clock)
     steps = [0]
@@ -152,9 +152,9 @@ def workload(args, rng: random.Random):
 
 def engine_part(args, config: EngineConfig) -> dict:
     """The closed loop straight into the engine."""
-    from onebit.backends.native_worker import _load_engine
+    from onebit.backends.native_worker import load_engine
 
-    engine = _load_engine(config)  # as the worker loads it (the same torch threads on the CPU)
+    engine = load_engine(config)  # as the worker loads it (the same torch threads on the CPU)
     rng = random.Random(0)
     sent = tokens = steps = 0
     while sent < min(args.concurrency, args.requests):

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from onebit.api.anthropic_request import CountTokensRequest, MessagesRequest, messages_params, messages_prompt
 from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS
-from onebit.api.routes_chat import ERROR_RESPONSES
+from onebit.api.openai_routes import ERROR_RESPONSES
 from onebit.api.single_choice import Outcome, deltas, run_whole, start
 from onebit.api.state import ServerState, serving_state
 from onebit.protocol import Cancelled

@@ -11,7 +11,8 @@ from onebit.api.formatters import ChatFormatter
 from onebit.api.generation import Choice
 from onebit.api.pipeline import serve
 from onebit.api.prepare import chat_prompt, chat_sampling_params
-from onebit.api.protocol import ChatCompletionRequest, ErrorResponse
+from onebit.api.openai_routes import post_v1_and_bare
+from onebit.api.protocol import ChatCompletionRequest
 from onebit.api.reasoning import prompt_opens_reasoning
 from onebit.api.responses import ChatCompletionResponse
 from onebit.api.state import serving_state
@@ -19,13 +20,8 @@ from onebit.api.tool_calls import plan_tools
 
 router = APIRouter()
 
-ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 500, 503)}
 
-
-@router.post("/v1/chat/completions", response_model=None,
-             responses={200: {"model": ChatCompletionResponse, "content": {"text/event-stream": {}}},
-                        **ERROR_RESPONSES})
-@router.post("/chat/completions", response_model=None, include_in_schema=False)  # base_url without /v1
+@post_v1_and_bare(router, "/chat/completions", ChatCompletionResponse, streams=True)
 async def chat_completions(request: ChatCompletionRequest, http: Request):
     """Chat completion: a JSON response, or an SSE stream with `stream: true`."""
     state = serving_state(http, request.model)

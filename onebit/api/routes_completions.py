@@ -8,20 +8,17 @@ from fastapi import APIRouter, Request
 
 from onebit.api.formatters import CompletionFormatter
 from onebit.api.generation import Choice
+from onebit.api.openai_routes import post_v1_and_bare
 from onebit.api.pipeline import serve
 from onebit.api.prepare import completion_prompt_texts, completion_prompts, completion_sampling_params
 from onebit.api.protocol import CompletionRequest
 from onebit.api.responses import CompletionResponse
-from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.state import serving_state
 
 router = APIRouter()
 
 
-@router.post("/v1/completions", response_model=None,
-             responses={200: {"model": CompletionResponse, "content": {"text/event-stream": {}}},
-                        **ERROR_RESPONSES})
-@router.post("/completions", response_model=None, include_in_schema=False)  # base_url without /v1
+@post_v1_and_bare(router, "/completions", CompletionResponse, streams=True)
 async def completions(request: CompletionRequest, http: Request):
     """Text completion: a JSON response, or an SSE stream with `stream: true`."""
     state = serving_state(http, request.model)

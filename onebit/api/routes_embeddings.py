@@ -14,9 +14,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from onebit.api.generation import Choice, merge_choices, take_tickets
+from onebit.api.openai_routes import post_v1_and_bare
 from onebit.api.pipeline import unless_disconnected
 from onebit.api.protocol import _Lenient
-from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.state import ServerState
 from onebit.protocol import Cancelled, InternalError, InvalidRequest, SamplingParams, check_prompt
 
@@ -64,8 +64,7 @@ async def _run(state: ServerState, choices: list[Choice], tickets) -> dict[int, 
     return vectors
 
 
-@router.post("/v1/embeddings", response_model=None, responses=ERROR_RESPONSES)
-@router.post("/embeddings", response_model=None, include_in_schema=False)  # base_url without /v1
+@post_v1_and_bare(router, "/embeddings")
 async def embeddings(request: EmbeddingRequest, http: Request):
     """One normalized vector per input, pooled as --pooling (or the model's config) says."""
     state = http.app.state.server

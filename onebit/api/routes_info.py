@@ -6,11 +6,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from onebit.api.llama_fields import default_generation_settings
+from onebit.api.openai_routes import ERROR_RESPONSES
 from onebit.api.prepare import check_ids, render_chat
 from onebit.api.protocol import (ApplyTemplateRequest, ApplyTemplateResponse, DetokenizeRequest,
                                  DetokenizeResponse, HealthResponse, ModelList, TokenizeRequest,
                                  TokenizeResponse)
-from onebit.api.routes_chat import ERROR_RESPONSES
 
 router = APIRouter()
 

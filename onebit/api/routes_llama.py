@@ -21,8 +21,8 @@ from onebit.api.generation import Choice, TokenCounter, merge_choices, take_tick
 from onebit.api.llama_fields import completion_probabilities, generation_settings, stop_fields
 from onebit.api.llama_request import (InfillRequest, LlamaCompletionRequest, fim_prompt, llama_prompts,
                                       llama_sampling_params)
+from onebit.api.openai_routes import ERROR_RESPONSES
 from onebit.api.pipeline import unless_disconnected
-from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.state import ServerState, serving_state
 from onebit.protocol import Cancelled, StepDelta
 

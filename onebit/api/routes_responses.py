@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS
+from onebit.api.openai_routes import post_v1_and_bare
 from onebit.api.responses_request import ResponsesRequest, responses_params, responses_prompt
-from onebit.api.routes_chat import ERROR_RESPONSES
 from onebit.api.single_choice import Outcome, deltas, run_whole, start
 from onebit.api.state import ServerState, serving_state
 from onebit.protocol import Cancelled
@@ -101,8 +101,7 @@ async def _events(shapes: _Shapes, ticket) -> AsyncIterator[str]:
     yield event(f"response.{status}", response=shapes.response(status))
 
 
-@router.post("/v1/responses", response_model=None, responses=ERROR_RESPONSES)
-@router.post("/responses", response_model=None, include_in_schema=False)  # base_url without /v1
+@post_v1_and_bare(router, "/responses")
 async def responses(request: ResponsesRequest, http: Request):
     """A model response: one JSON `response` object, or its event stream with `stream: true`."""
     state = serving_state(http, request.model)

@@ -49,7 +49,10 @@ def _rejection(error: Exception) -> dict:
     return error.to_wire()
 
 
-def _load_engine(config: EngineConfig):
+def load_engine(config: EngineConfig):
+    """Build the engine of `config` as the worker process does (on the CPU with one math thread fewer
+    than cores, the one left to the HTTP front, unless OMP_NUM_THREADS is set); benchmarks that drive
+    the engine straight call it to measure the engine the server runs."""
     import torch  # heavy: imported in the worker only
 
     from onebit.engine.build import build_engine
@@ -119,7 +122,7 @@ def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the front, which stops us
     logging.basicConfig(level=logging.INFO, format="%(levelname)s worker: %(message)s")
     try:
-        engine = _load_engine(config)
+        engine = load_engine(config)
     except Exception as error:
         log.debug("load failed", exc_info=True)
         conn.send(("load_error", f"{type(error).__name__}: {error}"))

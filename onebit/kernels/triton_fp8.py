@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from onebit.kernels.triton_gemv import load_k_tiles, store_rows
+
 MAX_ROWS = 128
 # (BLOCK_N, BLOCK_K, num_warps): the default, and the candidates bench/gpu_fp8.py times. On the
 # H200 (32, 256, 4) and (32, 512, 4) were best at 1-16 rows, (32, 128, 4) at 64 and 128 rows
@@ -37,11 +39,7 @@ def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
     m_ok, n_ok = rm < M, rn < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = rk < K
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
-                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x, w = load_k_tiles(x_ptr, w_ptr, rm, rn, m_ok, n_ok, k0, K, stride_xm, stride_wn, BLOCK_K)
         if SCALE_BN == 0:
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
         else:
@@ -49,10 +47,7 @@ def _weight_only_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, s
             acc += tl.dot(x, tl.trans(w.to(x.dtype))) * s[None, :]
     if SCALE_BN == 0:
         acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    store_rows(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, stride_ym, HAS_BIAS)
 
 
 def weight_only(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,

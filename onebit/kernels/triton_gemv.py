@@ -41,6 +41,27 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
 
 
 @triton.jit
+def load_k_tiles(x_ptr, w_ptr, rm, rn, m_ok, n_ok, k0, K, stride_xm, stride_wn, BLOCK_K: tl.constexpr):
+    """Columns k0.. (BLOCK_K of them) of activation rows rm [BM, BK] and of weight rows rn [BN, BK],
+    zeros outside the matrices (both with unit column stride)."""
+    rk = k0 + tl.arange(0, BLOCK_K)
+    k_ok = rk < K
+    x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    return x, w
+
+
+@triton.jit
+def store_rows(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, stride_ym, HAS_BIAS: tl.constexpr):
+    """y[rm, rn] = the float32 tile acc [BM, BN] (+ bias[rn] with HAS_BIAS), in y's dtype."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
@@ -49,16 +70,9 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
     m_ok, n_ok = rm < M, rn < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_ok = rk < K
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
-                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x, w = load_k_tiles(x_ptr, w_ptr, rm, rn, m_ok, n_ok, k0, K, stride_xm, stride_wn, BLOCK_K)
         acc = tl.dot(x, tl.trans(w), acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    store_rows(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, stride_ym, HAS_BIAS)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int]):

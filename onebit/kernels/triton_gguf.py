@@ -132,6 +132,16 @@ def _q6_k_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn, b
 
 
 @triton.jit
+def _k_quant_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn, step, QTYPE: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """Super-block `step` of rows rn for a K-quant (QTYPE 1 Q4_K, 2 Q5_K, 3 Q6_K): its two weight tiles
+    and their columns, (w_a, col_a, w_b, col_b)."""
+    if QTYPE == 3:
+        return _q6_k_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn, step, BLOCK_N)
+    return _k4_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn, step, QTYPE == 2, BLOCK_N)
+
+
+@triton.jit
 def _x_tile(x_ptr, rm, m_ok, stride_xm, col):
     """Activations [BM, 128] at columns col."""
     return tl.load(x_ptr + rm[:, None] * stride_xm + col[None, :], mask=m_ok[:, None], other=0.0)
@@ -146,12 +156,8 @@ def _step_product(acc, x_ptr, rm, m_ok, stride_xm, q_ptr, s_ptr, d_ptr, rn, n_ok
         x = _x_tile(x_ptr, rm, m_ok, stride_xm, col)
         acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     else:
-        if QTYPE == 3:
-            w_a, col_a, w_b, col_b = _q6_k_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn,
-                                                step, BLOCK_N)
-        else:
-            w_a, col_a, w_b, col_b = _k4_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn,
-                                              step, QTYPE == 2, BLOCK_N)
+        w_a, col_a, w_b, col_b = _k_quant_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn,
+                                               step, QTYPE, BLOCK_N)
         x_a = _x_tile(x_ptr, rm, m_ok, stride_xm, col_a)
         acc = tl.dot(x_a, tl.trans(w_a.to(x_a.dtype)), acc)
         x_b = _x_tile(x_ptr, rm, m_ok, stride_xm, col_b)
@@ -186,12 +192,8 @@ def _dequantize_kernel(q_ptr, s_ptr, d_ptr, w_ptr, N, stride_qn, stride_sn, stri
         w, col = _q8_0_step(q_ptr, d_ptr, rn, n_ok, stride_qn, stride_dn, step, BLOCK_N)
         tl.store(w_ptr + rows + col[None, :], w.to(w_ptr.dtype.element_ty), mask=n_ok[:, None])
     else:
-        if QTYPE == 3:
-            w_a, col_a, w_b, col_b = _q6_k_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn,
-                                                step, BLOCK_N)
-        else:
-            w_a, col_a, w_b, col_b = _k4_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn,
-                                              step, QTYPE == 2, BLOCK_N)
+        w_a, col_a, w_b, col_b = _k_quant_step(q_ptr, s_ptr, d_ptr, rn, n_ok, stride_qn, stride_sn, stride_dn,
+                                               step, QTYPE, BLOCK_N)
         tl.store(w_ptr + rows + col_a[None, :], w_a.to(w_ptr.dtype.element_ty), mask=n_ok[:, None])
         tl.store(w_ptr + rows + col_b[None, :], w_b.to(w_ptr.dtype.element_ty), mask=n_ok[:, None])
 

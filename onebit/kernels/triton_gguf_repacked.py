@@ -118,6 +118,22 @@ def _byte_of(words, j: tl.constexpr):
 
 
 @triton.jit
+def _q8_0_plane_d(w0, w1, j: tl.constexpr):
+    """Q8_0's d of plane j (0-3) as float32: the f16 halves of w0 (planes 0, 1), then of w1 (2, 3)."""
+    if j < 2:
+        return _f16_low(w0 >> (16 * j))
+    return _f16_low(w1 >> (16 * (j - 2)))
+
+
+@triton.jit
+def _plane_byte(lower, upper, j: tl.constexpr):
+    """Byte j (0-7) of the eight bytes held by int32 `lower` (0-3) and `upper` (4-7), as int32 0..255."""
+    if j < 4:
+        return _byte_of(lower, j % 4)
+    return _byte_of(upper, j % 4)
+
+
+@triton.jit
 def _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g, QTYPE: tl.constexpr):
     """The scale words of groups g [NG] of rows rn [BN]: four [BN, NG] int32 tensors and d's (float32)."""
     mask = n_ok[:, None]
@@ -146,10 +162,7 @@ def _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g, QTYPE: tl.co
 def _plane_scale(w0, w1, w2, w3, d, dmin, j: tl.constexpr, QTYPE: tl.constexpr):
     """Plane j's (scale, offset) [BN, NG] float32: value = scale * unsigned code - offset."""
     if QTYPE == 0:
-        if j < 2:
-            scale = _f16_low(w0 >> (16 * j))
-        else:
-            scale = _f16_low(w1 >> (16 * (j - 2)))
+        scale = _q8_0_plane_d(w0, w1, j)
         return scale, 128.0 * scale
     elif QTYPE == 3:
         if j < 4:
@@ -159,12 +172,8 @@ def _plane_scale(w0, w1, w2, w3, d, dmin, j: tl.constexpr, QTYPE: tl.constexpr):
         scale = d * sc
         return scale, 32.0 * scale
     else:
-        if j < 4:
-            sc = _byte_of(w0, j % 4).to(tl.float32)
-            mn = _byte_of(w2, j % 4).to(tl.float32)
-        else:
-            sc = _byte_of(w1, j % 4).to(tl.float32)
-            mn = _byte_of(w3, j % 4).to(tl.float32)
+        sc = _plane_byte(w0, w1, j).to(tl.float32)
+        mn = _plane_byte(w2, w3, j).to(tl.float32)
         return d * sc, dmin * mn
 
 
@@ -350,25 +359,14 @@ def _plane_scale_int(w0, w1, w2, w3, d, dmin, j: tl.constexpr, QTYPE: tl.constex
     """Plane j's (scale, offset) [BN, 1] float32 for mode "int", the same values as `_plane_scale`:
     value = scale * code - offset with Q8_0's code signed, Q6_K's code - 32 (offset 0 for both)."""
     if QTYPE == 0:
-        if j < 2:
-            scale = _f16_low(w0 >> (16 * j))
-        else:
-            scale = _f16_low(w1 >> (16 * (j - 2)))
+        scale = _q8_0_plane_d(w0, w1, j)
         return scale, 0.0 * scale
     elif QTYPE == 3:
-        if j < 4:
-            byte = _byte_of(w0, j % 4)
-        else:
-            byte = _byte_of(w1, j % 4)
-        sc = _byte_to_float(byte ^ 0x80) - 128.0  # the signed byte
+        sc = _byte_to_float(_plane_byte(w0, w1, j) ^ 0x80) - 128.0  # the signed byte
         return d * sc, 0.0 * sc
     else:
-        if j < 4:
-            sc = _byte_to_float(_byte_of(w0, j % 4))
-            mn = _byte_to_float(_byte_of(w2, j % 4))
-        else:
-            sc = _byte_to_float(_byte_of(w1, j % 4))
-            mn = _byte_to_float(_byte_of(w3, j % 4))
+        sc = _byte_to_float(_plane_byte(w0, w1, j))
+        mn = _byte_to_float(_plane_byte(w2, w3, j))
         return d * sc, dmin * mn
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -132,6 +133,30 @@ def param_target(name: str, cfg: ModelConfig, params: dict[str, torch.Tensor]):
     return params.get(name), None, None, name
 
 
+class Destination(NamedTuple):
+    """Where one checkpoint tensor is copied: `view`, all of parameter `ours` when `whole`, else its
+    rows of that fused parameter; `local` is the tensor's name in our (Hugging Face style) naming."""
+
+    view: torch.Tensor
+    ours: str
+    local: str
+    whole: bool
+
+
+def destination(name: str, rename, cfg: ModelConfig, params: dict[str, torch.Tensor], source: str,
+                architecture: str) -> Destination | None:
+    """Where checkpoint tensor `name` goes among `params`, or None when `rename` maps it to no local
+    name (not ours to load); ModelLoadError naming `source` and `architecture` when no parameter takes it."""
+    local = rename(name)
+    if local is None:
+        return None
+    param, start, size, ours = param_target(local, cfg, params)
+    if param is None:
+        raise ModelLoadError(f"{source}: unexpected tensor {name!r} for {architecture}")
+    view = param.data if start is None else param.data.narrow(0, start, size)
+    return Destination(view, ours, local, start is None)
+
+
 def fill_from_checkpoint(module: torch.nn.Module, files: list[Path], cfg: ModelConfig, rename,
                          device: torch.device, dtype: torch.dtype, what: str) -> None:
     """Copy every checkpoint tensor that `rename` maps to a local name into `module`'s parameters
@@ -146,24 +171,20 @@ def fill_from_checkpoint(module: torch.nn.Module, files: list[Path], cfg: ModelC
                 raise ModelLoadError(f"cannot read weights {file.name}: {exc}") from None
             with handle:
                 for name in handle.keys():
-                    local = rename(name)
-                    if local is None:
+                    dest = destination(name, rename, cfg, params, file.name, cfg.architecture)
+                    if dest is None:
                         continue
-                    param, start, size, ours = param_target(local, cfg, params)
-                    if param is None:
-                        raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for {cfg.architecture}")
                     try:
                         tensor = handle.get_tensor(name)
                     except Exception as exc:
                         raise ModelLoadError(f"{file.name}: cannot read tensor {name!r}: {exc}") from None
-                    dest = param.data if start is None else param.data.narrow(0, start, size)
-                    if tuple(dest.shape) != tuple(tensor.shape):
+                    if tuple(dest.view.shape) != tuple(tensor.shape):
                         raise ModelLoadError(
                             f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                            f"expected {tuple(dest.shape)} from config.json")
-                    dest.copy_(tensor.to(device=device, dtype=dtype))
-                    filled[ours] = filled.get(ours, 0) + 1
-                    bar.update(1 if start is None else 0)
+                            f"expected {tuple(dest.view.shape)} from config.json")
+                    dest.view.copy_(tensor.to(device=device, dtype=dtype))
+                    filled[dest.ours] = filled.get(dest.ours, 0) + 1
+                    bar.update(1 if dest.whole else 0)
     check_complete(params, filled, what)
 
 

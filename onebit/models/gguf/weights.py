@@ -18,7 +18,7 @@ from onebit.kernels.gguf_quants import LAYOUTS, dequantize_blocks
 from onebit.models.config import ModelConfig
 from onebit.models.errors import ModelLoadError
 from onebit.models.gguf.files import SUPPORTED_TYPES, GGUFFile
-from onebit.models.loader import check_complete, param_target
+from onebit.models.loader import check_complete, destination
 
 CHUNK_ELEMENTS = 1 << 25
 
@@ -131,20 +131,17 @@ def _plan(gfile: GGUFFile, params: dict, cfg: ModelConfig, rename) -> list[tuple
     permuted = gfile.architecture == "llama"
     plan = []
     for name, tensor in gfile.tensors.items():
-        local = rename(name)
-        if local is None:
+        dest = destination(name, rename, cfg, params, gfile.path.name, gfile.architecture)
+        if dest is None:
             continue
-        param, start, size, ours = param_target(local, cfg, params)
-        if param is None:
-            raise ModelLoadError(f"{gfile.path.name}: unexpected tensor {name!r} for {gfile.architecture}")
         _check_type(gfile, name, tensor)
-        dest = param.data if start is None else param.data.narrow(0, start, size)
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        if shape != tuple(dest.shape):
+        if shape != tuple(dest.view.shape):
             raise ModelLoadError(f"{gfile.path.name}: tensor {name} has shape {shape}, expected "
-                                 f"{tuple(dest.shape)} from the file's metadata")
+                                 f"{tuple(dest.view.shape)} from the file's metadata")
+        local = dest.local
         head_rows = cfg.head_dim if permuted and (".q_proj." in local or ".k_proj." in local) else 0
-        plan.append((name, tensor, dest, head_rows, ours, local))
+        plan.append((name, tensor, dest.view, head_rows, dest.ours, local))
     return plan
 
 
