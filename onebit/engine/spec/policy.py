@@ -70,7 +70,7 @@ class DraftPolicy:
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
         self.last_k = 0  # the previous step's choice
-        self._probe: tuple[int, int] = (0, 0)  # (k, steps left) of a re-measurement under way
+        self._probe: tuple[int, int, int] = (0, 0, 0)  # (k, steps left, bucket) of a re-measurement
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -92,11 +92,12 @@ class DraftPolicy:
         return self.last_k
 
     def _choose(self, batch: int, drafting: int) -> int:
-        k, left = self._probe
-        if left:
-            self._probe = (k, left - 1)
-            return k
         b = self.bucket(batch)
+        k, left, probed = self._probe
+        if left and probed == b:  # (a batch that changed bucket ends the re-measurement)
+            self._probe = (k, left - 1, b)
+            return k
+        self._probe = (0, 0, 0)
         for k in range(self.k_max, -1, -1):
             if (k, b) not in self.times:
                 return k
@@ -105,7 +106,7 @@ class DraftPolicy:
         ranked = sorted(rate, key=lambda k: -rate[k])
         if self.steps % self.explore_every == 0:
             k = min(ranked[1:], key=lambda k: self.measured_at.get((k, b), 0))
-            self._probe = (k, self.PROBE_STEPS - 1)
+            self._probe = (k, self.PROBE_STEPS - 1, b)
             return k
         if ranked[0] and not self.last_k and rate[ranked[0]] < (1 + self.ENTER_MARGIN) * rate[0]:
             return 0
