@@ -152,7 +152,9 @@ say "writing the model, its GGUF and 1bit's reference continuation -> logs/prepa
     fi
     gguf_pid=
     if [[ ! -f $GGUF ]]; then
-        "${FRONT[@]}" "$PY" -m onebit.testing.gguf_export "$MODEL" "$GGUF" --dtype bf16 > "$LOGS/gguf.log" 2>&1 &
+        # Under a temporary name, so that an export cut short is never taken for a finished file.
+        "${FRONT[@]}" "$PY" -m onebit.testing.gguf_export "$MODEL" "$GGUF.part" --dtype bf16 \
+            > "$LOGS/gguf.log" 2>&1 && mv "$GGUF.part" "$GGUF" &
         gguf_pid=$!
     fi
     "${FRONT[@]}" "$PY" bench/peers/llamacpp_peer.py reference "$MODEL" "$CHECK_TOKENS" "$DEVICE" "$REF"
