@@ -5,7 +5,10 @@
 
 One device call (~2 min, no wheels). For each engine (bf16; fp8 = `--quantize fp8` with its FP8
 head) on the shape with random weights (CUDA graphs, overlapped steps), and each batch size: the
-requests are prefilled first, then `--steps` decode steps run under torch.profiler. Per step it
+requests are prefilled first, then `--steps` decode steps run under torch.profiler; the largest
+batch runs once more with a request ending and a new one arriving every `--turnover` steps, as
+in a closed loop, where the server's 64-stream step took 8.7 ms against 5.6 decoding alone
+(perf-history, session 6). Per step it
 reports the wall time, the time kernels ran (their durations summed: one stream, so no overlap),
 the gap between the two (host work the GPU waited for, launch latency), the weight-read floor
 (weight bytes at 4.24 TB/s) and the kernel time by kind: GEMM (cuBLAS / CUTLASS), the few-row
@@ -68,12 +71,15 @@ def weight_bytes(engine) -> int:
     return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 
 
-def profile_decode(engine, batch: int, steps: int, device: str) -> dict:
-    """Prefill `batch` requests, then profile `steps` decode steps. Returns wall and kernel times
-    per step (seconds) and the kernel time by kind and by name."""
+def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 0) -> dict:
+    """Prefill `batch` requests, then profile `steps` decode steps. With `turnover` N > 0, every N
+    steps the oldest request ends and a new one arrives, whose 128-token prompt rides along with
+    the decodes (a closed loop at 64 streams and 128 new tokens turns one request over every 2
+    steps). Returns wall and kernel times per step (seconds) and the kernel time by kind and name."""
     params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True)
     ids = [f"profile-{batch}-{i}" for i in range(batch)]
-    for rid, prompt in zip(ids, random_prompts(batch, PROMPT, engine.model_config.vocab_size, seed=batch)):
+    fresh = random_prompts(batch + steps, PROMPT, engine.model_config.vocab_size, seed=batch)
+    for rid, prompt in zip(ids, fresh[:batch]):
         engine.add_request(rid, prompt, params)
     waiting = set(ids)
     while waiting:  # until every request has its first token: from here on, decode steps only
@@ -86,7 +92,11 @@ def profile_decode(engine, batch: int, steps: int, device: str) -> dict:
         torch.cuda.synchronize()
     with profile(activities=activities) as prof:
         start = time.perf_counter()
-        for _ in range(steps):
+        for i in range(steps):
+            if turnover and i % turnover == 0:
+                engine.abort(ids.pop(0))
+                ids.append(f"profile-{batch}-{batch + i}")
+                engine.add_request(ids[-1], fresh[batch + i], params)
             engine.step()
         if cuda:
             torch.cuda.synchronize()
@@ -122,6 +132,8 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen3-8b")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--turnover", type=int, default=2,
+                    help="also profile the largest batch with a request ending and one arriving every N steps (0: not)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", args.shape)
@@ -136,8 +148,10 @@ def main() -> None:
             enable_prefix_caching=False, load_format="dummy", cuda_graphs=args.device == "cuda",
             overlap=True, quantize="fp8" if label == "fp8" else None))
         floor = weight_bytes(engine) / COPY_BANDWIDTH
-        for b in batches:
-            r = profile_decode(engine, b, args.steps, args.device)
+        runs = [(b, 0) for b in batches] + ([(max(batches), args.turnover)] if args.turnover else [])
+        for b, turnover in runs:
+            r = profile_decode(engine, b, args.steps, args.device, turnover)
+            b = f"{b} + a prompt every {turnover} steps" if turnover else b
             ms = {k: r["by_kind"].get(k, 0.0) * 1e3 for k in kinds}
             lines.append(f"| {label} | {b} | {r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | "
                          f"{(r['wall'] - r['busy']) * 1e3:.2f} | {floor * 1e3:.2f} | "
