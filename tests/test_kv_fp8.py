@@ -156,13 +156,32 @@ def test_tiny_model_logits_stay_near_the_unquantized_cache(tiny_model_dir):
     assert fp8.generate([ids], params)[0].token_ids[:4] == plain.generate([ids], params)[0].token_ids[:4]
 
 
-def test_mtp_with_fp8_cache_is_refused():
+def test_unknown_cache_dtype_is_refused():
     from onebit.engine.config import EngineConfig
 
-    with pytest.raises(ValueError, match="does not support --mtp"):
-        EngineConfig(model="x", kv_cache_dtype="fp8", speculative="mtp")
     with pytest.raises(ValueError, match="unknown KV cache dtype"):
         EngineConfig(model="x", kv_cache_dtype="int4")
+
+
+def test_mtp_over_an_fp8_cache_has_its_own_scales_and_stays_lossless(tiny_models):
+    """The MTP layer's cache is e4m3 too, with scales calibrated by running the head over the
+    calibration prefill; drafting with it leaves greedy output as the fp8-cache model's own."""
+    from onebit import LLM, SamplingParams
+
+    model = str(tiny_models("qwen3", mtp=True))
+    plain = LLM(model, device="cpu", parallel=2, kv_cache_dtype="fp8")
+    mtp = LLM(model, device="cpu", parallel=2, kv_cache_dtype="fp8",
+              speculative={"method": "mtp", "policy": "always"})
+    head = mtp.engine.runner.mtp.layers[0].self_attn
+    base = mtp.engine.runner.model.layers[0].self_attn
+    assert head.k_scale.shape == base.k_scale.shape and (head.k_scale > 0).all() and (head.v_scale > 0).all()
+    assert not torch.equal(head.k_scale, base.k_scale)  # its own magnitudes, not a copy
+    assert mtp.engine.runner.kv_cache.dtype == kv_fp8.KV_FP8
+    prompts = [list(range(5, 40)), [7, 8, 9, 10, 11]]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    assert [o.token_ids for o in mtp.generate(prompts, params)] == want
+    assert mtp.engine.spec_proposed > 0
 
 
 def test_server_with_fp8_cache_matches_the_engine(tiny_model_dir):

@@ -103,7 +103,8 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     draft_bytes = kv_block_bytes(draft[1], config.block_size, dtype) if draft else 0
     kv_dtype = kv_fp8.cache_dtype(config.kv_cache_dtype, dtype)
     if kv_fp8.KV_FP8 == kv_dtype:
-        scales = calibrate_kv_scales(model, cfg, calibration_ids(tokenizer, cfg.vocab_size, 256), device, dtype)
+        scales = calibrate_kv_scales(model, cfg, calibration_ids(tokenizer, cfg.vocab_size, 256), device, dtype,
+                                     mtp=mtp)
         log.info("fp8 KV cache: per-head scales from a calibration prefill, K %.3g..%.3g, V %.3g..%.3g",
                  scales[0].min(), scales[0].max(), scales[1].min(), scales[1].max())
     num_blocks, ctx_size, per_block = size_pool(config, cfg, kv_dtype, device, 1 if mtp is not None else 0,

@@ -98,8 +98,5 @@ class EngineConfig:
             raise ValueError("deterministic mode has no batch-invariant attention over an fp8 KV cache yet; "
                              "drop --kv-cache-dtype fp8")
         self.speculative = SpeculativeConfig.coerce(self.speculative)
-        if self.kv_cache_dtype == "fp8" and self.speculative is not None and self.speculative.method == "mtp":
-            raise ValueError("--kv-cache-dtype fp8 does not support --mtp yet (the MTP layer's cache has no "
-                             "calibrated scales); use --ngram or a bf16 KV cache")
         if self.adaptive_at is not None and not 1 <= self.adaptive_at <= self.parallel:
             raise ValueError("adaptive_at must be in 1..parallel")
