@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 bench/gpu_spec.py [--out DIR] [--max-tokens 128]
 
 1. A tiny model with an MTP head on CUDA: greedy output identical between CUDA graphs, eager
-   steps, and MTP / n-gram drafting (verification steps replayed as graph rows).
+   steps, and MTP / n-gram drafting (verification steps replayed as graph rows); MTP drafting
+   over an fp8 KV cache against plain steps over the same cache.
 2. The Qwen3-8B shape (random bf16 weights): single-request decode speed with the oracle
    drafter (a measuring instrument: the target's own greedy token with probability P) at
    P = 0.5, 0.75, 0.9 against plain decoding, from a recorded plain run of the same prompts.
@@ -43,9 +44,18 @@ def check_tiny(work: Path) -> list[str]:
         if name in ("mtp", "ngram"):
             outs[name + " drafted"] = llm.engine.spec_proposed
         del llm
+    # MTP over an fp8 (e4m3) KV cache against plain steps over the same cache (#20).
+    for name, options in (("fp8-kv", {"kv_cache_dtype": "fp8"}),
+                          ("fp8-kv mtp", {"kv_cache_dtype": "fp8", "speculative": {"method": "mtp", "policy": "always"}})):
+        llm = LLM(str(path), device="cuda", dtype="float32", parallel=3, **options)
+        outs[name] = [o.token_ids for o in llm.generate(prompts, params)]
+        outs[name + " drafted"] = llm.engine.spec_proposed
+        del llm
     return [f"tiny fp32 CUDA greedy, {name} == graphs: {outs[name] == outs['graphs']}"
             for name in ("eager", "mtp", "ngram")] + \
-        [f"tiny drafted tokens: mtp {outs['mtp drafted']}, ngram {outs['ngram drafted']}"]
+        [f"tiny fp32 CUDA greedy over an fp8 KV cache, mtp == plain: {outs['fp8-kv mtp'] == outs['fp8-kv']} "
+         f"({outs['fp8-kv mtp drafted']} drafted)",
+         f"tiny drafted tokens: mtp {outs['mtp drafted']}, ngram {outs['ngram drafted']}"]
 
 
 def timed(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
