@@ -54,8 +54,8 @@ case " $RUNS " in *" parallel-8-oracle "*) run parallel-8-oracle "--parallel 8 $
 case " $RUNS " in *" adaptive-at-8-oracle "*)
   run adaptive-at-8-oracle "--parallel 8 --adaptive --adaptive-at 8 --adaptive-slots 56 $ORACLE";; esac
 R=$OUT/runs
-python3 -m onebit.cli bench report $R/parallel-8-oracle.json $R/parallel-64.json $R/adaptive-at-8-oracle.json \
-  --out $R/adaptive > "$OUT/report.log" 2>&1
+RAN=$(ls "$R"/parallel-8-oracle.json "$R"/parallel-64.json "$R"/adaptive-at-8-oracle.json 2>/dev/null)
+python3 -m onebit.cli bench report $RAN --out $R/adaptive > "$OUT/report.log" 2>&1
 cat $R/adaptive/report.md 2>/dev/null || tail -20 "$OUT/report.log"
 # At most 8 files come back from a device call: pack everything into one.
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/adaptive.tgz"
