@@ -15,23 +15,23 @@ warm ones (launched while a step was in flight), so a launch that waits on the G
 from __future__ import annotations
 
 import argparse
-import random
 import tempfile
 import time
 from pathlib import Path
 
 from onebit import LLM, SamplingParams
+from onebit.bench.offline import random_prompts
 from onebit.bench.oracle import OracleDrafter, oracle_speculation
 
 
-def probe(args, batch: int, record: Path, policy: str) -> str:
-    """One run of `args.requests` rounds of `batch` prompts; a line of results plus the policy's tables."""
+def probe(args, batch: int, prompts: list[list[int]], record: Path, policy: str) -> str:
+    """A warm-up round, then `args.requests` rounds of `batch` of `prompts`; a line of results plus
+    the policy's tables."""
     llm = LLM(args.model, device=args.device, parallel=max(batch, 8), ctx_size=1024, load_format=args.load_format,
               deterministic=args.deterministic, overlap=True,
               speculative=oracle_speculation(args.p, record, policy=policy))
     pol = llm.engine.speculator.policy
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    prompts = _prompts(args, batch)
     llm.generate(prompts[:batch], params)  # warm-up round
     start, proposed = time.perf_counter(), llm.engine.spec_proposed
     tokens = 0
@@ -42,11 +42,6 @@ def probe(args, batch: int, record: Path, policy: str) -> str:
     times = {f"k={k},b={b}": round(v * 1e3, 2) for (k, b), v in sorted(pol.times.items())}
     return (f"B={batch} policy={policy}: {tokens / seconds:,.0f} tok/s, drafted {llm.engine.spec_proposed - proposed}, "
             f"acceptance {pol.acceptance:.2f}\n  step ms {times}")
-
-
-def _prompts(args, batch: int) -> list[list[int]]:
-    rng = random.Random(batch)
-    return [[rng.randrange(100, 8000) for _ in range(128)] for _ in range(batch * (args.requests + 1))]
 
 
 def main() -> None:
@@ -64,15 +59,15 @@ def main() -> None:
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         for batch in (int(b) for b in args.batches.split(",")):
-            prompts = _prompts(args, batch)
             plain = LLM(args.model, device=args.device, parallel=max(batch, 8), ctx_size=1024,
                         load_format=args.load_format, deterministic=args.deterministic)
+            prompts = random_prompts(batch * (args.requests + 1), 128, plain.engine.model_config.vocab_size, seed=batch)
             outs = plain.generate(prompts, SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True))
             del plain
             record = Path(tmp) / f"record-{batch}.jsonl"
             OracleDrafter.write_record(record, [(p, o.token_ids) for p, o in zip(prompts, outs)])
             for policy in ("auto", "always"):
-                lines.append(probe(args, batch, record, policy))
+                lines.append(probe(args, batch, prompts, record, policy))
                 print(lines[-1], flush=True)
     print("\n".join(["", "summary"] + lines))
 
