@@ -16,6 +16,69 @@ import triton.language as tl
 
 
 @triton.jit
+def _query_tile(q_ptr, k_scale_ptr, scale, q0, start, qlen, ctx, kv_head, stride_qt, stride_qh,
+                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, TQ: tl.constexpr, HEAD_DIM: tl.constexpr,
+                KV_FP8: tl.constexpr):
+    """A tile's rows (TQ tokens from q0 x the KV head's GROUP query heads): their token offsets, head
+    indices, validity, absolute positions, the head dims, the loaded queries and the score scale
+    (K's head scale folded in for an e4m3 cache)."""
+    rows = tl.arange(0, TQ * GROUP_PAD)
+    tok = q0 + rows // GROUP_PAD
+    g = rows % GROUP_PAD
+    row_ok = (tok < qlen) & (g < GROUP)
+    pos = ctx - qlen + tok  # absolute position of each row's token
+    dims = tl.arange(0, HEAD_DIM)
+    q_off = (start + tok).to(tl.int64) * stride_qt + (kv_head * GROUP + g) * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+    if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
+        scale = scale * tl.load(k_scale_ptr + kv_head)
+    return tok, g, row_ok, pos, dims, q, scale
+
+
+@triton.jit
+def _key_step(q, k_ptr, v_ptr, table, k0, kv_head, m, l, acc, pos, kv_end, scale,
+              stride_kb, stride_kt, stride_kh, dims, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+              TILE_K: tl.constexpr, MASKED: tl.constexpr, KV_FP8: tl.constexpr):
+    """One key tile of the online softmax: (m, l, acc) updated with keys k0 .. k0 + TILE_K."""
+    keys = k0 + tl.arange(0, TILE_K)
+    if MASKED:
+        key_ok = keys < kv_end
+        blocks = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0)
+    else:
+        blocks = tl.load(table + keys // BLOCK_SIZE)
+    offs = blocks.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+    if MASKED:
+        k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptr + offs[:, None] + dims[None, :])
+        v = tl.load(v_ptr + offs[:, None] + dims[None, :])
+    if KV_FP8:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+    if MASKED:
+        s = tl.where((keys[None, :] <= pos[:, None]) & key_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+    return m_new, l, acc
+
+
+@triton.jit
+def _write_tile(out_ptr, v_scale_ptr, acc, l, start, tok, g, row_ok, dims, kv_head, stride_ot, stride_oh,
+                GROUP: tl.constexpr, KV_FP8: tl.constexpr):
+    """Normalize a tile's online-softmax sums and store its valid rows (V's head scale applied)."""
+    if KV_FP8:
+        acc = acc * tl.load(v_scale_ptr + kv_head)
+    out = acc / tl.maximum(l, 1e-30)[:, None]
+    o_off = (start + tok).to(tl.int64) * stride_ot + (kv_head * GROUP + g) * stride_oh
+    tl.store(out_ptr + o_off[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tile_seq_ptr, tile_q0_ptr, seq_start_ptr, seq_qlen_ptr, seq_ctx_ptr,
     tables_ptr, k_scale_ptr, v_scale_ptr, scale, max_blocks,
@@ -31,16 +94,8 @@ def _prefill_kernel(
     qlen = tl.load(seq_qlen_ptr + seq)
     ctx = tl.load(seq_ctx_ptr + seq)
 
-    rows = tl.arange(0, TQ * GROUP_PAD)
-    tok = q0 + rows // GROUP_PAD
-    g = rows % GROUP_PAD
-    row_ok = (tok < qlen) & (g < GROUP)
-    pos = ctx - qlen + tok  # absolute position of each row's token
-    dims = tl.arange(0, HEAD_DIM)
-    q_off = (start + tok).to(tl.int64) * stride_qt + (kv_head * GROUP + g) * stride_qh
-    q = tl.load(q_ptr + q_off[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-    if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
-        scale = scale * tl.load(k_scale_ptr + kv_head)
+    tok, g, row_ok, pos, dims, q, scale = _query_tile(q_ptr, k_scale_ptr, scale, q0, start, qlen, ctx, kv_head,
+                                                      stride_qt, stride_qh, GROUP, GROUP_PAD, TQ, HEAD_DIM, KV_FP8)
 
     m = tl.full([TQ * GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([TQ * GROUP_PAD], tl.float32)
@@ -48,29 +103,9 @@ def _prefill_kernel(
     kv_end = tl.minimum(ctx, ctx - qlen + q0 + TQ)  # one past the tile's last position
     table = tables_ptr + seq.to(tl.int64) * max_blocks
     for k0 in range(0, kv_end, TILE_K):
-        keys = k0 + tl.arange(0, TILE_K)
-        key_ok = keys < kv_end
-        blocks = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0)
-        offs = blocks.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
-        if KV_FP8:
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-        visible = (keys[None, :] <= pos[:, None]) & key_ok[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-        m = m_new
-    if KV_FP8:
-        acc = acc * tl.load(v_scale_ptr + kv_head)
-    out = acc / tl.maximum(l, 1e-30)[:, None]
-    o_off = (start + tok).to(tl.int64) * stride_ot + (kv_head * GROUP + g) * stride_oh
-    tl.store(out_ptr + o_off[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        m, l, acc = _key_step(q, k_ptr, v_ptr, table, k0, kv_head, m, l, acc, pos, kv_end, scale,
+                              stride_kb, stride_kt, stride_kh, dims, HEAD_DIM, BLOCK_SIZE, TILE_K, True, KV_FP8)
+    _write_tile(out_ptr, v_scale_ptr, acc, l, start, tok, g, row_ok, dims, kv_head, stride_ot, stride_oh, GROUP, KV_FP8)
 
 
 def tokens_per_tile(num_heads: int, num_kv_heads: int) -> int:

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from onebit.kernels.triton_prefill import _key_step, _query_tile, _write_tile
+
 # The engine's switch: False routes prefill chunks to the older `triton_prefill` kernel (benches
 # compare the two with it). Off until bench/gpu_attention_long.py has compiled and timed it on the
 # device: so far it ran only in Triton's interpreter (session 8).
@@ -49,38 +51,6 @@ CANDIDATES = [PrefillLaunch(64, 64, 4, 3), PrefillLaunch(128, 64, 4, 3), Prefill
 
 
 @triton.jit
-def _key_step(q, k_ptr, v_ptr, table, k0, kv_head, m, l, acc, pos, kv_end, scale,
-              stride_kb, stride_kt, stride_kh, dims, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-              TILE_K: tl.constexpr, MASKED: tl.constexpr, KV_FP8: tl.constexpr):
-    """One key tile of the online softmax: (m, l, acc) updated with keys k0 .. k0 + TILE_K."""
-    keys = k0 + tl.arange(0, TILE_K)
-    if MASKED:
-        key_ok = keys < kv_end
-        blocks = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0)
-    else:
-        blocks = tl.load(table + keys // BLOCK_SIZE)
-    offs = blocks.to(tl.int64) * stride_kb + (keys % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-    if MASKED:
-        k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptr + offs[:, None] + dims[None, :])
-        v = tl.load(v_ptr + offs[:, None] + dims[None, :])
-    if KV_FP8:
-        k, v = k.to(q.dtype), v.to(q.dtype)
-    s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-    if MASKED:
-        s = tl.where((keys[None, :] <= pos[:, None]) & key_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - m_safe)
-    p = tl.exp(s - m_safe[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-    return m_new, l, acc
-
-
-@triton.jit
 def _flash_prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tiles_ptr, seqs_ptr, tables_ptr, k_scale_ptr, v_scale_ptr, scale, max_blocks,
     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_ot, stride_oh,
@@ -95,16 +65,8 @@ def _flash_prefill_kernel(
     qlen = tl.load(seqs_ptr + seq * 3 + 1)
     ctx = tl.load(seqs_ptr + seq * 3 + 2)
 
-    rows = tl.arange(0, TQ * GROUP_PAD)
-    tok = q0 + rows // GROUP_PAD
-    g = rows % GROUP_PAD
-    row_ok = (tok < qlen) & (g < GROUP)
-    pos = ctx - qlen + tok  # absolute position of each row's token
-    dims = tl.arange(0, HEAD_DIM)
-    q_off = (start + tok).to(tl.int64) * stride_qt + (kv_head * GROUP + g) * stride_qh
-    q = tl.load(q_ptr + q_off[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
-    if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
-        scale = scale * tl.load(k_scale_ptr + kv_head)
+    tok, g, row_ok, pos, dims, q, scale = _query_tile(q_ptr, k_scale_ptr, scale, q0, start, qlen, ctx, kv_head,
+                                                      stride_qt, stride_qh, GROUP, GROUP_PAD, TQ, HEAD_DIM, KV_FP8)
 
     m = tl.full([TQ * GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([TQ * GROUP_PAD], tl.float32)
@@ -119,11 +81,7 @@ def _flash_prefill_kernel(
     for k0 in range(open_end, kv_end, TILE_K):
         m, l, acc = _key_step(q, k_ptr, v_ptr, table, k0, kv_head, m, l, acc, pos, kv_end, scale,
                               stride_kb, stride_kt, stride_kh, dims, HEAD_DIM, BLOCK_SIZE, TILE_K, True, KV_FP8)
-    if KV_FP8:
-        acc = acc * tl.load(v_scale_ptr + kv_head)
-    out = acc / tl.maximum(l, 1e-30)[:, None]
-    o_off = (start + tok).to(tl.int64) * stride_ot + (kv_head * GROUP + g) * stride_oh
-    tl.store(out_ptr + o_off[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    _write_tile(out_ptr, v_scale_ptr, acc, l, start, tok, g, row_ok, dims, kv_head, stride_ot, stride_oh, GROUP, KV_FP8)
 
 
 def tokens_per_tile(num_heads: int, num_kv_heads: int, rows: int) -> int:
