@@ -51,7 +51,7 @@ class DraftPolicy:
     is kept. That switch cost is why plain steps give way to drafting only when drafting wins by
     `ENTER_MARGIN`: near a tie, alternating paid it every other step (G14, session 9: 0.89x of
     `--parallel 64` at 64 requests, a third of the steps drafting). (Charging every
-    drafting step that restart, as v0.9 did, ruled drafting out at one request: 186 tok/s where
+    drafting step that restart, as session 8's policy did, ruled drafting out at one request: 186 tok/s where
     drafting made 486, and on the CPU, where a step is all host work, 68 tok/s against 109.)
     """
 
