@@ -45,8 +45,8 @@ COPY_BANDWIDTH = 4.24e12  # H200 device-to-device copy, bytes/s (docs/perf.md)
 PROMPT = 128
 # (kind, substrings of a kernel or operator name, lower case); the first kind that matches wins.
 KINDS = [
-    ("attention", ("attn", "attention", "decode_kernel", "prefill", "flash", "paged", "split_kv", "_kv_")),
-    ("few-row triton", ("gemv", "split_k", "weight_only", "few_row", "repacked", "fp8_fast", "_fp8")),
+    ("attention", ("attn", "attention", "decode_kernel", "decode_split", "prefill", "flash", "paged", "split_kv", "_kv_")),
+    ("few-row triton", ("gemv", "skinny", "split_k", "_reduce_kernel", "weight_only", "few_row", "repacked", "fp8_fast", "_fp8")),
     ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "sm90", "scaled_mm", "aten::mm", "aten::addmm",
               "aten::linear", "aten::matmul", "aten::bmm")),
     ("norm", ("rms", "norm")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -589,24 +590,31 @@ def test_policy_weighs_drafts_by_the_share_that_drafts():
 
 
 def _simulate_policy(policy: DraftPolicy, steps: int, drafting: int, batch: int, step_ms: dict[int, float],
-                     ramp_steps: int = 0, ramp_factor: float = 1.0) -> list[int]:
+                     ramp_steps: int = 0, ramp_factor: float = 1.0, mixed_share: float = 0.0,
+                     mixed_ms: float = 0.0) -> list[int]:
     """Drive the policy as the overlapped engine does, with given step costs (no clock): a plain step
     after a drafting one starts cold, the plain step before a drafting one is done with no launch
     behind it, and neither is a steady time; plain steps of the first `ramp_steps` cost
-    `ramp_factor` times more (a level's start, prefills riding along). Returns the choices."""
-    choices, pending = [], None  # pending: (seconds, cold) of the plain step still in flight
+    `ramp_factor` times more (a level's start, prefills riding along); a share `mixed_share` of the
+    steps, drawn with a fixed seed, carries a prompt chunk (closed-loop turnover) that costs
+    `mixed_ms` more whatever k is. Returns the choices."""
+    turnover = random.Random(0)
+    choices, pending = [], None  # pending: (seconds, cold, mixed) of the plain step still in flight
     for i in range(steps):
         k = policy.choose(batch, drafting=drafting)
         if pending is not None:
-            seconds, cold = pending
+            seconds, cold, was_mixed = pending
             followed = k == 0  # a drafting step first waits for the step in flight
-            policy.record_step(batch, 0, seconds if followed else seconds / 4, steady=followed and not cold)
+            policy.record_step(batch, 0, seconds if followed else seconds / 4, steady=followed and not cold,
+                               mixed=was_mixed)
             pending = None
+        mixed = turnover.random() < mixed_share
+        extra = mixed_ms if mixed else 0.0
         if k:
-            policy.record_step(batch, k, step_ms[k] / 1e3)
+            policy.record_step(batch, k, (step_ms[k] + extra) / 1e3, mixed=mixed)
         else:
             scale = ramp_factor if i < ramp_steps else 1.0
-            pending = (step_ms[0] * scale / 1e3, bool(choices) and choices[-1] > 0)
+            pending = ((step_ms[0] * scale + extra) / 1e3, bool(choices) and choices[-1] > 0, mixed)
         choices.append(k)
     return choices
 
@@ -626,3 +634,23 @@ def test_policy_dynamics_at_one_request_and_at_64():
                                ramp_steps=40, ramp_factor=1.5)
     assert any(choices[:200])  # the ramp made drafting look worth it...
     assert sum(k > 0 for k in choices[400:]) <= 0.05 * 600  # ...and the re-measured plain time ended it
+
+
+@pytest.mark.parametrize("mixed_share", [0.2, 0.5, 0.8])
+def test_policy_compares_like_with_like_under_turnover(mixed_share):
+    """Counts, not clocks: at 64 closed-loop streams a prompt chunk rides along every few steps
+    (G23, session 10: +2.2 ms on a 5.7 ms step, at random steps). Plain steps are re-measured one at a time while
+    drafting goes on, so when a turnover step's time stood in for the plain estimate, plain looked
+    slower than it is and 8 drafting rows of 64 kept drafting (G14, session 10: 0.86x of
+    `--parallel 64`). With plain 10% faster in steady steps, drafting must fade all the same."""
+    policy = DraftPolicy(3)
+    policy.acceptance = 0.75
+    choices = _simulate_policy(policy, 2000, drafting=8, batch=64, step_ms={0: 7.8, 1: 8.6, 2: 9.5, 3: 10.5},
+                               ramp_steps=40, ramp_factor=1.5, mixed_share=mixed_share, mixed_ms=2.2)
+    assert sum(k > 0 for k in choices[1000:]) <= 0.06 * 1000
+    # ...and where drafting does pay (one request, every third step carrying a chunk), it stays on.
+    one = DraftPolicy(3)
+    one.acceptance = 0.75
+    choices = _simulate_policy(one, 2000, drafting=1, batch=1, step_ms={0: 5.3, 1: 5.4, 2: 5.5, 3: 5.6},
+                               mixed_share=mixed_share, mixed_ms=2.2)
+    assert sum(k == 3 for k in choices[1000:]) >= 0.9 * 1000

@@ -40,7 +40,8 @@ class DraftPolicy:
     window anew. A re-measurement runs `PROBE_STEPS` steps in a row: from drafting, the first
     plain step starts cold and the last is done with no launch behind it, so only the middle one
     is a steady time (with one plain step, the plain estimate froze while drafting went on). Steps
-    that carry a prompt chunk are kept only where nothing better is known.
+    that carry a prompt chunk are kept only where no decode-only time is known, so that
+    estimates compare like with like.
     With `always`, every step drafts k_max.
 
     Rates are compared in the steady state of each choice: a drafting step's time runs from the
@@ -67,6 +68,7 @@ class DraftPolicy:
         self.warmed: set[tuple[int, int]] = set()  # pairs whose warm-up step has run
         self.measured_at: dict[tuple[int, int], int] = {}  # pair -> self.steps when last folded
         self._recent: dict[tuple[int, int], deque] = {}  # pair -> its last few kept step times
+        self._mixed_only: set[tuple[int, int]] = set()  # pairs whose window holds only mixed steps' times
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
         self.last_k = 0  # the previous step's choice
@@ -117,18 +119,27 @@ class DraftPolicy:
         `steady` False: a plain step whose time is not a steady plain step's cost (with overlap on,
         one launched with nothing in flight, or one done with no launch after it); not kept.
         `mixed`: a prompt chunk rode along, costing both choices alike; kept only while the pair
-        has no other time (a level's start is all such steps)."""
+        has no decode-only time (a level's start is all such steps), and the pair's first
+        decode-only time then replaces them all: a plain pair re-measured one step at a time while
+        drafting goes on must not stand on a turnover step's time (G14, session 10: 8 drafting rows
+        of 64 streams kept drafting at 0.86x of plain)."""
         b = self.bucket(batch)
         if not (steady or k):
             return
         if (k, b) not in self.warmed:
             self.warmed.add((k, b))
             return
-        recent = self._recent.setdefault((k, b), deque(maxlen=self.SAMPLES))
-        if self.steps - self.measured_at.get((k, b), self.steps) > self.explore_every:
-            recent.clear()  # stale: the load or the machine may have changed since
-        elif mixed and recent:
-            return
+        pair = (k, b)
+        recent = self._recent.setdefault(pair, deque(maxlen=self.SAMPLES))
+        if mixed and recent and pair not in self._mixed_only:
+            return  # a window of decode-only times, stale or not, is the better estimate
+        if self.steps - self.measured_at.get(pair, self.steps) > self.explore_every or (
+                not mixed and pair in self._mixed_only):
+            recent.clear()  # stale (the load or the machine may have changed since), or mixed times only
+        if mixed:
+            self._mixed_only.add(pair)
+        else:
+            self._mixed_only.discard(pair)
         recent.append(seconds)
         self.times[(k, b)] = statistics.median(recent)
         self.measured_at[(k, b)] = self.steps
