@@ -100,11 +100,15 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if head >= NUM_HEADS + NUM_KV:  # value head: straight to the cache
         dst = v_cache_ptr + (slot * NUM_KV + head - NUM_HEADS - NUM_KV) * HEAD_DIM
+        # (New names in the branches below: Triton wants a name to keep its type across the runtime
+        # `if head ...` branches, and the e4m3 values are fp32; the interpreter does not check.)
         if KV_FP8:  # e4m3 entry: value / its head's scale, saturated
             inv = 1.0 / tl.load(v_scale_ptr + head - NUM_HEADS - NUM_KV)
-            x1, x2 = _e4m3_value(x1, inv), _e4m3_value(x2, inv)
-        tl.store(dst + lo, x1.to(v_cache_ptr.dtype.element_ty))
-        tl.store(dst + half + lo, x2.to(v_cache_ptr.dtype.element_ty))
+            tl.store(dst + lo, _e4m3_value(x1, inv).to(v_cache_ptr.dtype.element_ty))
+            tl.store(dst + half + lo, _e4m3_value(x2, inv).to(v_cache_ptr.dtype.element_ty))
+        else:
+            tl.store(dst + lo, x1.to(v_cache_ptr.dtype.element_ty))
+            tl.store(dst + half + lo, x2.to(v_cache_ptr.dtype.element_ty))
     else:
         if HAS_NORM:
             if head < NUM_HEADS:
@@ -125,16 +129,18 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
         o1 = (f1 * c - f2 * s).to(x1.dtype)
         o2 = (f2 * c + f1 * s).to(x1.dtype)
         if head < NUM_HEADS:
-            dst = q_out_ptr + (tok * NUM_HEADS + head) * HEAD_DIM
-            tl.store(dst + lo, o1)
-            tl.store(dst + half + lo, o2)
+            q_dst = q_out_ptr + (tok * NUM_HEADS + head) * HEAD_DIM
+            tl.store(q_dst + lo, o1)
+            tl.store(q_dst + half + lo, o2)
         else:
-            dst = k_cache_ptr + (slot * NUM_KV + head - NUM_HEADS) * HEAD_DIM
+            k_dst = k_cache_ptr + (slot * NUM_KV + head - NUM_HEADS) * HEAD_DIM
             if KV_FP8:  # rounded to the model dtype first, as the reference does
                 inv = 1.0 / tl.load(k_scale_ptr + head - NUM_HEADS)
-                o1, o2 = _e4m3_value(o1, inv), _e4m3_value(o2, inv)
-            tl.store(dst + lo, o1.to(k_cache_ptr.dtype.element_ty))
-            tl.store(dst + half + lo, o2.to(k_cache_ptr.dtype.element_ty))
+                tl.store(k_dst + lo, _e4m3_value(o1, inv).to(k_cache_ptr.dtype.element_ty))
+                tl.store(k_dst + half + lo, _e4m3_value(o2, inv).to(k_cache_ptr.dtype.element_ty))
+            else:
+                tl.store(k_dst + lo, o1.to(k_cache_ptr.dtype.element_ty))
+                tl.store(k_dst + half + lo, o2.to(k_cache_ptr.dtype.element_ty))
 
 
 def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping, k_cache, v_cache,
