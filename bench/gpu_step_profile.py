@@ -106,11 +106,13 @@ def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 
     while engine.has_unfinished():
         engine.step()
     by_name: dict[str, float] = defaultdict(float)
+    launches = 0
     for entry in prof.key_averages():
         if cuda:  # kernels only: an operator's device time is its kernels', counted once there
             if entry.device_type != torch.autograd.DeviceType.CUDA:
                 continue
             seconds = entry.device_time_total / 1e6
+            launches += entry.count
         else:
             seconds = entry.self_cpu_time_total / 1e6
         if seconds > 0:
@@ -118,7 +120,7 @@ def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 
     by_kind: dict[str, float] = defaultdict(float)
     for name, seconds in by_name.items():
         by_kind[kind_of(name)] += seconds
-    return {"wall": wall / steps, "busy": sum(by_name.values()) / steps,
+    return {"wall": wall / steps, "busy": sum(by_name.values()) / steps, "launches": launches / steps,
             "by_kind": {k: v / steps for k, v in by_kind.items()},
             "by_name": {k: v / steps for k, v in by_name.items()}}
 
@@ -138,8 +140,9 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", args.shape)
     kinds = [k for k, _ in KINDS] + ["other"]
-    lines = ["| engine | B | step ms | kernels ms | gap ms | weight floor ms | "
-             + " | ".join(kinds) + " |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
+    # kernels a step: the launches the gap is spread over (its us per kernel says what fusing one saves)
+    lines = ["| engine | B | step ms | kernels ms | gap ms | kernels a step | gap us per kernel | weight floor ms | "
+             + " | ".join(kinds) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
     tops = []
     for label in args.engines.split(","):
         engine = build_engine(EngineConfig(
@@ -154,7 +157,8 @@ def main() -> None:
             b = f"{b} + a prompt every {turnover} steps" if turnover else b
             ms = {k: r["by_kind"].get(k, 0.0) * 1e3 for k in kinds}
             lines.append(f"| {label} | {b} | {r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | "
-                         f"{(r['wall'] - r['busy']) * 1e3:.2f} | {floor * 1e3:.2f} | "
+                         f"{(r['wall'] - r['busy']) * 1e3:.2f} | {r['launches']:.0f} | "
+                         f"{(r['wall'] - r['busy']) * 1e6 / max(r['launches'], 1):.2f} | {floor * 1e3:.2f} | "
                          + " | ".join(f"{ms[k]:.2f}" for k in kinds) + " |")
             print(lines[-1], flush=True)
             top = sorted(r["by_name"].items(), key=lambda kv: -kv[1])[:12]

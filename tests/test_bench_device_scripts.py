@@ -42,6 +42,11 @@ def test_step_profile_sorts_kernel_names_into_kinds():
     assert kind_of("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT") == "gemm"
     assert kind_of("_decode_attention_kernel") == "attention"
     assert kind_of("_gemv_split_k_kernel") == "few-row triton"
+    # the names G23 (session 10) put under the wrong kinds: the decode attention kernel, the bf16
+    # few-row kernel and the fp8 split-K reduction
+    assert kind_of("_decode_split_kernel") == "attention"
+    assert kind_of("_skinny_kernel") == "few-row triton"
+    assert kind_of("_reduce_kernel") == "few-row triton"
     assert kind_of("_add_rms_norm_kernel") == "norm"
     assert kind_of("Memcpy DtoD (Device -> Device)") == "copy"
     assert kind_of("void at::native::vectorized_elementwise_kernel<4, silu>") == "other"
