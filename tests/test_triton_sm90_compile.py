@@ -24,8 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPILE = textwrap.dedent("""
     import sys
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError:  # a triton without this ahead-of-time API
+        sys.exit(3)
     from onebit.kernels import triton_fused
 
     kv_fp8, has_norm = sys.argv[1] == "1", sys.argv[2] == "1"
@@ -49,5 +52,7 @@ def test_qk_norm_rope_store_compiles_for_sm90(kv_fp8, has_norm):
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run([sys.executable, "-c", COMPILE, str(int(kv_fp8)), str(int(has_norm))], env=env,
                           capture_output=True, text=True, timeout=300)
+    if done.returncode == 3:
+        pytest.skip("this triton has no ahead-of-time compile API")
     assert done.returncode == 0, done.stderr[-3000:]
     assert int(done.stdout.split()[-1]) > 0  # the kernel writes q and the cache
