@@ -5,7 +5,7 @@
 # Qwen3-8B shape (random bf16 weights, --fill-vocab), closed loop of C=64 streams, REQUESTS requests
 # of 128 random prompt tokens + 128 new (a fixed count, not a duration: all three run the same
 # requests, ramp-up and tail included). Overlap is on (the CUDA default) in all three.
-# Run from the repo root with .whl carried:  OUT=DIR [REQUESTS=512] bash bench/gpu_host_overhead.sh
+# Run from the repo root with .whl carried:  OUT=DIR [REQUESTS=512] [PROFILE=1] bash bench/gpu_host_overhead.sh
 set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
@@ -36,3 +36,18 @@ print(f"| engine alone | {engine:,.0f} tok/s | 1.00x |")
 print(f"| worker + pipe (NativeBackend) | {backend:,.0f} tok/s | {backend / engine:.2f}x |")
 print(f"| HTTP server (1bit bench) | {server:,.0f} tok/s | {server / engine:.2f}x |" if server else "| HTTP server | see server.log |")
 PY
+# PROFILE=1: once more, the worker alone under cProfile (slower, so its figures are not the table's):
+# where a 64-stream step's host time goes on the device's CPU, waits for the GPU included (the
+# functions that resolve sampled tokens); the 25 costliest by own time and by cumulative time.
+if [ "${PROFILE:-0}" = 1 ]; then
+  python3 bench/host_profile.py -m /tmp/qwen3-8b-shape --load-format dummy --device cuda --concurrency 64 \
+    --requests "$REQUESTS" --prompt-tokens 128 --max-tokens 128 --ctx-size 1024 --max-batch-tokens 8192 \
+    --parts backend --profile "$OUT/worker.prof" > "$OUT/host_profile_cprofile.log" 2>&1
+  python3 - "$OUT/worker.prof" > "$OUT/worker_profile.txt" <<'PY'
+import pstats, sys
+stats = pstats.Stats(sys.argv[1])
+stats.sort_stats("tottime").print_stats(25)
+stats.sort_stats("cumulative").print_stats(25)
+PY
+  grep -E "^ +[0-9]" "$OUT/worker_profile.txt" | head -25
+fi
