@@ -1,7 +1,7 @@
 """Where a decode step's time goes: kernels by kind, GPU-busy time against the step's wall time.
 
     PYTHONPATH=. python3 bench/gpu_step_profile.py [--out DIR] [--batches 1,8,64] [--engines bf16,fp8]
-        [--shape qwen3-8b] [--steps 20] [--device cuda]
+        [--shape qwen3-8b] [--steps 20] [--device cuda] [--pdl]
 
 One device call (~2 min, no wheels). For each engine (bf16; fp8 = `--quantize fp8` with its FP8
 head) on the shape with random weights (CUDA graphs, overlapped steps), and each batch size: the
@@ -40,6 +40,7 @@ from onebit import SamplingParams  # noqa: E402
 from onebit.bench.offline import random_prompts  # noqa: E402
 from onebit.engine.build import build_engine  # noqa: E402
 from onebit.engine.config import EngineConfig  # noqa: E402
+from onebit.kernels import pdl  # noqa: E402
 
 COPY_BANDWIDTH = 4.24e12  # H200 device-to-device copy, bytes/s (docs/perf.md)
 PROMPT = 128
@@ -134,10 +135,12 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen3-8b")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch on (onebit.kernels.pdl)")
     ap.add_argument("--turnover", type=int, default=2,
                     help="also profile the largest batch with a request ending and one arriving every N steps (0: not)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    pdl.enabled = args.pdl
     shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", args.shape)
     kinds = [k for k, _ in KINDS] + ["other"]
     # kernels a step: the launches the gap is spread over (its us per kernel says what fusing one saves)
@@ -156,7 +159,8 @@ def main() -> None:
             r = profile_decode(engine, b, args.steps, args.device, turnover)
             b = f"{b} + a prompt every {turnover} steps" if turnover else b
             ms = {k: r["by_kind"].get(k, 0.0) * 1e3 for k in kinds}
-            lines.append(f"| {label} | {b} | {r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | "
+            name = label + (" + PDL" if args.pdl else "")
+            lines.append(f"| {name} | {b} | {r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | "
                          f"{(r['wall'] - r['busy']) * 1e3:.2f} | {r['launches']:.0f} | "
                          f"{(r['wall'] - r['busy']) * 1e6 / max(r['launches'], 1):.2f} | {floor * 1e3:.2f} | "
                          + " | ".join(f"{ms[k]:.2f}" for k in kinds) + " |")

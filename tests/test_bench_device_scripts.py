@@ -57,3 +57,14 @@ def test_spec_policy_probe_runs_auto_and_always():
                 "--batches", "1", "--requests", "1", "--max-tokens", "12"])
     summary = out.split("summary", 1)[1]
     assert "B=1 policy=auto:" in summary and "B=1 policy=always:" in summary
+
+
+def test_pdl_bench_builds_off_then_on_and_compares_greedy_tokens(tmp_path):
+    # On the CPU no Triton kernel runs, so PDL changes nothing there: this checks the script.
+    _run(["bench/gpu_pdl.py", "--device", "cpu", "--shape", "qwen3-tiny", "--engines", "bf16", "--batches", "1",
+          "--out", str(tmp_path)])
+    rows = [line.split("|") for line in (tmp_path / "pdl.md").read_text().splitlines() if line.startswith("| bf16 |")]
+    assert len(rows) == 1
+    same, total = rows[0][6].strip().split("/")
+    assert same == total == "128"  # 4 prompts x 32 greedy tokens, the same with PDL on
+    assert float(rows[0][3].replace(",", "")) > 0 and float(rows[0][4].replace(",", "")) > 0

@@ -1,10 +1,12 @@
 """Triton kernels compiled for the H200 (sm_90) on this CPU machine, no GPU needed.
 
 Triton's interpreter, which the CPU tests run kernels in, does not check that a name keeps one
-type across a runtime `if`; the GPU compiler refuses such a kernel. The fp8 KV cache's fused
-write did that from a40a6ff on and failed on its first device run (G12, session 10): these tests
-compile its every variant as the device would, in a child process without TRITON_INTERPRET (under
-the interpreter `triton.jit` gives functions the compiler cannot take).
+type across a runtime `if`, nor does it run the grid-dependency instructions of programmatic
+dependent launch (`onebit.kernels.pdl`); the GPU compiler does. The fp8 KV cache's fused write
+reused names across such a branch from a40a6ff on and failed on its first device run (G12,
+session 10). These tests compile the decode step's kernels as the device would, in a child
+process without TRITON_INTERPRET (under the interpreter `triton.jit` gives functions the compiler
+cannot take): the fused write in its every variant, and each of the ten PDL kernels with PDL on.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
 
 COMPILE = textwrap.dedent("""
+    import importlib
     import sys
     import triton
     try:
@@ -29,30 +32,96 @@ COMPILE = textwrap.dedent("""
         from triton.compiler import ASTSource
     except ImportError:  # a triton without this ahead-of-time API
         sys.exit(3)
-    from onebit.kernels import triton_fused
 
-    kv_fp8, has_norm = sys.argv[1] == "1", sys.argv[2] == "1"
-    cache = "*fp8e4nv" if kv_fp8 else "*bf16"
-    signature = {"qkv_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-                 "qn_ptr": "*bf16", "kn_ptr": "*bf16", "slot_ptr": "*i64", "q_out_ptr": "*bf16",
-                 "k_cache_ptr": cache, "v_cache_ptr": cache, "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
-                 "eps": "fp32", "qkv_stride": "i32", "NUM_HEADS": "constexpr", "NUM_KV": "constexpr",
-                 "HEAD_DIM": "constexpr", "HAS_NORM": "constexpr", "KV_FP8": "constexpr"}
-    constexprs = {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": has_norm, "KV_FP8": kv_fp8}
-    source = ASTSource(fn=triton_fused._qk_norm_rope_store_kernel, signature=signature, constexprs=constexprs)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-    print("stores", kernel.asm["ptx"].count("st.global"))
+    FLOATS = {"eps", "scale"}
+
+    def signature(fn, types, constexprs):
+        # pointers bf16 unless named in `types`, eps/scale fp32, other scalars i32
+        out = {}
+        for name in fn.arg_names:
+            if name in constexprs:
+                out[name] = "constexpr"
+            elif name in types:
+                out[name] = types[name]
+            elif name.endswith("_ptr"):
+                out[name] = "*bf16"
+            else:
+                out[name] = "fp32" if name in FLOATS else "i32"
+        return out
+
+    def compile_sm90(label, module, name, types, constexprs):
+        fn = getattr(importlib.import_module("onebit.kernels." + module), name)
+        pdl = bool(constexprs.get("PDL"))
+        source = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs)
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
+        ptx = kernel.asm["ptx"]
+        print(label, "stores", ptx.count("st.global"), "griddepcontrol", ptx.count("griddepcontrol"))
+
+    which = sys.argv[1]
+    fp8 = "*fp8e4nv"
+    if which == "fused-write":  # every variant, PDL off
+        for kv_fp8 in (False, True):
+            for has_norm in (False, True):
+                cache = fp8 if kv_fp8 else "*bf16"
+                compile_sm90(f"fused-write-fp8={int(kv_fp8)}-norm={int(has_norm)}", "triton_fused",
+                             "_qk_norm_rope_store_kernel",
+                             {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64",
+                              "k_cache_ptr": cache, "v_cache_ptr": cache, "k_scale_ptr": "*fp32",
+                              "v_scale_ptr": "*fp32"},
+                             {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": has_norm,
+                              "KV_FP8": kv_fp8, "PDL": False})
+    else:  # every PDL kernel, PDL on
+        on = {"PDL": True}
+        decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
+                  "k_ptr": fp8, "v_ptr": fp8, "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
+        heads = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "NUM_SPLITS": 4}
+        for args in [
+            ("triton_fused", "_add_rms_norm_kernel", {}, {"HAS_RESIDUAL": True, "BLOCK": 4096}),
+            ("triton_fused", "_silu_mul_kernel", {}, {"BLOCK": 1024}),
+            ("triton_fused", "_qk_norm_rope_store_kernel",
+             {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"},
+             {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": True, "KV_FP8": False}),
+            ("triton_decode", "_decode_split_kernel", decode,
+             {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True}),
+            ("triton_decode", "_decode_merge_kernel", decode, heads),
+            ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32", "out_ptr": "*fp32"},
+             {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT": 4, "EVEN_K": True}),
+            ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32"},
+             {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT": 1, "EVEN_K": True}),
+            ("triton_fp8_fast", "_reduce_kernel", {"p_ptr": "*fp32", "s_ptr": "*fp32"},
+             {"HAS_BIAS": True, "SPLIT": 4, "BLOCK": 1024}),
+            ("triton_fp8_fast", "_quantize_rows_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK_K": 4096}),
+            ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}),
+            ("triton_gemv", "_skinny_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}),
+        ]:
+            module, name, types, constexprs = args
+            compile_sm90(name, module, name, types, {**constexprs, **on})
 """)
 
 
-@pytest.mark.parametrize("kv_fp8", [False, True])
-@pytest.mark.parametrize("has_norm", [False, True])
-def test_qk_norm_rope_store_compiles_for_sm90(kv_fp8, has_norm):
+def _compile(*args: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-c", COMPILE, str(int(kv_fp8)), str(int(has_norm))], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", COMPILE, *args], env=env, capture_output=True, text=True,
+                          timeout=600)
     if done.returncode == 3:
         pytest.skip("this triton has no ahead-of-time compile API")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split()[-1]) > 0  # the kernel writes q and the cache
+    return done.stdout.splitlines()
+
+
+def test_fused_kv_write_compiles_for_sm90_in_every_variant():
+    lines = _compile("fused-write")
+    assert [line.split()[0] for line in lines] == [f"fused-write-fp8={f}-norm={n}" for f in (0, 1) for n in (0, 1)]
+    for line in lines:
+        assert int(line.split()[2]) > 0, line  # it writes q and the cache
+        assert line.endswith("griddepcontrol 0"), line  # PDL off: no grid-dependency instructions
+
+
+def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
+    lines = _compile("pdl")
+    assert len(lines) == 11
+    for line in lines:
+        name, _, stores, _, waits = line.split()
+        assert int(stores) > 0, line
+        assert int(waits) == 2, line  # griddepcontrol.wait, then launch_dependents

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from onebit.kernels import pdl
+
 
 @triton.jit
 def _decode_split_kernel(
@@ -33,7 +35,9 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -92,7 +96,9 @@ def _decode_split_kernel(
 def _decode_merge_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     num_kv_heads = tl.num_programs(1)
@@ -203,11 +209,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
-        NUM_SPLITS=num_splits, KV_FP8=fp8,
-    )
+        NUM_SPLITS=num_splits, KV_FP8=fp8, **pdl.options())
     if num_splits > 1:
         _decode_merge_kernel[(batch, kv_heads)](
             part_acc, part_ml, out, out.stride(0), out.stride(1),
-            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        )
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl.options())
     return out

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from onebit.kernels import pdl
+
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
 # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). BLOCK_M is 1 (one row, no tl.dot) or 16/32/64.
@@ -39,7 +41,8 @@ MANY_ROW_CONFIGS = [(32, 32, 256, 4, 4), (32, 64, 256, 2, 4), (64, 32, 128, 2, 4
 @triton.jit
 def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr):
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -95,7 +98,8 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
 
 @triton.jit
 def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < TOTAL
     acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
@@ -127,15 +131,15 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     if split == 1:
         _split_k_kernel[grid](x, q, scale, b_arg, y, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), 0,
                               HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                              SPLIT=1, EVEN_K=even_k, num_warps=warps)
+                              SPLIT=1, EVEN_K=even_k, num_warps=warps, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
                           HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
-                          EVEN_K=even_k, num_warps=warps)
+                          EVEN_K=even_k, num_warps=warps, **pdl.options())
     block = 1024
     _reduce_kernel[(triton.cdiv(m * n, block),)](partial, scale, b_arg, y, n, m * n, HAS_BIAS=bias is not None,
-                                                 SPLIT=split, BLOCK=block, num_warps=4)
+                                                 SPLIT=split, BLOCK=block, num_warps=4, **pdl.options())
     return y
 
 
@@ -172,7 +176,9 @@ def _round_to_e4m3(v):
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr):
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr,
+                          PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
@@ -195,5 +201,5 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     block_k = min(triton.next_power_of_2(k), 4096)
     _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), BLOCK_K=block_k,
-                                num_warps=8 if block_k >= 4096 else 4)
+                                num_warps=8 if block_k >= 4096 else 4, **pdl.options())
     return q, scale

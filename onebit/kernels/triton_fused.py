@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from onebit.kernels import pdl
+
 
 @triton.jit
 def _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL: tl.constexpr):
@@ -28,7 +30,8 @@ def _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols,
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -42,7 +45,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else out
     _add_rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, res_out, cols, eps,
-                                  HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(cols))
+                                  HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(cols),
+                                  **pdl.options())
     return out, (res_out if residual is not None else None)
 
 
@@ -58,7 +62,8 @@ def _silu_mul_row(gu_row, cols, ok, n_cols):
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -71,7 +76,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     n = width // 2
     out = torch.empty((rows, n), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block)
+    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block, **pdl.options())
     return out
 
 
@@ -89,7 +94,8 @@ def _e4m3_value(x, inv_scale):
 def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, slot_ptr,
                                q_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, eps, qkv_stride,
                                NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-                               HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr):
+                               HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # 0..H-1 query heads, H..H+KV-1 key heads, then value heads
     half = HEAD_DIM // 2
@@ -154,5 +160,5 @@ def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mappi
     _qk_norm_rope_store_kernel[(t, num_heads + 2 * num_kv_heads)](
         qkv, positions, cos, sin, q_norm if has_norm else qkv, k_norm if has_norm else qkv, slot_mapping,
         q, k_cache, v_cache, k_scale if fp8 else cos, v_scale if fp8 else cos, eps, qkv.stride(0),
-        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm, KV_FP8=fp8)
+        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm, KV_FP8=fp8, **pdl.options())
     return q

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from onebit.kernels import pdl
+
 MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # (BLOCK_N, BLOCK_K, num_warps) tried per shape by the calibration.
 GEMV_CONFIGS = [(4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (16, 256, 4), (32, 256, 8)]
@@ -23,7 +25,8 @@ SKINNY_CONFIGS = [(16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (64, 1
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -63,7 +66,9 @@ def store_rows(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, stride_ym, HAS_BIAS: tl.co
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -82,7 +87,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, bias if bias is not None else weight, y, n, k,
                                               weight.stride(0), HAS_BIAS=bias is not None,
-                                              BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+                                              BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl.options())
     return y
 
 
@@ -98,7 +103,7 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     _skinny_kernel[(triton.cdiv(n, block_n),)](x, weight, bias if bias is not None else weight, y, m, n, k,
                                                 x.stride(0), weight.stride(0), y.stride(0),
                                                 HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=block_n,
-                                                BLOCK_K=block_k, num_warps=warps)
+                                                BLOCK_K=block_k, num_warps=warps, **pdl.options())
     return y
 
 

@@ -1,0 +1,44 @@
+"""Programmatic dependent launch (PDL) for the decode step's Triton kernels (Hopper and later).
+
+A decode step is a chain of several hundred short kernels, replayed from a CUDA graph; between
+two of them the GPU idles while the next one is launched and its programs are set up (G23,
+session 10: 0.4-0.5 ms of a 3.3-5.7 ms step with 300+ kernels). With PDL a kernel may be launched
+while the one before it still runs: its programs start, wait at `griddepcontrol.wait` until the
+previous kernel has finished and its writes are visible, and only then touch memory. So each
+kernel here calls `wait_for_previous` first thing: nothing moves before the predecessor is done
+(no read of its output, no write over its input), and only the launch and set-up overlap. The
+same call lets the next kernel launch early (`griddepcontrol.launch_dependents`).
+
+`enabled` is read at each launch (and so when CUDA graphs are captured); off by default until
+bench/gpu_pdl.py has measured it on the device. Kernels launched without PDL, or torch's and
+cuBLAS's, wait for their predecessors as usual, and the wait instruction is harmless there.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+enabled = False
+
+
+@triton.jit
+def wait_for_previous(PDL: tl.constexpr):
+    """With PDL: wait until the previous kernel has finished, then let the next one launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+def options() -> dict:
+    """Keyword arguments for a launch of a kernel that calls `wait_for_previous(PDL)`."""
+    return {"PDL": True, "launch_pdl": True} if enabled else {}
+
+
+def supported() -> bool:
+    """Whether this Triton has the grid-dependency instructions (PDL itself needs sm_90 or later)."""
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return True
