@@ -94,9 +94,14 @@ def main() -> None:
         engine_runner.gemv.calibrate = engine_runner.fp8.calibrate = lambda *a, **k: []
         try:
             tokens_on, on = measure(model, label, batches, args.device)
+        except Exception as exc:  # e.g. a graph capture that refuses PDL launches: report it, go on
+            print(f"{label} with PDL failed: {exc!r}", flush=True)
+            lines += [f"| {label} | {b} | {off[b]:,.0f} | failed: {type(exc).__name__} | - | - |" for b in batches]
+            continue
         finally:
             engine_runner.gemv.calibrate, engine_runner.fp8.calibrate = calibrations
             pdl.enabled = False
+            gc.collect()
         same = sum(a == b for x, y in zip(tokens_off, tokens_on) for a, b in zip(x, y))
         total = sum(len(x) for x in tokens_off)
         for b in batches:
