@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatters import Collected, Formatter
-from onebit.api.formatting import SSE_DONE, SSE_HEADERS, ChunkWriter, sse
+from onebit.api.formatting import SSE_DONE, SSE_HEADERS, ChunkWriter, TextPiece, sse
 from onebit.api.admission import admit
 from onebit.api.generation import Choice, TokenCounter, merge_choices
 from onebit.api.protocol import SamplingFields
@@ -47,7 +47,7 @@ async def stream_events(state: ServerState, fmt: Formatter, choices: list[Choice
     """The SSE chunks of every choice as their deltas arrive, then the usage chunk if asked for."""
     counter = TokenCounter()
     out = ChunkWriter(fmt.chunk_type, fmt.rid, fmt.chunk_object, state.model_name, include_usage, len(choices),
-                      counter, state.system_fingerprint)
+                      counter, state.system_fingerprint, fmt.text_item)
     async for comment in queue_notices(state.router, tickets):
         yield comment
     for item in fmt.opening():
@@ -56,7 +56,7 @@ async def stream_events(state: ServerState, fmt: Formatter, choices: list[Choice
         async for index, delta in merged:
             counter.add(index, delta)
             if (item := fmt.piece(index, delta)) is not None:
-                yield out.chunk([item])
+                yield out.text(item) if type(item) is TextPiece else out.chunk([item])
             if delta.finished:
                 yield out.finish(fmt.finish(index, delta))
     if (last := out.usage(fmt.prompt_tokens(), fmt.cached_tokens(counter))) is not None:
