@@ -237,10 +237,14 @@ def main() -> None:
     ap.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.in_process:
+        import uvicorn
         c = int(args.concurrency.split(",")[-1])
-        r = asyncio.run(in_process(c, args.requests or 4 * c, args.max_tokens, args.step_ms / 1000, args.endpoint,
-                                   args.profile))
-        print(f"in process, C={c}, {args.endpoint}: {r['events']} events in {r['wall_s']:.2f} s, "
+        loop_factory = uvicorn.Config(None).get_loop_factory()  # the server's: uvloop where installed
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            r = runner.run(in_process(c, args.requests or 4 * c, args.max_tokens, args.step_ms / 1000, args.endpoint,
+                                      args.profile))
+            loop = type(runner.get_loop()).__module__.split(".")[0]
+        print(f"in process ({loop} loop), C={c}, {args.endpoint}: {r['events']} events in {r['wall_s']:.2f} s, "
               f"app CPU {r['cpu_s']:.2f} s = {r['us_per_event']:.1f} us per event")
         return
     if args.serve_port is not None:

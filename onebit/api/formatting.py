@@ -28,10 +28,13 @@ def sse(payload: BaseModel | dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+_encode = json.JSONEncoder(ensure_ascii=False).encode  # made once: json.dumps(ensure_ascii=False) makes one a call
+
+
 def json_string(text: str) -> str:
     """`text` as a JSON string literal, encoded as the response models encode it (UTF-8 kept, only
     quotes, backslashes and control characters escaped)."""
-    return json.dumps(text, ensure_ascii=False)
+    return _encode(text)
 
 
 SSE_DONE = "data: [DONE]\n\n"
