@@ -205,7 +205,8 @@ async def in_process(concurrency: int, requests: int, max_tokens: int, step_s: f
             out = await call("POST", path, raw)
             if not out.endswith(b"data: [DONE]\n\n"):
                 raise RuntimeError(f"stream did not end with [DONE]: {out[-300:]!r}")
-            events += out.count(b'"text":"') + out.count(b'"content":"') - 1  # less the finish chunk
+            events += (out.count(b'"text":"') - out.count(b'"text":""')  # not the finish chunk's empty text
+                       + out.count(b'"content":"'))
 
     async with app.router.lifespan_context(app):
         while json.loads(await call("GET", "/health", b"")).get("status") != "ok":
