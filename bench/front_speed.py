@@ -27,6 +27,7 @@ import asyncio
 import cProfile
 import glob
 import json
+import re
 import subprocess
 import sys
 import time
@@ -172,7 +173,7 @@ async def in_process(concurrency: int, requests: int, max_tokens: int, step_s: f
         body["prompt"] = list(range(40, 168))
     raw = json.dumps(body).encode()
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
-    events = 0
+    events = tokens = 0
     ended = asyncio.Event()  # never set: a client that stays connected
 
     async def call(method: str, url: str, data: bytes) -> bytes:
@@ -200,13 +201,14 @@ async def in_process(concurrency: int, requests: int, max_tokens: int, step_s: f
     counter = iter(range(requests))
 
     async def client() -> None:
-        nonlocal events
+        nonlocal events, tokens
         for _ in counter:
             out = await call("POST", path, raw)
             if not out.endswith(b"data: [DONE]\n\n"):
                 raise RuntimeError(f"stream did not end with [DONE]: {out[-300:]!r}")
             events += (out.count(b'"text":"') - out.count(b'"text":""')  # not the finish chunk's empty text
                        + out.count(b'"content":"'))
+            tokens += int(re.search(rb'"completion_tokens":(\d+)', out).group(1))
 
     async with app.router.lifespan_context(app):
         while json.loads(await call("GET", "/health", b"")).get("status") != "ok":
@@ -220,7 +222,8 @@ async def in_process(concurrency: int, requests: int, max_tokens: int, step_s: f
             profiler.disable()
             profiler.dump_stats(profile)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    return {"events": events, "cpu_s": cpu, "wall_s": wall, "us_per_event": cpu / max(events, 1) * 1e6}
+    return {"events": events, "tokens": tokens, "cpu_s": cpu, "wall_s": wall,
+            "us_per_event": cpu / max(events, 1) * 1e6}
 
 
 def main() -> None:
@@ -245,7 +248,8 @@ def main() -> None:
             r = runner.run(in_process(c, args.requests or 4 * c, args.max_tokens, args.step_ms / 1000, args.endpoint,
                                       args.profile))
             loop = type(runner.get_loop()).__module__.split(".")[0]
-        print(f"in process ({loop} loop), C={c}, {args.endpoint}: {r['events']} events in {r['wall_s']:.2f} s, "
+        print(f"in process ({loop} loop), C={c}, {args.endpoint}: {r['events']} events ({r['tokens']} tokens) "
+              f"in {r['wall_s']:.2f} s, "
               f"app CPU {r['cpu_s']:.2f} s = {r['us_per_event']:.1f} us per event")
         return
     if args.serve_port is not None:
