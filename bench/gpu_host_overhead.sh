@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Server against its own engine at 64 streams on the H200 (#19), the same workload three ways:
 # 1. the engine alone, 2. the engine in its worker process behind NativeBackend (pipe, no HTTP),
-# 3. `1bit serve --parallel 64` driven by `1bit bench` (HTTP, SSE, client processes).
+# 3. `1bit serve --parallel 64` driven by `1bit bench` (HTTP, SSE, client processes), with the CPU
+#    the server's front process, its worker and the bench clients spent (bench/front_cpu.py).
 # Qwen3-8B shape (random bf16 weights, --fill-vocab), closed loop of C=64 streams, REQUESTS requests
 # of 128 random prompt tokens + 128 new (a fixed count, not a duration: all three run the same
 # requests, ramp-up and tail included). Overlap is on (the CUDA default) in all three.
@@ -18,12 +19,17 @@ python3 bench/host_profile.py -m /tmp/qwen3-8b-shape --load-format dummy --devic
   --requests "$REQUESTS" --prompt-tokens 128 --max-tokens 128 --ctx-size 1024 --max-batch-tokens 8192 \
   --json "$OUT/host_profile.json" > "$OUT/host_profile.log" 2>&1
 SERVE="-m /tmp/qwen3-8b-shape --load-format dummy --device cuda --parallel 64 --ctx-size 1024 --max-batch-tokens 8192"
-python3 -m onebit.cli bench --serve "$SERVE" --concurrency 64 --requests "$REQUESTS" --max-tokens 128 \
-  --prompts random:128 --label server-64 --out "$OUT/server" --no-progress > "$OUT/server.log" 2>&1
+python3 bench/front_cpu.py --serve "$SERVE" --concurrency 64 --requests "$REQUESTS" --max-tokens 128 \
+  --prompts random:128 --out "$OUT/server" > "$OUT/server.log" 2>&1
+# The front's CPU per SSE event on this host's CPU, with no model and no sockets (a few seconds).
+python3 bench/front_speed.py --in-process --concurrency 64 --requests "$REQUESTS" --step-ms 7 > "$OUT/front_app.log" 2>&1
 grep -v "^INFO" "$OUT/host_profile.log" | tail -16
 echo "== 1bit serve --parallel 64, 1bit bench C=64, $REQUESTS requests"
 grep -A6 "total tok/s" "$OUT/server.log" | grep "^|" | head -4
 grep -h "forwards" "$OUT/server"/*.log 2>/dev/null | tail -1
+echo "== CPU over the bench (front: 1bit serve's event loop; near 100% busy it is the server's limit)"
+grep -A5 "^| process" "$OUT/server.log"
+tail -1 "$OUT/front_app.log"
 python3 - "$OUT" <<'PY'
 import json, sys, glob
 out = sys.argv[1]

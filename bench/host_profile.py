@@ -15,7 +15,8 @@ writes a cProfile of the worker's serve loop (read it with `python3 -m pstats FI
 
 Prints, per step, milliseconds of each part; the difference between the two parts' tok/s is
 what the worker process and its pipe cost. HTTP (SSE framing, uvicorn) is measured by
-`bench/front_speed.py` and by `1bit bench --serve` against the same model.
+`bench/front_speed.py` and by `1bit bench --serve` against the same model, the front process's
+CPU under that load by `bench/front_cpu.py`.
 """
 
 from __future__ import annotations

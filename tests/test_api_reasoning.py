@@ -29,3 +29,16 @@ def test_prompt_already_opened_the_block():
 
 def test_no_tags_is_all_content():
     assert _run("plain text", 2) == ("", "plain text")
+
+
+def test_random_chunkings_agree_with_the_whole_text():
+    # Chunks without a '<' take a shortcut; any chunking must give what the whole text gives.
+    import random
+    rng = random.Random(3)
+    for _ in range(300):
+        text = "".join(rng.choice(["<think>", "</think>", "<", "<th", "</", ">", "a", "b ", "\n"])
+                       for _ in range(rng.randint(0, 12)))
+        opened = rng.random() < 0.5
+        whole = _run(text, max(len(text), 1), opened)
+        for size in range(1, len(text) + 1):
+            assert _run(text, size, opened) == whole, (text, size, opened)

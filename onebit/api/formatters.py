@@ -1,14 +1,15 @@
 """What chat and text completions do differently, on the response models: one Formatter each.
 
 A formatter turns one choice's deltas into stream chunk items (`opening`, `piece`, `finish`) and
-the collected output of every choice into the whole response (`response`).
+the collected output of every choice into the whole response (`response`). A piece that is only
+text is a TextPiece, which the stream renders from a template of `text_item` (formatting.ChunkWriter).
 """
 
 from __future__ import annotations
 
 import time
 
-from onebit.api.formatting import chat_logprobs, completion_logprobs, usage
+from onebit.api.formatting import TextPiece, chat_logprobs, completion_logprobs, usage
 from onebit.api.generation import Choice, TokenCounter
 from onebit.api.reasoning import ReasoningSplitter
 from onebit.api.responses import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
@@ -74,7 +75,12 @@ class Formatter:
         return []
 
     def piece(self, index: int, delta: StepDelta):
-        """The chunk item for one delta's content, or None when it carries nothing to send."""
+        """The chunk item for one delta's content, or None when it carries nothing to send; a
+        TextPiece when the item is `text_item` of one text field."""
+        raise NotImplementedError
+
+    def text_item(self, index: int, field: str, text: str):
+        """The chunk item carrying only `text` in `field` (what a TextPiece stands for)."""
         raise NotImplementedError
 
     def finish(self, index: int, delta: StepDelta):
@@ -155,9 +161,16 @@ class ChatFormatter(Formatter):
         if calls:
             body["tool_calls"] = calls
         lp = chat_logprobs(self.state, delta.logprobs) if self.logprobs and delta.logprobs else None
+        if not lp and len(body) == 1 and not calls:
+            field, text = next(iter(body.items()))
+            return TextPiece(index, field, text)
         if not body and not lp:
             return None
         return ChatChunkChoice(index=index, delta=ChatDelta(**body), logprobs=lp, finish_reason=None)
+
+    def text_item(self, index: int, field: str, text: str) -> ChatChunkChoice:
+        """A delta of `content` or `reasoning_content` alone."""
+        return ChatChunkChoice(index=index, delta=ChatDelta(**{field: text}), logprobs=None, finish_reason=None)
 
     def finish(self, index: int, delta: StepDelta) -> ChatChunkChoice:
         """An empty delta with the finish reason."""
@@ -223,10 +236,16 @@ class CompletionFormatter(Formatter):
         self.offsets[index] += len(delta.text)
         if not (delta.text or lp or (self.return_token_ids and delta.token_ids)):
             return None
+        if lp is None and not self.return_token_ids:
+            return TextPiece(index, "text", delta.text)
         item = CompletionChunkChoice(index=index, text=delta.text, logprobs=lp, finish_reason=None)
         if self.return_token_ids:
             item.token_ids = delta.token_ids
         return item
+
+    def text_item(self, index: int, field: str, text: str) -> CompletionChunkChoice:
+        """The text alone (`field` is always "text")."""
+        return CompletionChunkChoice(index=index, text=text, logprobs=None, finish_reason=None)
 
     def finish(self, index: int, delta: StepDelta) -> CompletionChunkChoice:
         """Empty text with the finish reason."""

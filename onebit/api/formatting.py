@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Callable, NamedTuple
 
 from pydantic import BaseModel
 
@@ -25,6 +26,15 @@ def sse(payload: BaseModel | dict) -> str:
     if isinstance(payload, BaseModel):
         return f"data: {payload.model_dump_json(exclude_unset=True)}\n\n"
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+_encode = json.JSONEncoder(ensure_ascii=False).encode  # made once: json.dumps(ensure_ascii=False) makes one a call
+
+
+def json_string(text: str) -> str:
+    """`text` as a JSON string literal, encoded as the response models encode it (UTF-8 kept, only
+    quotes, backslashes and control characters escaped)."""
+    return _encode(text)
 
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -59,20 +69,56 @@ def completion_logprobs(state: ServerState, items: list[TokenLogprob], text_offs
     return CompletionLogprobs(tokens=tokens, token_logprobs=token_logprobs, top_logprobs=tops, text_offset=offsets)
 
 
+class TextPiece(NamedTuple):
+    """A stream chunk item that is one text field of one choice and nothing else (the chunk of
+    almost every token): `ChunkWriter.text` renders it from a template instead of a model."""
+
+    index: int
+    field: str  # "text" (completions), "content" or "reasoning_content" (chat)
+    text: str
+
+
+# Stands in for the text when a template is rendered; NUL never occurs in an id, a model name or a number.
+_MARK = "\x00onebit text\x00"
+_MARK_JSON = json_string(_MARK)
+
+
 class ChunkWriter:
     """The SSE chunks of one streamed response, as `chunk_type` models: id, object type, creation
     time and model on each; `usage: null` on content chunks while the client asked for usage;
     llama.cpp's `timings` (drafted/accepted counts) on the last chunk, which is the usage chunk
-    when there is one."""
+    when there is one.
+
+    `text_item(index, field, text)` builds the chunk item of a TextPiece. The chunk of a TextPiece
+    is the one `chunk([text_item(...)])` would send, byte for byte, without building and dumping
+    models for every token: the chunk with a marker for the text is rendered once per (choice,
+    field) and split around the marker; each token then only encodes its text."""
 
     def __init__(self, chunk_type: type[BaseModel], rid: str, obj: str, model: str, include_usage: bool,
-                 choices: int, counter, system_fingerprint: str | None = None):
+                 choices: int, counter, system_fingerprint: str | None = None,
+                 text_item: Callable[[int, str, str], BaseModel] | None = None):
         self.chunk_type = chunk_type
         self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
                      "system_fingerprint": system_fingerprint}
         self.include_usage = include_usage
         self.unfinished = choices
         self.counter = counter  # a TokenCounter: completion tokens and draft counts so far
+        self.text_item = text_item
+        self._templates: dict[tuple[int, str], tuple[str, str]] = {}
+
+    def text(self, piece: TextPiece) -> str:
+        """The chunk of one TextPiece (from the (choice, field)'s template)."""
+        template = self._templates.get(piece[:2])
+        if template is None:
+            template = self._templates[piece[:2]] = self._template(piece.index, piece.field)
+        return template[0] + json_string(piece.text) + template[1]
+
+    def _template(self, index: int, field: str) -> tuple[str, str]:
+        whole = self.chunk([self.text_item(index, field, _MARK)])
+        if whole.count(_MARK_JSON) != 1:
+            raise ValueError(f"the chunk template of choice {index} does not hold its text once")
+        before, _, after = whole.partition(_MARK_JSON)
+        return before, after
 
     def chunk(self, items: list, timings: Timings | None = None) -> str:
         """One chunk carrying these choice items."""

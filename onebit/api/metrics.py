@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from onebit.api.loop_histogram import LoopHistogram
 from onebit.api.metric_table import labelled_families
 from onebit.api.user_metrics import UserCollector
 
@@ -105,8 +106,8 @@ class Metrics:
                                 ["backend", "finished_reason"], registry=r)
         self.ttft = Histogram("onebit:time_to_first_token_seconds", "Time to first token", ["backend"],
                               buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("onebit:inter_token_latency_seconds", "Time between streamed token batches",
-                             ["backend"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = LoopHistogram("onebit:inter_token_latency_seconds", "Time between streamed token batches",
+                                 "backend", _LATENCY_BUCKETS, r)  # one observation per streamed event
         self.e2e = Histogram("onebit:e2e_request_latency_seconds", "Request latency, arrival to last token",
                              ["backend"], buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_BackendCollector(router))

@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatters import Collected, Formatter
-from onebit.api.formatting import SSE_DONE, SSE_HEADERS, ChunkWriter, sse
+from onebit.api.formatting import SSE_DONE, SSE_HEADERS, ChunkWriter, TextPiece, sse
 from onebit.api.admission import admit
 from onebit.api.generation import Choice, TokenCounter, merge_choices
 from onebit.api.protocol import SamplingFields
@@ -44,23 +44,32 @@ async def serve(http: Request, state: ServerState, fmt: Formatter, choices: list
 
 async def stream_events(state: ServerState, fmt: Formatter, choices: list[Choice], tickets: list[Ticket],
                         include_usage: bool) -> AsyncIterator[str]:
-    """The SSE chunks of every choice as their deltas arrive, then the usage chunk if asked for."""
+    """The SSE chunks of every choice as their deltas arrive, then the usage chunk if asked for,
+    then `[DONE]`. What one delta brings (its text, its choice's finish) goes out as one write, and
+    the last delta's with the usage chunk and `[DONE]`: the client reads the end of the stream at once."""
     counter = TokenCounter()
     out = ChunkWriter(fmt.chunk_type, fmt.rid, fmt.chunk_object, state.model_name, include_usage, len(choices),
-                      counter, state.system_fingerprint)
+                      counter, state.system_fingerprint, fmt.text_item)
     async for comment in queue_notices(state.router, tickets):
         yield comment
     for item in fmt.opening():
         yield out.chunk([item])
+    tail = ""
     async with contextlib.aclosing(merge_choices(state, choices, tickets)) as merged:
         async for index, delta in merged:
             counter.add(index, delta)
-            if (item := fmt.piece(index, delta)) is not None:
-                yield out.chunk([item])
+            item = fmt.piece(index, delta)
+            events = "" if item is None else out.text(item) if type(item) is TextPiece else out.chunk([item])
             if delta.finished:
-                yield out.finish(fmt.finish(index, delta))
+                events += out.finish(fmt.finish(index, delta))
+                if not out.unfinished:
+                    tail = events
+                    continue
+            if events:
+                yield events
     if (last := out.usage(fmt.prompt_tokens(), fmt.cached_tokens(counter))) is not None:
-        yield last
+        tail += last
+    yield tail + SSE_DONE
 
 
 async def respond(state: ServerState, fmt: Formatter, choices: list[Choice], tickets: list[Ticket]) -> Response:
@@ -73,13 +82,12 @@ async def respond(state: ServerState, fmt: Formatter, choices: list[Choice], tic
 
 
 async def guarded_sse(events: AsyncIterator[str], what: str) -> AsyncIterator[str]:
-    """Relay a stream's SSE events, then `[DONE]`. A failure becomes an error event and the
-    stream ends without `[DONE]`: a broken stream must never look finished."""
+    """Relay a stream's SSE events (the last of which ends with `[DONE]`). A failure becomes an
+    error event and the stream ends there, without `[DONE]`: a broken stream must never look finished."""
     try:
         async with contextlib.aclosing(events) as stream:
             async for event in stream:
                 yield event
-        yield SSE_DONE
     except Exception as error:
         yield sse(error_body(as_request_error(error, what)))
 

@@ -25,6 +25,8 @@ class ReasoningSplitter:
 
     def feed(self, text: str) -> tuple[str, str]:
         """Consume a chunk; return the reasoning and content text that is certain so far."""
+        if not self._pending and "<" not in text:  # no tag, nor the start of one: all of it is certain
+            return (text, "") if self.in_reasoning else ("", text)
         text = self._pending + text
         self._pending = ""
         reasoning, content = [], []

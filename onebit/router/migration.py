@@ -26,7 +26,7 @@ class Progress:
     def __init__(self, request: GenerateRequest):
         self.request = request
         self.token_ids: list[int] = []
-        self.text = ""
+        self._texts: list[str] = []  # the text sent, in pieces (joined when read: += on an attribute copies it all)
         self.ids_known = True  # False once a delta carried text without its token ids (a text-only peer)
         self.moves = 0
         self._prompt_tokens: int | None = None  # as the first backend counted them
@@ -44,7 +44,8 @@ class Progress:
         if self._skip_tokens or self._skip_chars:
             delta = self._skip(delta)
         self.token_ids += delta.token_ids
-        self.text += delta.text
+        if delta.text:
+            self._texts.append(delta.text)
         if self.moves == 0:
             if delta.num_prompt_tokens:
                 self._prompt_tokens = delta.num_prompt_tokens
@@ -81,9 +82,16 @@ class Progress:
         return 0
 
     @property
+    def text(self) -> str:
+        """The text sent so far."""
+        if len(self._texts) > 1:
+            self._texts[:] = ["".join(self._texts)]
+        return self._texts[0] if self._texts else ""
+
+    @property
     def can_continue(self) -> bool:
         """Whether the request can go on elsewhere: nothing was sent yet, or every token's id is known."""
-        return not self.token_ids and not self.text or self.ids_known
+        return not self.token_ids and not self._texts or self.ids_known
 
     def continuation(self, kind: str = "native", decode=None) -> GenerateRequest | StepDelta:
         """The request that continues from here on a backend of `kind`, or (when its token limit is
@@ -104,7 +112,7 @@ class Progress:
         self.moves += 1
         self._base_tokens = n
         self._base_drafts = self._drafts
-        if n == 0 and not self.text:
+        if n == 0 and not self._texts:
             return original
         p = original.params
         remaining = None if p.max_tokens is None else p.max_tokens - n
