@@ -141,3 +141,43 @@ def test_calibrated_linear_matches_its_reference_on_the_gpu(clean_choices):
         want = (fp8.w8a8_ref if kind.startswith("scaled_mm") else fp8.weight_only_ref)(x.float(), q, scale, b)
         got = fp8.linear(x, q, scale, b).float()
         assert ((got - want).norm() / want.norm()).item() < 1e-2, (m, kind)
+
+
+# Block-scaled weights (published FP8 checkpoints), (rows, N, K, block, bias, config): one row with
+# a K tile of four block columns (summed per block, then scaled) and of exactly one; N not a
+# multiple of the block rows; K past the last whole tile; tensor-core row tiles one block column
+# deep; SPLIT > 1 whose partials come scaled (the reduce applies no column scale).
+BLOCK_CASES = [(1, 96, 512, (128, 128), True, (1, 16, 512, 4, 4)), (1, 96, 512, (128, 128), False, (1, 32, 128, 2, 4)),
+               (1, 100, 384, (64, 128), True, (1, 16, 256, 1, 4)), (3, 96, 512, (128, 128), True, (16, 32, 128, 2, 4)),
+               (5, 70, 320, (32, 64), False, (16, 16, 64, 3, 4))]
+
+
+@pytest.mark.parametrize("m,n,k,block,bias,config", BLOCK_CASES)
+def test_split_k_with_block_scales_matches_the_block_reference(m, n, k, block, bias, config):
+    gen = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=gen).to(DEVICE)
+    q = (torch.randn(n, k, generator=gen) * 40).clamp(-448, 448).to(fp8.FP8).to(DEVICE)
+    scale_inv = (torch.rand(-(-n // block[0]), -(-k // block[1]), generator=gen) + 0.5).to(DEVICE)
+    b = torch.randn(n, generator=gen).to(DEVICE) if bias else None
+    want = fp8.block_weight_only_ref(x, q, scale_inv, block, b)
+    got = triton_fast.split_k(x, q, scale_inv, b, config, block=block)
+    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert err < (1e-5 if DEVICE == "cpu" else 2e-3), err
+
+
+def test_block_candidates_fit_their_block_and_keep_the_first_kernel():
+    for rows in (1, 4, 16, 64):
+        for block in ((128, 128), (64, 64)):
+            found = fp8.block_candidates(rows, block)
+            assert found[0] == ("weight_only", None)
+            assert len(found) > 1  # split-K configs too
+            for kind, (bm, _, tile_k, _, _) in found[1:]:
+                assert kind == "split_k" and (block[1] % tile_k == 0 or (bm == 1 and tile_k % block[1] == 0))
+
+
+def test_a_block_product_takes_its_calibrated_kernel_else_the_first(clean_choices):
+    a = ("split_k", (1, 16, 512, 4, 4))
+    fp8._CHOSEN_BLOCKS[(96, 512, (128, 128), False)] = [(1, a), (16, ("weight_only", None))]
+    assert fp8.block_choice_for(1, 96, 512, (128, 128), False) == a
+    assert fp8.block_choice_for(8, 96, 512, (128, 128), False) == ("weight_only", None)
+    assert fp8.block_choice_for(1, 96, 512, (64, 64), False) == ("weight_only", None)  # another block: uncalibrated

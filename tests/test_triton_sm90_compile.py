@@ -6,7 +6,8 @@ dependent launch (`onebit.kernels.pdl`); the GPU compiler does. The fp8 KV cache
 reused names across such a branch from a40a6ff on and failed on its first device run (G12,
 session 10). These tests compile the decode step's kernels as the device would, in a child
 process without TRITON_INTERPRET (under the interpreter `triton.jit` gives functions the compiler
-cannot take): the fused write in its every variant, and each of the ten PDL kernels with PDL on.
+cannot take): the fused write in its every variant, and each of the ten PDL kernels with PDL on
+(the FP8 split-K kernel and its reduce also with block-scaled weights).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ COMPILE = textwrap.dedent("""
 
     def compile_sm90(label, module, name, types, constexprs):
         fn = getattr(importlib.import_module("onebit.kernels." + module), name)
+        # constexpr parameters left out take their defaults, as a launch that leaves them out does
+        constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
         pdl = bool(constexprs.get("PDL"))
         source = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs)
         kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
@@ -90,6 +93,16 @@ COMPILE = textwrap.dedent("""
              {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT": 1, "EVEN_K": True}),
             ("triton_fp8_fast", "_reduce_kernel", {"p_ptr": "*fp32", "s_ptr": "*fp32"},
              {"HAS_BIAS": True, "SPLIT": 4, "BLOCK": 1024}),
+            # block-scaled weights: one row summing four block columns a tile, a tensor-core tile in
+            # one, and the reduce of partials that come scaled
+            ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32", "out_ptr": "*fp32"},
+             {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT": 4, "EVEN_K": True,
+              "SCALE_BN": 128, "SCALE_BK": 128}),
+            ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32"},
+             {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "SPLIT": 1, "EVEN_K": False,
+              "SCALE_BN": 128, "SCALE_BK": 128}),
+            ("triton_fp8_fast", "_reduce_kernel", {"p_ptr": "*fp32", "s_ptr": "*fp32"},
+             {"HAS_BIAS": True, "SPLIT": 4, "BLOCK": 1024, "HAS_SCALE": False}),
             ("triton_fp8_fast", "_quantize_rows_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK_K": 4096}),
             ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}),
             ("triton_gemv", "_skinny_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}),
@@ -120,7 +133,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 11
+    assert len(lines) == 14
     for line in lines:
         name, _, stores, _, waits = line.split()
         assert int(stores) > 0, line

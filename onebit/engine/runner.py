@@ -14,6 +14,7 @@ from onebit.engine.transfer import upload
 from onebit.kernels import batch_invariant, fp8, gemv
 from onebit.kernels.attention import AttentionMetadata, triton_decode
 from onebit.models.config import ModelConfig
+from onebit.models.fp8_checkpoint import fp8_block_layers
 from onebit.models.quantize import fp8_layers, quantized_input_layers
 from onebit.models.rope import rope_cos_sin
 from onebit.models.transformer import CausalLM
@@ -94,6 +95,12 @@ class ModelRunner:
         if quantized:  # --quantize fp8: its kernel per row count
             lines = fp8.calibrate(quantized, [b for b in ladder_for(rows) if b <= fp8.MAX_CALIBRATED_ROWS], dtype,
                                   quantized_input_layers(model))
+            for line in lines:
+                log.info(line)
+            self.gemv_report += lines
+        blocked = fp8_block_layers(model) if device.type == "cuda" else {}
+        if blocked:  # a block-scaled FP8 checkpoint: its kernel per row count
+            lines = fp8.calibrate_blocks(blocked, [b for b in ladder_for(rows) if b <= fp8.MAX_WEIGHT_ONLY_ROWS], dtype)
             for line in lines:
                 log.info(line)
             self.gemv_report += lines

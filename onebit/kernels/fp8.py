@@ -6,7 +6,9 @@ A weight [N, K] is stored as e4m3 values with one float32 scale per output row, 
   bf16), widens it in registers and multiplies with the activations as they are; the scale is
   applied to each output column once. `triton_fp8_fast.split_k` splits K over several programs
   so the 4096-wide products keep enough loads in flight; `triton_fp8.weight_only` is the first
-  kernel (one program per column tile), kept as a candidate and for block-scaled checkpoints.
+  kernel (one program per column tile), kept as a candidate. Block-scaled checkpoints (one
+  scale per 128 x 128 block, as published) go through the same two kernels, each block column's
+  partial sum scaled as it is made; `calibrate_blocks` picks between them per shape.
 - w8a8 (many rows): both operands in FP8 on the tensor cores. The activations are quantized per
   token (one scale per row, as vLLM's dynamic per-token scheme) by one Triton kernel
   (`triton_fp8_fast.quantize_rows`) and `torch._scaled_mm` multiplies with row-wise scales.
@@ -68,6 +70,8 @@ except ImportError:  # pragma: no cover - depends on the install
 _CHOSEN: dict[tuple[int, int, bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
 # The same for products whose input arrives already quantized (`Fp8Rows`) when `_scaled_mm` runs.
 _CHOSEN_QUANTIZED_INPUT: dict[tuple[int, int, bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
+# Block-scaled weights (published FP8 checkpoints): (N, K, block, has bias) -> [(rows, (kind, config))].
+_CHOSEN_BLOCKS: dict[tuple[int, int, tuple[int, int], bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
 
 
 class Fp8Rows(NamedTuple):
@@ -314,6 +318,7 @@ def reset() -> None:
     """Forget every calibrated choice (tests, A/B runs)."""
     _CHOSEN.clear()
     _CHOSEN_QUANTIZED_INPUT.clear()
+    _CHOSEN_BLOCKS.clear()
 
 
 def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
@@ -341,16 +346,99 @@ def linear_blocks(x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor, blo
                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K] times a block-scaled FP8 weight (as published FP8 checkpoints store it) plus bias.
 
-    On CUDA up to MAX_WEIGHT_ONLY_ROWS rows: the Triton weight-only kernel applying each
-    (block row, block column) scale to its partial product (exact: no requantization). More rows:
-    the weight dequantized to x's dtype for one cuBLAS product (a transient copy of one matrix).
-    Elsewhere the reference."""
+    On CUDA up to MAX_WEIGHT_ONLY_ROWS rows: a Triton weight-only kernel applying each (block row,
+    block column) scale to its partial product (exact: no requantization), the one
+    `calibrate_blocks` measured fastest for the shape and row count (else the first weight-only
+    kernel). More rows: the weight dequantized to x's dtype for one cuBLAS product (a transient copy
+    of one matrix). Elsewhere the reference."""
     if x.is_cuda and x.dim() == 2:
         if x.shape[0] <= MAX_WEIGHT_ONLY_ROWS and triton_fp8 is not None:
-            return triton_fp8.weight_only(x.contiguous(), q, scale_inv, bias, block=block)
+            kind, config = block_choice_for(x.shape[0], q.shape[0], q.shape[1], block, bias is not None)
+            return run_block_kernel(kind, config, x.contiguous(), q, scale_inv, block, bias)
         weight = dequantize_blocks(q, scale_inv, block, x.dtype)
         return torch.nn.functional.linear(x, weight, bias.to(x.dtype) if bias is not None else None)
     return block_weight_only_ref(x, q, scale_inv, block, bias)
+
+
+def run_block_kernel(kind: str, config: tuple | None, x: torch.Tensor, q: torch.Tensor, scale_inv: torch.Tensor,
+                     block: tuple[int, int], bias: torch.Tensor | None) -> torch.Tensor:
+    """A block-scaled product by kernel: "split_k" (`triton_fp8_fast`) or "weight_only" (`triton_fp8`)."""
+    if kind == "split_k":
+        return triton_fp8_fast.split_k(x, q, scale_inv, bias, config, block=block)
+    return triton_fp8.weight_only(x, q, scale_inv, bias, config, block=block)
+
+
+def block_candidates(rows: int, block: tuple[int, int]) -> list[tuple[str, tuple | None]]:
+    """The (kind, config) pairs `calibrate_blocks` times: the first weight-only kernel, and the
+    split-K configs for the row count whose K tile fits the block (tensor-core tiles shrunk to one
+    block column where they span more)."""
+    out: list[tuple[str, tuple | None]] = [("weight_only", None)]
+    if triton_fp8_fast is None:
+        return out
+    bk = block[1]
+    for bm, bn, tile_k, split, warps in triton_fp8_fast.candidates(rows):
+        if bm > 1 and tile_k > bk:
+            tile_k = bk
+        if bk % tile_k == 0 or (bm == 1 and tile_k % bk == 0):
+            config = (bm, bn, tile_k, split, warps)
+            if ("split_k", config) not in out:
+                out.append(("split_k", config))
+    return out
+
+
+def block_choice_for(rows: int, n: int, k: int, block: tuple[int, int], has_bias: bool) -> tuple[str, tuple | None]:
+    """The calibrated (kind, config) of a block-scaled product, else the first weight-only kernel."""
+    table = _CHOSEN_BLOCKS.get((n, k, tuple(block), has_bias))
+    if table:
+        at = bisect.bisect_left(table, rows, key=lambda entry: entry[0])
+        if at < len(table):
+            return table[at][1]
+    return ("weight_only", None)
+
+
+def calibrate_blocks(layers: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[int, int], torch.Tensor | None]],
+                     rows: list[int], dtype: torch.dtype = torch.bfloat16) -> list[str]:
+    """`calibrate` for block-scaled weights: per distinct CUDA shape among `layers` (name -> (q,
+    scale_inv, block, bias)) and per row count in `rows` up to MAX_WEIGHT_ONLY_ROWS, time each
+    `block_candidates` pair inside CUDA graphs over weights that do not stay in L2, check it against
+    `block_weight_only_ref` and remember the fastest correct one. Returns one line per shape and
+    row count."""
+    if triton_fp8_fast is None or triton_fp8 is None:
+        return []
+    lines, seen = [], set()
+    for name, (q, scale_inv, block, bias) in layers.items():
+        key = (q.shape[0], q.shape[1], tuple(block), bias is not None)
+        if key in seen or not q.is_cuda:
+            continue
+        seen.add(key)
+        n, k = q.shape
+        table, timer = [], ProductTimer(q, scale_inv)
+        for m in sorted(r for r in set(rows) if r <= MAX_WEIGHT_ONLY_ROWS):
+            x = torch.randn(m, k, device=q.device, dtype=dtype)
+            want = block_weight_only_ref(x, q, scale_inv, block, bias)
+            timed = {}
+            for kind, config in block_candidates(m, block):
+                try:
+                    got = run_block_kernel(kind, config, x, q, scale_inv, block, bias).float()
+                except Exception as error:  # a config this device cannot compile is just not a candidate
+                    log.debug("fp8 block %s %s failed for %s: %s", kind, config, name, error)
+                    continue
+                if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
+                    log.warning("fp8 block %s %s gave wrong results for %s; not used", kind, config, name)
+                    continue
+                timed[(kind, config)] = timer.us(
+                    lambda w, s, kind=kind, config=config: run_block_kernel(kind, config, x, w, s, block, bias))
+            if not timed:
+                continue
+            best = min(timed, key=timed.get)
+            table.append((m, best))
+            first = timed.get(("weight_only", None))
+            lines.append(f"fp8 block {name} {n}x{k} {block}, {m} row(s): {best[0]} {best[1] or ''} "
+                         f"{timed[best]:.1f} us ({n * k / timed[best] / 1e6:.2f} TB/s); first weight-only kernel "
+                         f"{f'{first:.1f} us' if first is not None else '-'}")
+        _CHOSEN_BLOCKS[key] = table
+        timer.close()  # the copies' memory back to the device before the graphs are captured
+    return lines
 
 
 def linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,

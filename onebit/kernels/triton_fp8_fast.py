@@ -39,10 +39,31 @@ MANY_ROW_CONFIGS = [(32, 32, 256, 4, 4), (32, 64, 256, 2, 4), (64, 32, 128, 2, 4
 
 
 @triton.jit
+def _block_scaled_tile(prod, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr):
+    # prod [BLOCK_N, BLOCK_K]: one row's products with a K tile starting at k0; summed per block
+    # column, each sum times its block's scale. Returns [BLOCK_N].
+    s_rows = s_ptr + tl.where(n_ok, rn // SCALE_BN, 0) * stride_sn
+    if BLOCK_K <= SCALE_BK:
+        s = tl.load(s_rows + k0 // SCALE_BK, mask=n_ok & (rn * 0 + k0 < K), other=0.0)
+        return tl.sum(prod, axis=1) * s
+    else:
+        parts = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // SCALE_BK, SCALE_BK)), axis=2)
+        cols = k0 // SCALE_BK + tl.arange(0, BLOCK_K // SCALE_BK)
+        s = tl.load(s_rows[:, None] + cols[None, :], mask=n_ok[:, None] & (cols * SCALE_BK < K)[None, :], other=0.0)
+        return tl.sum(parts * s, axis=1)
+
+
+@triton.jit
 def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False):
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
+                    SCALE_BN: tl.constexpr = 0, SCALE_BK: tl.constexpr = 0, stride_sn=0):
     pdl.wait_for_previous(PDL)
+    # SCALE_BN == 0: one scale per output column, applied once at the end (here, or by the reduce).
+    # Else a block-scaled weight (as FP8 checkpoints are published): the scale of weight (n, k) is
+    # s[n // SCALE_BN, k // SCALE_BK], applied to each block column's partial sum as it is made,
+    # so the partials and the output need no scale after.
     # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -62,10 +83,15 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             else:
                 x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
                 w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
-            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            if SCALE_BN == 0:
+                acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            else:  # BLOCK_K is a whole number of block columns (or one divides it the other way)
+                acc += _block_scaled_tile(w.to(tl.float32) * x[None, :], s_ptr, rn, n_ok, k0, K, stride_sn,
+                                          BLOCK_N, BLOCK_K, SCALE_BN, SCALE_BK)
         out = out_ptr + pid_m * stride_om + rn
         if SPLIT == 1:
-            acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+            if SCALE_BN == 0:
+                acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
@@ -84,11 +110,17 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             else:
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
                 w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
-            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+            if SCALE_BN == 0:
+                acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+            else:  # BLOCK_K divides SCALE_BK: the tile lies in one block column
+                s = tl.load(s_ptr + tl.where(n_ok, rn // SCALE_BN, 0) * stride_sn + k0 // SCALE_BK,
+                            mask=n_ok & (rn * 0 + k0 < K), other=0.0)
+                acc += tl.dot(x, tl.trans(w.to(x.dtype))) * s[None, :]
         out = out_ptr + rm[:, None] * stride_om + rn[None, :]
         out_ok = m_ok[:, None] & n_ok[None, :]
         if SPLIT == 1:
-            acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+            if SCALE_BN == 0:
+                acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
@@ -98,7 +130,7 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
 
 @triton.jit
 def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                   BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                   BLOCK: tl.constexpr, PDL: tl.constexpr = False, HAS_SCALE: tl.constexpr = True):
     pdl.wait_for_previous(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < TOTAL
@@ -106,22 +138,29 @@ def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr,
     for part in tl.static_range(1, SPLIT):
         acc += tl.load(p_ptr + part * TOTAL + offs, mask=ok, other=0.0)
     col = offs % N
-    acc = acc * tl.load(s_ptr + col, mask=ok, other=0.0)
+    if HAS_SCALE:  # (block-scaled partials come scaled)
+        acc = acc * tl.load(s_ptr + col, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-            config: tuple[int, int, int, int, int]) -> torch.Tensor:
+            config: tuple[int, int, int, int, int], block: tuple[int, int] | None = None) -> torch.Tensor:
     """x [M, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype.
 
     config is (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); BLOCK_M 1 walks the rows one program
-    each without tensor cores, otherwise row tiles of BLOCK_M (at least 16) go through `tl.dot`."""
+    each without tensor cores, otherwise row tiles of BLOCK_M (at least 16) go through `tl.dot`.
+    With `block` (bn, bk), scale is [ceil(N/bn), ceil(K/bk)] float32, one per weight block; BLOCK_K
+    must divide bk, or (one row) be a multiple of it."""
     block_m, block_n, block_k, split, warps = config
     m, n, k = x.shape[0], q.shape[0], q.shape[1]
     if m > MAX_ROWS:
         raise ValueError(f"split_k takes at most {MAX_ROWS} rows, got {m}")
+    scale_bn, scale_bk = block or (0, 0)
+    if block is not None and not (scale_bk % block_k == 0 or (block_m == 1 and block_k % scale_bk == 0)):
+        raise ValueError(f"weight block {block} and K tile {block_k} do not fit (config {config})")
+    blocks = {"SCALE_BN": scale_bn, "SCALE_BK": scale_bk, "stride_sn": scale.stride(0)} if block else {}
     # Each slice a whole number of BLOCK_K tiles; the last slices may run past K (masked) or be empty.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     even_k = k_per_split * split == k
@@ -131,15 +170,16 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     if split == 1:
         _split_k_kernel[grid](x, q, scale, b_arg, y, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), 0,
                               HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                              SPLIT=1, EVEN_K=even_k, num_warps=warps, **pdl.options())
+                              SPLIT=1, EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
                           HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
-                          EVEN_K=even_k, num_warps=warps, **pdl.options())
-    block = 1024
-    _reduce_kernel[(triton.cdiv(m * n, block),)](partial, scale, b_arg, y, n, m * n, HAS_BIAS=bias is not None,
-                                                 SPLIT=split, BLOCK=block, num_warps=4, **pdl.options())
+                          EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
+    reduce_block = 1024
+    _reduce_kernel[(triton.cdiv(m * n, reduce_block),)](partial, scale, b_arg, y, n, m * n, HAS_BIAS=bias is not None,
+                                                        SPLIT=split, BLOCK=reduce_block, num_warps=4,
+                                                        HAS_SCALE=block is None, **pdl.options())
     return y
 
 

@@ -78,6 +78,13 @@ class Fp8BlockLinear(nn.Module):
         return fp8.linear_blocks(x, self.weight, self.weight_scale_inv, self.block, self.bias)
 
 
+def fp8_block_layers(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor, tuple[int, int], torch.Tensor | None]]:
+    """Every `Fp8BlockLinear` of `model` by name: (weight, weight_scale_inv, block, bias), for
+    `fp8.calibrate_blocks`."""
+    return {name: (m.weight, m.weight_scale_inv, m.block, m.bias) for name, m in model.named_modules()
+            if isinstance(m, Fp8BlockLinear)}
+
+
 def _shard_rows(cfg: ModelConfig, fused: str) -> list[int]:
     """Row counts of the checkpoint shards a fused layer holds (one for an unfused layer)."""
     if fused.endswith("qkv_proj"):
