@@ -230,3 +230,26 @@ def test_model_from_local_hugging_face_cache(tmp_path, monkeypatch, tiny_model_d
     cached = LLM("some-org/tiny-model", device="cpu", parallel=1).generate([[10, 20, 30]], params)[0]
     local = LLM(str(tiny_model_dir), device="cpu", parallel=1).generate([[10, 20, 30]], params)[0]
     assert cached.token_ids == local.token_ids
+
+
+def test_a_slow_step_is_logged_with_what_it_ran(tiny_model_dir, caplog):
+    """Counts, not clocks: with the threshold at 0 every step that runs a forward is 'slow', and
+    each logs what it launched."""
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=2, enable_prefix_caching=False)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.engine.slow_step_s = llm.engine.slow_log_every_s = 0.0
+    with caplog.at_level("WARNING", logger="onebit.engine"):
+        llm.generate(_prompts(2, seed=1), params)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slow step:")]
+    assert len(lines) == llm.engine.slow_steps >= 4  # a prefill and three decode steps at least
+    assert "2 sequences, 0 decoding" in lines[0] and "with a prompt chunk" in lines[0]  # the prefill
+    assert any("2 sequences, 2 decoding" in line and "prompt chunk" not in line for line in lines[1:])
+    assert all("eager forwards in this call" in line for line in lines)
+    # once a minute instead: the steps after the first line are counted, not logged
+    caplog.clear()
+    llm.engine.slow_log_every_s = 60.0
+    before = llm.engine.slow_steps
+    with caplog.at_level("WARNING", logger="onebit.engine"):
+        llm.generate(_prompts(2, seed=2), params)
+    assert llm.engine.slow_steps - before >= 4
+    assert len([r for r in caplog.records if r.getMessage().startswith("slow step:")]) <= 1

@@ -27,6 +27,7 @@ from onebit.protocol.types import Resumed
 from onebit.protocol.validate import check_request
 
 log = logging.getLogger("onebit.engine")
+SLOW_STEP_S = 0.25  # a step() call longer than this is logged (LLMEngine.slow_step_s)
 
 
 class LLMEngine:
@@ -47,6 +48,12 @@ class LLMEngine:
         # Overlap: a launched step whose tokens are still on their way to the host (see step()).
         self.overlap = parts.overlap
         self.busy_s = 0.0  # wall time inside step() that ran a forward
+        # A step longer than this is logged with what it ran (a compile or a stall shows up in a
+        # request's TTFT; G14, session 10, saw one of ~500 ms that nothing recorded). Tests set 0.
+        self.slow_step_s = SLOW_STEP_S
+        self.slow_steps = 0
+        self.slow_log_every_s = 10.0  # at most one such line this often (a big model on a CPU is slow every step)
+        self._slow_logged = (float("-inf"), 0)  # (when the last line went out, slow steps counted then)
         self.seqs: dict[str, Sequence] = {}
         self._pending: list[StepDelta] = []
         self._inflight: LaunchedStep | None = None
@@ -119,6 +126,7 @@ class LLMEngine:
         """
         deltas, self._pending = self._pending, []
         started = time.perf_counter()
+        forwards = (self.runner.graph_steps, self.runner.eager_steps)
         previous, self._inflight = self._inflight, None
         if previous is None:  # nothing in flight: this step's time counts from now, not from an idle gap
             self._clock = max(self._clock, started)
@@ -138,8 +146,32 @@ class LLMEngine:
             else:
                 deltas += self._update(launched)
         if worked:
-            self.busy_s += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.busy_s += elapsed
+            if elapsed > self.slow_step_s:
+                self._log_slow_step(elapsed, launched, forwards)
         return deltas
+
+    def _log_slow_step(self, elapsed: float, launched: LaunchedStep | None, forwards: tuple[int, int]) -> None:
+        """One warning line for a step over `slow_step_s`: what this call launched and how it ran."""
+        self.slow_steps += 1
+        now = time.monotonic()
+        last, counted = self._slow_logged
+        if now - last < self.slow_log_every_s:
+            return
+        self._slow_logged = (now, self.slow_steps)
+        unlogged = self.slow_steps - counted - 1
+        graphs = self.runner.graph_steps - forwards[0]
+        eager = self.runner.eager_steps - forwards[1]
+        if launched is None:
+            what = "nothing launched"
+        else:
+            what = (f"{len(launched.plan)} sequences, {launched.decodes} decoding, "
+                    f"{sum(n for _, n in launched.plan)} tokens{' with a prompt chunk' if launched.mixed else ''}, "
+                    f"draft length {launched.k}")
+        log.warning("slow step: %.0f ms (%s; %d graph replays, %d eager forwards in this call)%s",
+                    elapsed * 1e3, what, graphs, eager,
+                    f"; {unlogged} more slow steps since the last line" if unlogged > 0 else "")
 
     def _schedule(self, previous: LaunchedStep | None, deltas: list[StepDelta]):
         """Drafts (the speculator), placeholders for `previous`'s tokens (overlap), then the plan.
