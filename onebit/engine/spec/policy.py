@@ -67,8 +67,8 @@ class DraftPolicy:
         self.times: dict[tuple[int, int], float] = {}  # (k, bucket) -> estimated step seconds
         self.warmed: set[tuple[int, int]] = set()  # pairs whose warm-up step has run
         self.measured_at: dict[tuple[int, int], int] = {}  # pair -> self.steps when last folded
-        self._recent: dict[tuple[int, int], deque] = {}  # pair -> its last few kept step times
-        self._mixed_only: set[tuple[int, int]] = set()  # pairs whose window holds only mixed steps' times
+        # pair -> its last few kept (step time, mixed) pairs: all mixed or none (see record_step)
+        self._recent: dict[tuple[int, int], deque] = {}
         self.acceptance = 0.6  # prior until the first verification
         self.steps = 0
         self.last_k = 0  # the previous step's choice
@@ -131,18 +131,14 @@ class DraftPolicy:
             return
         pair = (k, b)
         recent = self._recent.setdefault(pair, deque(maxlen=self.SAMPLES))
-        if mixed and recent and pair not in self._mixed_only:
+        mixed_only = bool(recent) and recent[-1][1]
+        if mixed and recent and not mixed_only:
             return  # a window of decode-only times, stale or not, is the better estimate
-        if self.steps - self.measured_at.get(pair, self.steps) > self.explore_every or (
-                not mixed and pair in self._mixed_only):
+        if self.steps - self.measured_at.get(pair, self.steps) > self.explore_every or (not mixed and mixed_only):
             recent.clear()  # stale (the load or the machine may have changed since), or mixed times only
-        if mixed:
-            self._mixed_only.add(pair)
-        else:
-            self._mixed_only.discard(pair)
-        recent.append(seconds)
-        self.times[(k, b)] = statistics.median(recent)
-        self.measured_at[(k, b)] = self.steps
+        recent.append((seconds, mixed))
+        self.times[pair] = statistics.median(t for t, _ in recent)
+        self.measured_at[pair] = self.steps
 
     def record_acceptance(self, proposed: int, accepted: int) -> None:
         """Fold one verification into the estimate of the chance that a draft is kept given the
