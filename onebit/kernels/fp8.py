@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from onebit.kernels import fused_ref
-from onebit.kernels.timing import ProductTimer
+from onebit.kernels.timing import ProductTimer, candidate_agrees
 
 log = logging.getLogger(__name__)
 
@@ -284,14 +284,9 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
             exact, both = _references(x, q, scale, bias)
             timed = {}
             for kind, config in candidates(m, n, k):
-                try:
-                    got = run_kernel(kind, config, x, q, scale, bias).float()
-                except Exception as error:  # a config this device cannot compile is just not a candidate
-                    log.debug("fp8 %s %s failed for %s: %s", kind, config, name, error)
-                    continue
                 want = both if kind.startswith("scaled_mm") else exact
-                if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
-                    log.warning("fp8 %s %s gave wrong results for %s; not used", kind, config, name)
+                if not candidate_agrees(lambda: run_kernel(kind, config, x, q, scale, bias), want,
+                                        f"fp8 {kind} {config}", name, log):
                     continue
                 if pre and kind == "scaled_mm":  # the producer quantizes: only the product is timed
                     rows_in = Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype)
@@ -418,13 +413,8 @@ def calibrate_blocks(layers: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[i
             want = block_weight_only_ref(x, q, scale_inv, block, bias)
             timed = {}
             for kind, config in block_candidates(m, block):
-                try:
-                    got = run_block_kernel(kind, config, x, q, scale_inv, block, bias).float()
-                except Exception as error:  # a config this device cannot compile is just not a candidate
-                    log.debug("fp8 block %s %s failed for %s: %s", kind, config, name, error)
-                    continue
-                if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
-                    log.warning("fp8 block %s %s gave wrong results for %s; not used", kind, config, name)
+                if not candidate_agrees(lambda: run_block_kernel(kind, config, x, q, scale_inv, block, bias), want,
+                                        f"fp8 block {kind} {config}", name, log):
                     continue
                 timed[(kind, config)] = timer.us(
                     lambda w, s, kind=kind, config=config: run_block_kernel(kind, config, x, w, s, block, bias))

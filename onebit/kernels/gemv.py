@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from onebit.kernels import batch_invariant
-from onebit.kernels.timing import ProductTimer
+from onebit.kernels.timing import ProductTimer, candidate_agrees
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +55,9 @@ def _correct_candidates(x, weight, bias, name: str) -> list[tuple[str, tuple[int
     want = F.linear(x, weight, bias).float()
     out = []
     for kernel, config in triton_gemv.candidates(x.shape[0]):
-        try:
-            got = triton_gemv.KERNELS[kernel](x, weight, bias, config).float()
-        except Exception as error:  # a config this device cannot compile is just not a candidate
-            log.debug("%s %s failed for %s: %s", kernel, config, name, error)
-            continue
-        if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
-            log.warning("%s %s gave wrong results for %s; not used", kernel, config, name)
-            continue
-        out.append((kernel, config))
+        if candidate_agrees(lambda: triton_gemv.KERNELS[kernel](x, weight, bias, config), want,
+                            f"{kernel} {config}", name, log):
+            out.append((kernel, config))
     return out
 
 

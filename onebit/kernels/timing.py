@@ -14,8 +14,27 @@ start-up calibrations (`gemv.calibrate`, `fp8.calibrate`) and the device benchma
 from __future__ import annotations
 
 import itertools
+import logging
+from typing import Callable
 
 import torch
+
+def candidate_agrees(run: Callable[[], torch.Tensor], want: torch.Tensor, what: str, name: str,
+                     log: logging.Logger) -> bool:
+    """Whether a calibration candidate runs and agrees with `want` (relative error at most 1e-2),
+    so that it may be timed. A config this device cannot compile is logged (debug) and left out;
+    one that gives wrong results is logged (warning) and left out. `what` names the candidate,
+    `name` the layer, `log` the calibrating module's logger."""
+    try:
+        got = run().float()
+    except Exception as error:  # a config this device cannot compile is just not a candidate
+        log.debug("%s failed for %s: %s", what, name, error)
+        return False
+    if ((got - want).norm() / want.norm().clamp_min(1e-6)).item() > 1e-2:
+        log.warning("%s gave wrong results for %s; not used", what, name)
+        return False
+    return True
+
 
 REPS_PER_REPLAY = 20
 # What the copies of one weight add up to at least: more than the H200's 50 MB L2 holds.
