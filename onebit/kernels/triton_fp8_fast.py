@@ -39,15 +39,22 @@ MANY_ROW_CONFIGS = [(32, 32, 256, 4, 4), (32, 64, 256, 2, 4), (64, 32, 128, 2, 4
 
 
 @triton.jit
+def _tile_block_scales(s_ptr, rn, n_ok, k0, K, stride_sn, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr):
+    # The scale of each output column rn for a K tile starting at k0 that lies in one block column
+    # (0 past K: an empty slice; `rn * 0 + k0` makes the mask a vector, as the interpreter wants).
+    return tl.load(s_ptr + tl.where(n_ok, rn // SCALE_BN, 0) * stride_sn + k0 // SCALE_BK,
+                   mask=n_ok & (rn * 0 + k0 < K), other=0.0)
+
+
+@triton.jit
 def _block_scaled_tile(prod, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr):
     # prod [BLOCK_N, BLOCK_K]: one row's products with a K tile starting at k0; summed per block
     # column, each sum times its block's scale. Returns [BLOCK_N].
-    s_rows = s_ptr + tl.where(n_ok, rn // SCALE_BN, 0) * stride_sn
     if BLOCK_K <= SCALE_BK:
-        s = tl.load(s_rows + k0 // SCALE_BK, mask=n_ok & (rn * 0 + k0 < K), other=0.0)
-        return tl.sum(prod, axis=1) * s
+        return tl.sum(prod, axis=1) * _tile_block_scales(s_ptr, rn, n_ok, k0, K, stride_sn, SCALE_BN, SCALE_BK)
     else:
+        s_rows = s_ptr + tl.where(n_ok, rn // SCALE_BN, 0) * stride_sn
         parts = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // SCALE_BK, SCALE_BK)), axis=2)
         cols = k0 // SCALE_BK + tl.arange(0, BLOCK_K // SCALE_BK)
         s = tl.load(s_rows[:, None] + cols[None, :], mask=n_ok[:, None] & (cols * SCALE_BK < K)[None, :], other=0.0)
@@ -113,8 +120,7 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             if SCALE_BN == 0:
                 acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
             else:  # BLOCK_K divides SCALE_BK: the tile lies in one block column
-                s = tl.load(s_ptr + tl.where(n_ok, rn // SCALE_BN, 0) * stride_sn + k0 // SCALE_BK,
-                            mask=n_ok & (rn * 0 + k0 < K), other=0.0)
+                s = _tile_block_scales(s_ptr, rn, n_ok, k0, K, stride_sn, SCALE_BN, SCALE_BK)
                 acc += tl.dot(x, tl.trans(w.to(x.dtype))) * s[None, :]
         out = out_ptr + rm[:, None] * stride_om + rn[None, :]
         out_ok = m_ok[:, None] & n_ok[None, :]
