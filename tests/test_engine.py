@@ -244,7 +244,11 @@ def test_a_slow_step_is_logged_with_what_it_ran(tiny_model_dir, caplog):
     assert len(lines) == llm.engine.slow_steps >= 4  # a prefill and three decode steps at least
     assert "2 sequences, 0 decoding" in lines[0] and "with a prompt chunk" in lines[0]  # the prefill
     assert any("2 sequences, 2 decoding" in line and "prompt chunk" not in line for line in lines[1:])
-    assert all("eager forwards in this call" in line for line in lines)
+    assert all("eager forwards in this call" in line and "Triton kernel variants compiled" in line for line in lines)
+    # the step summary's time by kind counts the same calls (on the CPU, all eager)
+    assert set(llm.engine.busy_by_kind) == {"eager"}
+    assert llm.engine.busy_by_kind["eager"][0] == llm.engine.slow_steps
+    assert f"eager {llm.engine.slow_steps} x" in llm.engine.step_summary()
     # once a minute instead: the steps after the first line are counted, not logged
     caplog.clear()
     llm.engine.slow_log_every_s = 60.0

@@ -23,6 +23,7 @@ from onebit.engine.sampler import SampledBatch
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
+from onebit.kernels import compile_watch
 from onebit.protocol.types import Resumed
 from onebit.protocol.validate import check_request
 
@@ -48,6 +49,11 @@ class LLMEngine:
         # Overlap: a launched step whose tokens are still on their way to the host (see step()).
         self.overlap = parts.overlap
         self.busy_s = 0.0  # wall time inside step() that ran a forward
+        # The same time by what the call launched ("graph decode", "graph with prompt", "eager"):
+        # [calls, seconds]. With overlap a call also waits for the step before it, so this is the
+        # time between launches of that kind, which is what a kind costs the server.
+        self.busy_by_kind: dict[str, list] = {}
+        compile_watch.install()
         # A step longer than this is logged with what it ran (a compile or a stall shows up in a
         # request's TTFT; G14, session 10, saw one of ~500 ms that nothing recorded). Tests set 0.
         self.slow_step_s = SLOW_STEP_S
@@ -126,7 +132,7 @@ class LLMEngine:
         """
         deltas, self._pending = self._pending, []
         started = time.perf_counter()
-        forwards = (self.runner.graph_steps, self.runner.eager_steps)
+        forwards = (self.runner.graph_steps, self.runner.eager_steps, compile_watch.compiled)
         previous, self._inflight = self._inflight, None
         if previous is None:  # nothing in flight: this step's time counts from now, not from an idle gap
             self._clock = max(self._clock, started)
@@ -148,12 +154,25 @@ class LLMEngine:
         if worked:
             elapsed = time.perf_counter() - started
             self.busy_s += elapsed
+            kind = self._step_kind(launched, forwards)
+            entry = self.busy_by_kind.setdefault(kind, [0, 0.0])
+            entry[0] += 1
+            entry[1] += elapsed
             if elapsed > self.slow_step_s:
                 self._log_slow_step(elapsed, launched, forwards)
         return deltas
 
-    def _log_slow_step(self, elapsed: float, launched: LaunchedStep | None, forwards: tuple[int, int]) -> None:
-        """One warning line for a step over `slow_step_s`: what this call launched and how it ran."""
+    def _step_kind(self, launched: LaunchedStep | None, forwards: tuple[int, int, int]) -> str:
+        """What a step() call launched, for `busy_by_kind`."""
+        if launched is None:
+            return "nothing launched"
+        if self.runner.eager_steps > forwards[1]:
+            return "eager"
+        return "graph with prompt" if launched.mixed else "graph decode"
+
+    def _log_slow_step(self, elapsed: float, launched: LaunchedStep | None, forwards: tuple[int, int, int]) -> None:
+        """One warning line for a step over `slow_step_s`: what this call launched, how it ran and
+        which Triton kernel variants it compiled."""
         self.slow_steps += 1
         now = time.monotonic()
         last, counted = self._slow_logged
@@ -169,8 +188,11 @@ class LLMEngine:
             what = (f"{len(launched.plan)} sequences, {launched.decodes} decoding, "
                     f"{sum(n for _, n in launched.plan)} tokens{' with a prompt chunk' if launched.mixed else ''}, "
                     f"draft length {launched.k}")
-        log.warning("slow step: %.0f ms (%s; %d graph replays, %d eager forwards in this call)%s",
-                    elapsed * 1e3, what, graphs, eager,
+        compiled = compile_watch.since(forwards[2])
+        log.warning("slow step: %.0f ms (%s; %d graph replays, %d eager forwards in this call; "
+                    "%d Triton kernel variants compiled%s)%s",
+                    elapsed * 1e3, what, graphs, eager, compile_watch.compiled - forwards[2],
+                    f": {'; '.join(compiled)}" if compiled else "",
                     f"; {unlogged} more slow steps since the last line" if unlogged > 0 else "")
 
     def _schedule(self, previous: LaunchedStep | None, deltas: list[StepDelta]):
@@ -353,8 +375,9 @@ class LLMEngine:
         seconds spent stepping (host and device), for logs at shutdown."""
         r = self.runner
         rows = r.graph_rows / r.graph_steps if r.graph_steps else 0.0
+        kinds = ", ".join(f"{kind} {n} x {s / n * 1e3:.2f} ms" for kind, (n, s) in sorted(self.busy_by_kind.items()))
         return (f"{r.graph_steps + r.eager_steps} forwards: {r.graph_steps} graph replays (mean {rows:.1f} rows), "
-                f"{r.eager_steps} eager; {self.busy_s:.1f} s in steps")
+                f"{r.eager_steps} eager; {self.busy_s:.1f} s in steps ({kinds})")
 
     def slots(self) -> list[SlotInfo]:
         """One entry per slot, with the request it serves if any."""

@@ -28,12 +28,11 @@ import triton.language as tl
 from onebit.kernels.triton_prefill import _key_step, _query_tile, _write_tile
 
 # The engine's switch: False routes prefill chunks to the older `triton_prefill` kernel (benches
-# compare the two with it). Still off after its first device run (session 10, H200, 8B shape): one
-# layer is 1.13-1.17x faster than the older kernel (2k and 8k prompts, four 2k packed, a 512 chunk
-# at 8k), but in the engine the prefill of eight 2k prompts took 1.12 s against 0.44 s and of 32
-# 2.12 s against 1.84 s, unexplained (a compile at a new shape? per-layer tile plans?); the next
-# device run times the engine's prefill steps one by one before this flips.
-enabled = False
+# compare the two with it). On since session 11: on the H200 (8B shape) one layer is 1.13-1.23x
+# the older kernel (2k and 8k prompts, four 2k packed, a 512 chunk at 8k), and the engine's
+# prefill of 1 / 8 / 32 2k prompts took 0.05 / 0.43 / 1.77 s against 0.05 / 0.44 / 1.80 s, the
+# same on a first and a second pass (session 10's 1.12 s against 0.44 s did not come back).
+enabled = True
 
 
 @dataclass(frozen=True)

@@ -158,18 +158,22 @@ class Tokenizer:
         decoder = json.loads(self._tok.to_str()).get("decoder") or {}
         if decoder.get("type") != "ByteLevel":
             return None
-        byte_of = {ch: b for b, ch in enumerate(byte_alphabet())}
+        alphabet = byte_alphabet()
+        # Each alphabet character stands for one byte: translate to the code point of that byte,
+        # then latin-1 gives the bytes (one pass in C per token: the whole table in ~0.1 s on a
+        # 152k vocabulary, where a per-character loop took 0.6-1.8 s at the first request).
+        to_bytes = str.maketrans({ch: chr(b) for b, ch in enumerate(alphabet)})
         added = {i: t.content for i, t in self._tok.get_added_tokens_decoder().items()}
-        table: list[bytes] = []
-        for i in range(self.vocab_size):
-            if i in added:
-                table.append(added[i].encode("utf-8"))
-                continue
-            piece = self._tok.id_to_token(i)
-            if piece is None or any(ch not in byte_of for ch in piece):
-                return None
-            table.append(bytes(byte_of[ch] for ch in piece))
-        return table
+        pieces: list[str | None] = [None] * self.vocab_size
+        for piece, i in self._tok.get_vocab(with_added_tokens=False).items():
+            if 0 <= i < self.vocab_size and i not in added:
+                pieces[i] = piece
+        if any(p is None and i not in added for i, p in enumerate(pieces)):
+            return None  # an id with no token: not a plain byte-level vocabulary
+        if set("".join(p for p in pieces if p is not None)) - set(alphabet):
+            return None  # a character outside the byte alphabet
+        return [added[i].encode("utf-8") if p is None else p.translate(to_bytes).encode("latin-1")
+                for i, p in enumerate(pieces)]
 
     def backend_json(self) -> str:
         """The whole tokenizer as `tokenizer.json` text (what grammar libraries load)."""
