@@ -49,6 +49,16 @@ def test_split_count_fills_the_gpu_at_small_batch_and_not_more():
     assert triton_decode.choose_num_splits(1, 8, 100, 132) == 1
 
 
+def test_the_eager_warm_up_meets_every_split_count_once():
+    """The runner warms the eager path with one step per split count (each a kernel variant):
+    the fewest rows that choose each count, every count met over 1..64 rows."""
+    rows = triton_decode.rows_per_split_count(64, 8, 8448, 132)
+    choose = lambda b: triton_decode.choose_num_splits(b, 8, 8448, 132)  # noqa: E731
+    assert [choose(b) for b in rows] == sorted({choose(b) for b in range(1, 65)}, reverse=True)
+    assert all(choose(b - 1) != choose(b) for b in rows if b > 1)  # the first row count of each
+    assert rows[0] == 1 and rows == sorted(rows)
+
+
 @pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,lens,max_context,min_split", [
     (8, 2, 32, 16, [1, 5, 300, 700], 1024, None),   # GQA 4: short contexts leave most splits empty
     (4, 1, 16, 8, [130, 1000], 1000, 64),           # MQA, 16 splits, lengths not multiples of the tile

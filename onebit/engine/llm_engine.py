@@ -50,8 +50,9 @@ class LLMEngine:
         self.overlap = parts.overlap
         self.busy_s = 0.0  # wall time inside step() that ran a forward
         # The same time by what the call launched ("graph decode", "graph with prompt", "eager"):
-        # [calls, seconds]. With overlap a call also waits for the step before it, so this is the
-        # time between launches of that kind, which is what a kind costs the server.
+        # [calls, seconds, seconds until the launch was queued]. With overlap a call also waits
+        # for the step before it; the part after the launch is that wait and the host's work on
+        # the previous step's tokens.
         self.busy_by_kind: dict[str, list] = {}
         compile_watch.install()
         # A step longer than this is logged with what it ran (a compile or a stall shows up in a
@@ -143,6 +144,7 @@ class LLMEngine:
             deltas += self._update(previous, followed=False)
             previous = None
         launched = self._launch(previous, deltas)  # schedule -> run -> sample (queued on the device)
+        launch_s = time.perf_counter() - started
         if previous is not None:
             deltas += self._update(previous, followed=launched is not None)
         if launched is not None:
@@ -155,9 +157,10 @@ class LLMEngine:
             elapsed = time.perf_counter() - started
             self.busy_s += elapsed
             kind = self._step_kind(launched, forwards)
-            entry = self.busy_by_kind.setdefault(kind, [0, 0.0])
+            entry = self.busy_by_kind.setdefault(kind, [0, 0.0, 0.0])
             entry[0] += 1
             entry[1] += elapsed
+            entry[2] += launch_s
             if elapsed > self.slow_step_s:
                 self._log_slow_step(elapsed, launched, forwards)
         return deltas
@@ -375,7 +378,8 @@ class LLMEngine:
         seconds spent stepping (host and device), for logs at shutdown."""
         r = self.runner
         rows = r.graph_rows / r.graph_steps if r.graph_steps else 0.0
-        kinds = ", ".join(f"{kind} {n} x {s / n * 1e3:.2f} ms" for kind, (n, s) in sorted(self.busy_by_kind.items()))
+        kinds = ", ".join(f"{kind} {n} x {s / n * 1e3:.2f} ms ({launch / n * 1e3:.2f} to launch)"
+                          for kind, (n, s, launch) in sorted(self.busy_by_kind.items()))
         return (f"{r.graph_steps + r.eager_steps} forwards: {r.graph_steps} graph replays (mean {rows:.1f} rows), "
                 f"{r.eager_steps} eager; {self.busy_s:.1f} s in steps ({kinds})")
 

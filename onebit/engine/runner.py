@@ -70,6 +70,7 @@ class ModelRunner:
         self.mtp = mtp
         self.cfg = cfg
         self.device = device
+        self.parallel = parallel
         self.block_size = block_size
         # One block past the pool is scratch: padded rows of a graph replay write there.
         # With an MTP head, one more layer of cache holds its entries.
@@ -118,9 +119,22 @@ class ModelRunner:
         compile now: on first use they stalled a serving step for 0.5-1.4 s on the H200. Triton
         compiles a variant per integer argument that is 1 or divisible by 16, so the lengths mix
         both kinds (a 128-token prompt is one)."""
-        for lens in ((16, 128), (1, 37, 3 * GRAPH_CHUNK_TOKENS + 7), (1, 16, 127)):
+        steps = [[16, 128], [1, 37, 3 * GRAPH_CHUNK_TOKENS + 7], [1, 16, 127]]
+        # The decode kernel's split count follows the step's decode rows (adaptive splits): one
+        # step per count the eager path can meet, each a kernel variant of its own (G21, session
+        # 11: a first mixed step with 10 decodes compiled NUM_SPLITS=4 for 0.6 s while serving).
+        steps += [[1] * rows + [GRAPH_CHUNK_TOKENS] for rows in self._decode_rows_per_split_count()]
+        for lens in steps:
             with batch_invariant.mode(self.deterministic):
                 self._eager_scratch_step([n for n in lens if n < self.ctx_size], scratch_block)
+
+    def _decode_rows_per_split_count(self) -> list[int]:
+        """For each split count the decode kernel chooses over 1..parallel decode rows, the
+        fewest rows that choose it (none where splits are fixed or the kernel is not in use)."""
+        if triton_decode is None or not triton_decode.adaptive_splits or self.device.type != "cuda":
+            return []
+        return triton_decode.rows_per_split_count(self.parallel, self.cfg.num_kv_heads, self.ctx_size,
+                                                  triton_decode.sm_count(self.device))
 
     def _eager_scratch_step(self, lens: list[int], scratch_block: int) -> None:
         # Stand-in sequences whose every block is the scratch block; one-token ones are decodes,

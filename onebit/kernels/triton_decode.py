@@ -161,6 +161,15 @@ def choose_num_splits(rows: int, kv_heads: int, max_context: int, sms: int = 132
     return 1 << (max(1, min(want, useful, max_splits)).bit_length() - 1)
 
 
+def rows_per_split_count(max_rows: int, kv_heads: int, max_context: int, sms: int = 132) -> list[int]:
+    """For each split count `choose_num_splits` gives over 1..max_rows rows, the fewest rows
+    that get it, ascending: one launch per kernel variant a warm-up must compile."""
+    first: dict[int, int] = {}
+    for rows in range(1, max_rows + 1):
+        first.setdefault(choose_num_splits(rows, kv_heads, max_context, sms), rows)
+    return sorted(first.values())
+
+
 def pick_num_splits(max_context: int, split_target: int = 512, max_splits: int = 16) -> int:
     """The engine-wide split count of the older fixed rule, for contexts up to max_context tokens
     (also fixes the batch-invariant kernel's split length, `batch_invariant.split_len`)."""
