@@ -28,7 +28,9 @@ import triton.language as tl
 from onebit.kernels import pdl
 
 
-@triton.jit
+# The table width and the split length change from one eager step to the next: specializing on
+# them (1, or divisible by 16) compiled new variants while serving (G21, session 11).
+@triton.jit(do_not_specialize=["max_blocks", "min_split"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_acc_ptr, part_ml_ptr, k_scale_ptr, v_scale_ptr, out_ptr,
     scale, max_blocks, min_split,

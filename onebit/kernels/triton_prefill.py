@@ -78,7 +78,7 @@ def _write_tile(out_ptr, v_scale_ptr, acc, l, start, tok, g, row_ok, dims, kv_he
     tl.store(out_ptr + o_off[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_blocks"])  # the table width changes every step: one variant
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tile_seq_ptr, tile_q0_ptr, seq_start_ptr, seq_qlen_ptr, seq_ctx_ptr,
     tables_ptr, k_scale_ptr, v_scale_ptr, scale, max_blocks,

@@ -52,7 +52,7 @@ CANDIDATES = [PrefillLaunch(64, 64, 4, 3), PrefillLaunch(128, 64, 4, 3), Prefill
               PrefillLaunch(128, 32, 8, 3), PrefillLaunch(128, 128, 8, 2), PrefillLaunch(256, 64, 8, 2)]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_blocks"])  # the table width changes every step: one variant
 def _flash_prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tiles_ptr, seqs_ptr, tables_ptr, k_scale_ptr, v_scale_ptr, scale, max_blocks,
     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_ot, stride_oh,
