@@ -42,13 +42,14 @@ print(f"| engine alone | {engine:,.0f} tok/s | 1.00x |")
 print(f"| worker + pipe (NativeBackend) | {backend:,.0f} tok/s | {backend / engine:.2f}x |")
 print(f"| HTTP server (1bit bench) | {server:,.0f} tok/s | {server / engine:.2f}x |" if server else "| HTTP server | see server.log |")
 PY
-# PROFILE=1: once more, the worker alone under cProfile (slower, so its figures are not the table's):
-# where a 64-stream step's host time goes on the device's CPU, waits for the GPU included (the
-# functions that resolve sampled tokens); the 25 costliest by own time and by cumulative time.
+# PROFILE=1: once more, the served run with its worker under cProfile (slower, so its figures are
+# not the table's): where a served 64-stream step's host time goes on the device's CPU, waits for
+# the GPU included (the functions that resolve sampled tokens); the 25 costliest by own time and by
+# cumulative time.
 if [ "${PROFILE:-0}" = 1 ]; then
-  python3 bench/host_profile.py -m /tmp/qwen3-8b-shape --load-format dummy --device cuda --concurrency 64 \
-    --requests "$REQUESTS" --prompt-tokens 128 --max-tokens 128 --ctx-size 1024 --max-batch-tokens 8192 \
-    --parts backend --profile "$OUT/worker.prof" > "$OUT/host_profile_cprofile.log" 2>&1
+  ONEBIT_WORKER_PROFILE="$OUT/worker.prof" python3 bench/front_cpu.py --serve "$SERVE" --concurrency 64 \
+    --requests "$REQUESTS" --max-tokens 128 --prompts random:128 --out "$OUT/server_profiled" \
+    > "$OUT/server_profiled.log" 2>&1
   python3 - "$OUT/worker.prof" > "$OUT/worker_profile.txt" <<'PY'
 import pstats, sys
 stats = pstats.Stats(sys.argv[1])

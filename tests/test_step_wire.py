@@ -119,3 +119,22 @@ def test_generate_streams_through_a_packed_step():
 
     delta = asyncio.run(go())
     assert delta.token_ids == [3] and delta.finished and delta.finish_reason == "length"
+
+
+def test_a_profiled_worker_loop_writes_its_profile_when_it_stops(tmp_path):
+    """ONEBIT_WORKER_PROFILE's loop: the same messages, and a cProfile of serve_engine on stop."""
+    import pstats
+
+    from onebit.backends.native_worker import _serve_profiled
+
+    path = tmp_path / "worker.prof"
+    front, worker = mp.Pipe(duplex=True)
+    thread = threading.Thread(target=_serve_profiled, args=(_TwoStepEngine(), worker, str(path)), daemon=True)
+    thread.start()
+    front.send(("add", "r1", [4, 5, 6], SamplingParams()))
+    assert [front.recv()[0], front.recv()[0]] == ["step", "step"]
+    front.send(("stop",))
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    functions = {name for _, _, name in pstats.Stats(str(path)).stats}
+    assert "serve_engine" in functions and "step" in functions

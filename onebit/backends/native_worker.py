@@ -66,6 +66,9 @@ def load_engine(config: EngineConfig):
 
 
 REPORT_INTERVAL_S = 0.05
+# A file path here makes the worker run its step loop under cProfile and write the profile there
+# when it stops: where a served step's host time goes (bench/gpu_host_overhead.sh PROFILE=1).
+PROFILE_ENV = "ONEBIT_WORKER_PROFILE"
 
 
 def serve_engine(engine, conn: Connection) -> None:
@@ -116,6 +119,17 @@ def _kv_info(engine) -> dict:
         return {}
 
 
+def _serve_profiled(engine, conn: Connection, path: str) -> None:
+    """serve_engine under cProfile; the profile is written to `path` however the loop ends."""
+    import cProfile
+
+    profiler = cProfile.Profile()
+    try:
+        profiler.runcall(serve_engine, engine, conn)
+    finally:
+        profiler.dump_stats(path)
+
+
 def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None:
     """Process entry point: load the engine, report, then serve until told to stop."""
     die_with_parent(parent_pid)
@@ -136,7 +150,10 @@ def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None
     }
     conn.send(("ready", info))
     try:
-        serve_engine(engine, conn)
+        if os.environ.get(PROFILE_ENV):
+            _serve_profiled(engine, conn, os.environ[PROFILE_ENV])
+        else:
+            serve_engine(engine, conn)
     except (BrokenPipeError, EOFError):
         pass
     finally:
