@@ -146,3 +146,22 @@ def test_bias_and_bans_land_on_their_own_rows_only():
     want[0, 2], want[0, 3] = 5.0, -1.0
     want[1, 9] = want[1, 4] = float("-inf")
     assert torch.equal(logits, want)
+
+
+def test_bias_and_bans_write_no_python_number_through_tensor_indices(monkeypatch):
+    """`logits[row_tensor, id_tensor] = -inf` made the host wait for the GPU's queue on CUDA (G21,
+    session 11: 5.7 ms of a served step); the writes go through index_fill_/index_add_ instead."""
+    from onebit.engine.sampler import apply_bias_and_bans
+    writes = []
+    original = torch.Tensor.__setitem__
+
+    def recording(self, key, value):
+        writes.append((key, value))
+        return original(self, key, value)
+    monkeypatch.setattr(torch.Tensor, "__setitem__", recording)
+    seqs = [Sequence("a", [1], SamplingParams(logit_bias={2: 5.0}, min_tokens=4), 50, 0),
+            Sequence("b", [1], SamplingParams(min_tokens=3, stop_token_ids=[4]), 50, 1)]
+    logits = torch.zeros(2, 10)
+    apply_bias_and_bans(logits, seqs, eos_ids={9})
+    assert logits[0, 2] == 5.0 and logits[0, 9] == logits[1, 9] == logits[1, 4] == float("-inf")
+    assert writes == []

@@ -12,6 +12,7 @@ from onebit.engine.sequence import Sequence
 from onebit.engine.spec.drafter import Drafter
 from onebit.engine.spec.policy import DraftPolicy, draft_budget
 from onebit.engine.spec.verify import verify
+from onebit.engine.transfer import upload
 
 log = logging.getLogger("onebit.engine")
 
@@ -167,7 +168,7 @@ class Speculator:
             return logits
         logits = logits.clone()
         rows = min(early, logits.shape[0])
-        logits[:rows, torch.tensor(ends, device=logits.device)] = float("-inf")
+        logits[:rows].index_fill_(1, upload(ends, torch.long, logits.device), float("-inf"))
         return logits
 
     def _grammar_masker(self, logits: torch.Tensor):
