@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from onebit.engine.grammar.state import GrammarState
+from onebit.engine.transfer import upload
 
 
 class GrammarMasker:
@@ -73,6 +74,6 @@ class GrammarMasker:
             allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[-1]), value=False)
         if len(rows) < logits.shape[0]:  # free rows allow every token
             full = torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
-            full[torch.tensor(rows, device=logits.device)] = allowed[:, :width]
+            full[upload(rows, torch.long, logits.device)] = allowed[:, :width]
             allowed = full
         return torch.where(allowed[:, :width], logits, self.minus_inf)
