@@ -22,3 +22,12 @@ def test_the_hook_counts_and_names_variants_and_keeps_the_previous_hook(monkeypa
     assert compile_watch.since(before) == ["matvec(BLOCK=64, n=1)", "matvec(BLOCK=128)"]
     assert compile_watch.since(before + 2) == []
     assert seen == ["matvec", "matvec"]  # the hook that was there before still runs
+
+
+def test_a_hook_call_it_cannot_read_is_still_counted(monkeypatch):
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
+    monkeypatch.setattr(compile_watch, "_installed", False)
+    compile_watch.install()
+    before = compile_watch.compiled
+    assert knobs.runtime.jit_cache_hook(key="k", fn=object(), compile={"constants": 3}) is None
+    assert compile_watch.since(before) == ["?"]

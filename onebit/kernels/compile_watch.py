@@ -46,7 +46,10 @@ def install() -> bool:
     def hook(*args, **kwargs):
         global compiled
         compiled += 1
-        recent.append(describe(kwargs.get("fn"), kwargs.get("compile") or {}))
+        try:
+            recent.append(describe(kwargs.get("fn"), kwargs.get("compile") or {}))
+        except Exception:  # counting must never break a compile (Triton's hook arguments may change)
+            recent.append("?")
         return previous(*args, **kwargs) if previous is not None else None
 
     runtime.jit_cache_hook = hook

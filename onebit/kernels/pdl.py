@@ -17,7 +17,6 @@ cuBLAS's, wait for their predecessors as usual, and the wait instruction is harm
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -36,22 +35,23 @@ def wait_for_previous(PDL: tl.constexpr):
 
 
 def options() -> dict:
-    """Keyword arguments for a launch of a kernel that calls `wait_for_previous(PDL)` on the
-    current CUDA device: PDL where `enabled` and `usable()`, nothing otherwise."""
+    """Keyword arguments for a launch of a kernel that calls `wait_for_previous(PDL)`: PDL where
+    `enabled` and `usable()`, nothing otherwise."""
     return {"PDL": True, "launch_pdl": True} if enabled and usable() else {}
 
 
+_usable: bool | None = None  # usable()'s answer, found at the first launch (an eager step has hundreds)
+
+
 def usable() -> bool:
-    """Whether launches here can use PDL: a compiled (not interpreted) Triton with the
-    instructions, on a CUDA device of compute capability 9.0 or later (Hopper)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        return False
-    return _device_usable(torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _device_usable(index: int) -> bool:
-    return supported() and torch.cuda.get_device_capability(index) >= (9, 0)
+    """Whether launches in this process can use PDL: a compiled (not interpreted) Triton with the
+    instructions, on a CUDA device of compute capability 9.0 or later (Hopper); decided once, for
+    the device current at the first launch (a worker process serves one device)."""
+    global _usable
+    if _usable is None:
+        _usable = (os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available() and supported()
+                   and torch.cuda.get_device_capability(torch.cuda.current_device()) >= (9, 0))
+    return _usable
 
 
 def supported() -> bool:
