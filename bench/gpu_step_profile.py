@@ -1,7 +1,7 @@
 """Where a decode step's time goes: kernels by kind, GPU-busy time against the step's wall time.
 
     PYTHONPATH=. python3 bench/gpu_step_profile.py [--out DIR] [--batches 1,8,64] [--engines bf16,fp8]
-        [--shape qwen3-8b] [--steps 20] [--device cuda] [--pdl]
+        [--shape qwen3-8b] [--steps 20] [--device cuda] [--no-pdl]
 
 One device call (~2 min, no wheels). For each engine (bf16; fp8 = `--quantize fp8` with its FP8
 head) on the shape with random weights (CUDA graphs, overlapped steps), and each batch size: the
@@ -135,7 +135,8 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen3-8b")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch on (onebit.kernels.pdl)")
+    ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=pdl.enabled,
+                    help="programmatic dependent launch (onebit.kernels.pdl; default: the engine's, on)")
     ap.add_argument("--turnover", type=int, default=2,
                     help="also profile the largest batch with a request ending and one arriving every N steps (0: not)")
     args = ap.parse_args()
@@ -159,7 +160,7 @@ def main() -> None:
             r = profile_decode(engine, b, args.steps, args.device, turnover)
             b = f"{b} + a prompt every {turnover} steps" if turnover else b
             ms = {k: r["by_kind"].get(k, 0.0) * 1e3 for k in kinds}
-            name = label + (" + PDL" if args.pdl else "")
+            name = label + ("" if args.pdl else " without PDL")
             lines.append(f"| {name} | {b} | {r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | "
                          f"{(r['wall'] - r['busy']) * 1e3:.2f} | {r['launches']:.0f} | "
                          f"{(r['wall'] - r['busy']) * 1e6 / max(r['launches'], 1):.2f} | {floor * 1e3:.2f} | "
