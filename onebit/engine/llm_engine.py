@@ -133,7 +133,8 @@ class LLMEngine:
         """
         deltas, self._pending = self._pending, []
         started = time.perf_counter()
-        forwards = (self.runner.graph_steps, self.runner.eager_steps, compile_watch.compiled)
+        # graph replays, eager forwards and Triton compiles so far (what this call adds, for the logs)
+        counts = (self.runner.graph_steps, self.runner.eager_steps, compile_watch.compiled)
         previous, self._inflight = self._inflight, None
         if previous is None:  # nothing in flight: this step's time counts from now, not from an idle gap
             self._clock = max(self._clock, started)
@@ -156,24 +157,24 @@ class LLMEngine:
         if worked:
             elapsed = time.perf_counter() - started
             self.busy_s += elapsed
-            kind = self._step_kind(launched, forwards)
+            kind = self._step_kind(launched, counts)
             entry = self.busy_by_kind.setdefault(kind, [0, 0.0, 0.0])
             entry[0] += 1
             entry[1] += elapsed
             entry[2] += launch_s
             if elapsed > self.slow_step_s:
-                self._log_slow_step(elapsed, launched, forwards)
+                self._log_slow_step(elapsed, launched, counts)
         return deltas
 
-    def _step_kind(self, launched: LaunchedStep | None, forwards: tuple[int, int, int]) -> str:
+    def _step_kind(self, launched: LaunchedStep | None, counts: tuple[int, int, int]) -> str:
         """What a step() call launched, for `busy_by_kind`."""
         if launched is None:
             return "nothing launched"
-        if self.runner.eager_steps > forwards[1]:
+        if self.runner.eager_steps > counts[1]:
             return "eager"
         return "graph with prompt" if launched.mixed else "graph decode"
 
-    def _log_slow_step(self, elapsed: float, launched: LaunchedStep | None, forwards: tuple[int, int, int]) -> None:
+    def _log_slow_step(self, elapsed: float, launched: LaunchedStep | None, counts: tuple[int, int, int]) -> None:
         """One warning line for a step over `slow_step_s`: what this call launched, how it ran and
         which Triton kernel variants it compiled."""
         self.slow_steps += 1
@@ -183,18 +184,18 @@ class LLMEngine:
             return
         self._slow_logged = (now, self.slow_steps)
         unlogged = self.slow_steps - counted - 1
-        graphs = self.runner.graph_steps - forwards[0]
-        eager = self.runner.eager_steps - forwards[1]
+        graphs = self.runner.graph_steps - counts[0]
+        eager = self.runner.eager_steps - counts[1]
         if launched is None:
             what = "nothing launched"
         else:
             what = (f"{len(launched.plan)} sequences, {launched.decodes} decoding, "
                     f"{sum(n for _, n in launched.plan)} tokens{' with a prompt chunk' if launched.mixed else ''}, "
                     f"draft length {launched.k}")
-        compiled = compile_watch.since(forwards[2])
+        compiled = compile_watch.since(counts[2])
         log.warning("slow step: %.0f ms (%s; %d graph replays, %d eager forwards in this call; "
                     "%d Triton kernel variants compiled%s)%s",
-                    elapsed * 1e3, what, graphs, eager, compile_watch.compiled - forwards[2],
+                    elapsed * 1e3, what, graphs, eager, compile_watch.compiled - counts[2],
                     f": {'; '.join(compiled)}" if compiled else "",
                     f"; {unlogged} more slow steps since the last line" if unlogged > 0 else "")
 
