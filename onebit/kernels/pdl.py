@@ -11,8 +11,10 @@ same call lets the next kernel launch early (`griddepcontrol.launch_dependents`)
 
 `enabled` is read at each launch (and so when CUDA graphs are captured). On since session 11's
 G25 (bench/gpu_pdl.py, H200, 8B shape): bf16 +2.6% at B=1, fp8 +5.9% at B=1, within 1% either
-way at B=8 and 64, the same greedy tokens in all six. `supported()` still gates it per device. Kernels launched without PDL, or torch's and
-cuBLAS's, wait for their predecessors as usual, and the wait instruction is harmless there.
+way at B=8 and 64, the same greedy tokens in all six. A launch asks for it only where `usable()`
+(a compiled Triton with the instructions, an sm_90+ device). Kernels launched without PDL, or
+torch's and cuBLAS's, wait for their predecessors as usual, and the wait instruction is harmless
+there.
 """
 
 from __future__ import annotations
