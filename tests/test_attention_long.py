@@ -140,3 +140,25 @@ def test_flash_prefill_plan_reused_across_layers():
     b = triton_prefill_flash.paged_prefill_attention(q, k, v, [0, 20], qlens, ctxs, tables, 0.25, launch=launch,
                                                      plan=plan)
     assert torch.equal(a, b)
+
+
+def test_flash_prefill_takes_four_warps_only_with_many_programs():
+    """G27's launch rule: 4 warps at 8+ programs per SM (an 8k prompt: 2,048 programs on the 8B
+    shape), 8 below (a 2k prompt: 512); both keep the default's rows, so one tile plan serves."""
+    flash = triton_prefill_flash
+    many, default = flash.MANY_PROGRAMS_LAUNCH, flash.DEFAULT_LAUNCH
+    assert (many.rows, many.tile_k) == (default.rows, default.tile_k) and many.warps == 4
+    assert flash.tokens_per_tile(32, 8, default.rows) == 32  # the 8B shape: 32 tokens a tile
+
+    def pick(prompt_tokens: int):
+        plan = flash.plan_tiles([0], [prompt_tokens], [prompt_tokens], 32, 8, torch.device("cpu"))
+        return flash.launch_for(plan, 8, 132)
+    assert pick(8192) == many and pick(4 * 1056) == many  # 2,048 and 1,056 programs
+    assert pick(2048) == default and pick(512) == default  # 512 and 128 programs
+    # the kernel with launch=None (its own pick) gives the default launch's result
+    chunks = [(20, 60), (7, 7)]
+    qlens, ctxs = [n for n, _ in chunks], [c for _, c in chunks]
+    q, k, v, tables, _ = _cache(ctxs, 4, 2, 16, 8, 1, sum(qlens))
+    auto = flash.paged_prefill_attention(q, k, v, [0, 20], qlens, ctxs, tables, 0.25)
+    fixed = flash.paged_prefill_attention(q, k, v, [0, 20], qlens, ctxs, tables, 0.25, launch=default)
+    assert torch.equal(auto, fixed)

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from onebit.kernels.triton_decode import sm_count
 from onebit.kernels.triton_prefill import _key_step, _query_tile, _write_tile
 
 # The engine's switch: False routes prefill chunks to the older `triton_prefill` kernel (benches
@@ -47,7 +48,13 @@ class PrefillLaunch:
 
 
 DEFAULT_LAUNCH = PrefillLaunch()
-# Candidates the device bench times (bench/gpu_attention_long.py); DEFAULT_LAUNCH is a guess until then.
+# With many programs (tiles x KV heads: a long prompt, or several) 4 warps a program did better,
+# with few 8 (G27, session 11, H200, 8B shape, one layer, ms, 8 warps against 4: an 8k prompt
+# 2.19 / 1.92 and four 2k prompts 0.61 / 0.55 at 2,048 programs; one 2k prompt 0.19 / 0.21 at 512;
+# a 512-token chunk at 8k 0.30 / 0.46 at 128). Same rows and key tile: the same tile plan.
+MANY_PROGRAMS_LAUNCH = PrefillLaunch(128, 64, 4, 3)
+MANY_PROGRAMS_PER_SM = 8
+# Candidates the device bench times (bench/gpu_attention_long.py).
 CANDIDATES = [PrefillLaunch(64, 64, 4, 3), PrefillLaunch(128, 64, 4, 3), PrefillLaunch(128, 64, 8, 3),
               PrefillLaunch(128, 32, 8, 3), PrefillLaunch(128, 128, 8, 2), PrefillLaunch(256, 64, 8, 2)]
 
@@ -124,23 +131,34 @@ def plan_tiles(query_starts: list[int], query_lens: list[int], context_lens: lis
     return TilePlan(tiles.to(device, non_blocking=True), seqs.to(device, non_blocking=True), tq)
 
 
+def launch_for(plan: TilePlan, kv_heads: int, sms: int) -> PrefillLaunch:
+    """The launch for a step's tile plan (made with DEFAULT_LAUNCH's rows): 4 warps a program
+    when there are at least MANY_PROGRAMS_PER_SM programs per SM, else the default's 8."""
+    programs = plan.tiles.shape[0] * kv_heads
+    return MANY_PROGRAMS_LAUNCH if programs >= MANY_PROGRAMS_PER_SM * sms else DEFAULT_LAUNCH
+
+
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             query_starts: list[int], query_lens: list[int], context_lens: list[int],
                             block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None,
                             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                            launch: PrefillLaunch = DEFAULT_LAUNCH, plan: TilePlan | None = None) -> torch.Tensor:
+                            launch: PrefillLaunch | None = None, plan: TilePlan | None = None) -> torch.Tensor:
     """Causal attention for packed query chunks q [T, heads, head_dim] over their paged contexts
     (e4m3 caches with their per-KV-head scales k_scale, v_scale [kv_heads] float32); the contract
     of `triton_prefill.paged_prefill_attention`. `plan` (from `plan_tiles` with the same launch)
-    saves rebuilding the tiles when several layers run the same step.
+    saves rebuilding the tiles when several layers run the same step. `launch` None: DEFAULT_LAUNCH's
+    tiles, with the warps `launch_for` picks for their number.
     """
     _, num_heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     group = num_heads // kv_heads
-    plan = plan or plan_tiles(query_starts, query_lens, context_lens, num_heads, kv_heads, q.device, launch)
+    plan = plan or plan_tiles(query_starts, query_lens, context_lens, num_heads, kv_heads, q.device,
+                              launch or DEFAULT_LAUNCH)
     out = torch.empty_like(q) if out is None else out
     if plan.tiles.shape[0] == 0:
         return out
+    if launch is None:
+        launch = launch_for(plan, kv_heads, sm_count(q.device))
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     tile_k = launch.tile_k if head_dim <= 128 else min(launch.tile_k, 32)  # registers of wide heads
     _flash_prefill_kernel[(plan.tiles.shape[0], kv_heads)](
