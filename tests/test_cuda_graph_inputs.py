@@ -126,3 +126,20 @@ def test_eager_warm_up_touches_only_the_scratch_block(tiny_model_dir):
     runner.warm_up_eager(blocks)
     assert torch.equal(runner.kv_cache[:, :, :blocks], before)
     assert runner.kv_cache[:, :, blocks].abs().sum() > 0  # the scratch block took the writes
+
+
+def test_eager_warm_up_compiles_the_long_prompt_flash_launch(tiny_model_dir, monkeypatch):
+    """The warm-up's prompts are short, so the flash kernel's launch for many programs (long
+    prompts) is run once on its own, in the scratch block, with the engine's dtype and cache."""
+    from onebit.kernels import triton_prefill_flash
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=2, block_size=4)
+    runner, blocks = llm.engine.runner, llm.engine.scheduler.blocks.num_blocks
+    launches = []
+    original = triton_prefill_flash.paged_prefill_attention
+
+    def spy(q, k_cache, *args, launch=None, **kwargs):
+        launches.append((launch, q.dtype, k_cache.dtype))
+        return original(q, k_cache, *args, launch=launch, **kwargs)
+    monkeypatch.setattr(triton_prefill_flash, "paged_prefill_attention", spy)
+    runner.warm_up_eager(blocks)
+    assert (triton_prefill_flash.MANY_PROGRAMS_LAUNCH, torch.float32, runner.kv_cache.dtype) in launches

@@ -12,7 +12,7 @@ from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
 from onebit.kernels import batch_invariant, fp8, gemv
-from onebit.kernels.attention import AttentionMetadata, triton_decode
+from onebit.kernels.attention import AttentionMetadata, triton_decode, triton_prefill_flash
 from onebit.models.config import ModelConfig
 from onebit.models.fp8_checkpoint import fp8_block_layers
 from onebit.models.quantize import fp8_layers, quantized_input_layers
@@ -70,6 +70,7 @@ class ModelRunner:
         self.mtp = mtp
         self.cfg = cfg
         self.device = device
+        self.dtype = dtype  # the activations' (a prefill's queries)
         self.parallel = parallel
         self.block_size = block_size
         # One block past the pool is scratch: padded rows of a graph replay write there.
@@ -127,6 +128,23 @@ class ModelRunner:
         for lens in steps:
             with batch_invariant.mode(self.deterministic):
                 self._eager_scratch_step([n for n in lens if n < self.ctx_size], scratch_block)
+        if not self.deterministic:
+            self._warm_up_flash_launches(scratch_block)
+
+    def _warm_up_flash_launches(self, scratch_block: int) -> None:
+        """Compile the flash prefill kernel's launch for many programs (long prompts: 4 warps), which
+        the warm-up's short prompts never choose, on a 16-token query over the scratch block (it only
+        reads the cache)."""
+        if triton_prefill_flash is None or not triton_prefill_flash.enabled:
+            return
+        cfg, n = self.cfg, 16
+        q = torch.zeros(n, cfg.num_heads, cfg.head_dim, dtype=self.dtype, device=self.device)
+        k_cache, v_cache = self.kv_cache[0, 0], self.kv_cache[1, 0]
+        tables = torch.full((1, -(-n // self.block_size)), scratch_block, dtype=torch.long, device=self.device)
+        ones = torch.ones(cfg.num_kv_heads, dtype=torch.float32, device=self.device)  # e4m3 caches' scales
+        triton_prefill_flash.paged_prefill_attention(q, k_cache, v_cache, [0], [n], [n], tables, 1.0,
+                                                     k_scale=ones, v_scale=ones,
+                                                     launch=triton_prefill_flash.MANY_PROGRAMS_LAUNCH)
 
     def _decode_rows_per_split_count(self) -> list[int]:
         """For each split count the decode kernel chooses over 1..parallel decode rows, the
