@@ -130,10 +130,7 @@ def timed_worker_main(config: EngineConfig, conn, parent_pid: int) -> None:
     profile_path = os.environ.get(TIMES_ENV + "_PROFILE")
     start, cpu = time.perf_counter(), time.thread_time()
     if profile_path:
-        import cProfile
-        profiler = cProfile.Profile()
-        profiler.runcall(native_worker.serve_engine, engine, proxy)
-        profiler.dump_stats(profile_path)
+        native_worker.serve_engine_profiled(engine, proxy, profile_path)
     else:
         native_worker.serve_engine(engine, proxy)
     wall, cpu = time.perf_counter() - start, time.thread_time() - cpu

@@ -125,11 +125,11 @@ def test_a_profiled_worker_loop_writes_its_profile_when_it_stops(tmp_path):
     """ONEBIT_WORKER_PROFILE's loop: the same messages, and a cProfile of serve_engine on stop."""
     import pstats
 
-    from onebit.backends.native_worker import _serve_profiled
+    from onebit.backends.native_worker import serve_engine_profiled
 
     path = tmp_path / "worker.prof"
     front, worker = mp.Pipe(duplex=True)
-    thread = threading.Thread(target=_serve_profiled, args=(_TwoStepEngine(), worker, str(path)), daemon=True)
+    thread = threading.Thread(target=serve_engine_profiled, args=(_TwoStepEngine(), worker, str(path)), daemon=True)
     thread.start()
     front.send(("add", "r1", [4, 5, 6], SamplingParams()))
     assert [front.recv()[0], front.recv()[0]] == ["step", "step"]

@@ -119,8 +119,9 @@ def _kv_info(engine) -> dict:
         return {}
 
 
-def _serve_profiled(engine, conn: Connection, path: str) -> None:
-    """serve_engine under cProfile; the profile is written to `path` however the loop ends."""
+def serve_engine_profiled(engine, conn: Connection, path: str) -> None:
+    """serve_engine under cProfile; the profile is written to `path` however the loop ends
+    (`ONEBIT_WORKER_PROFILE`, and bench/host_profile.py's timed worker)."""
     import cProfile
 
     profiler = cProfile.Profile()
@@ -151,7 +152,7 @@ def worker_main(config: EngineConfig, conn: Connection, parent_pid: int) -> None
     conn.send(("ready", info))
     try:
         if os.environ.get(PROFILE_ENV):
-            _serve_profiled(engine, conn, os.environ[PROFILE_ENV])
+            serve_engine_profiled(engine, conn, os.environ[PROFILE_ENV])
         else:
             serve_engine(engine, conn)
     except (BrokenPipeError, EOFError):
