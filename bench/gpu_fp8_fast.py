@@ -72,8 +72,8 @@ def time_products(rows: list[int], notes: list[str], shapes: list[str] | None = 
     """Part 1: one table line per (product, rows)."""
     dev = torch.device("cuda")
     lines = ["| product | rows | bf16 us (TB/s) | old us (TB/s) | new us (TB/s) | new kind, config | "
-             "best split_k us | scaled_mm fused / torch-quant us | new vs bf16 | new vs old |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "best split_k us | best split_k_w8a8 us | scaled_mm fused / torch-quant us | new vs bf16 | new vs old |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for name, (n, k) in SHAPES.items():
         if shapes and name not in shapes:
             continue
@@ -96,7 +96,7 @@ def time_products(rows: list[int], notes: list[str], shapes: list[str] | None = 
                     notes.append(f"{name} {m} rows {kind} {config}: {type(error).__name__}: {str(error)[:200]}")
                     print(notes[-1], flush=True)
                     continue
-                err = rel_err(got, both if kind.startswith("scaled_mm") else exact)
+                err = rel_err(got, both if kind in fp8.W8A8_KINDS else exact)
                 if err > 1e-2:
                     notes.append(f"{name} {m} rows {kind} {config}: WRONG (rel. err {err:.2e})")
                     print(notes[-1], flush=True)
@@ -109,12 +109,14 @@ def time_products(rows: list[int], notes: list[str], shapes: list[str] | None = 
             best = min(new, key=timed.get) if new else None
             new_us = timed[best] if best else float("nan")
             split = [timed[c] for c in new if c[0] == "split_k"]
+            split_w8a8 = [timed[c] for c in new if c[0] == "split_k_w8a8"]
             fused, torch_q = timed.get(("scaled_mm", None)), timed.get(("scaled_mm_torch", None))
             lines.append(
                 f"| {name} {n}x{k} | {m} | {bf16_us:.1f} ({2 * gb / bf16_us / 1e3:.2f}) | {old_us:.1f} "
                 f"({gb / old_us / 1e3:.2f}) | {new_us:.1f} ({gb / new_us / 1e3:.2f}) | "
                 f"{best[0] if best else '-'} {best[1] if best and best[1] else ''} | "
                 f"{min(split) if split else float('nan'):.1f} | "
+                f"{min(split_w8a8) if split_w8a8 else float('nan'):.1f} | "
                 f"{fused if fused else float('nan'):.1f} / {torch_q if torch_q else float('nan'):.1f} | "
                 f"{bf16_us / new_us:.2f}x | {old_us / new_us:.2f}x |")
             print(lines[-1], flush=True)

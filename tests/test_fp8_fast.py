@@ -48,6 +48,43 @@ def test_every_listed_config_runs_on_a_small_product():
             assert ((got - want).norm() / want.norm()).item() < (1e-5 if DEVICE == "cpu" else 2e-3), (m, config)
 
 
+# e4m3 rows (w8a8): fewer rows than the tile, and more; N not a multiple of BLOCK_N; K past the
+# last whole tile; fp32 partials (SPLIT > 1) with a bias; a 128-row tile.
+W8A8_CASES = [(16, 70, 640, True, (64, 64, 256, 2, 4)), (5, 48, 768, False, (64, 32, 256, 4, 4)),
+              (70, 96, 512, True, (64, 64, 256, 1, 4)), (130, 50, 384, False, (128, 64, 128, 2, 8)),
+              (64, 80, 300, True, (64, 64, 128, 4, 4))]
+
+
+@pytest.mark.parametrize("m,n,k,bias,config", W8A8_CASES)
+def test_split_k_on_e4m3_rows_matches_the_w8a8_reference(m, n, k, bias, config):
+    x, q, scale, b = _case(m, n, k, bias, seed=m + n * k)
+    want = fp8.w8a8_ref(x, q, scale, b)
+    xq, xs = triton_fast.quantize_rows(x)
+    got = triton_fast.split_k(xq, q, scale, b, config, x_scale=xs.view(-1), out_dtype=x.dtype)
+    assert got.shape == want.shape and got.dtype == x.dtype
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < (1e-5 if DEVICE == "cpu" else 2e-3), err
+    # the run_kernel kind does the same, quantizing on its own, and is judged against the same reference
+    assert fp8.run_kernel("split_k_w8a8", config, x, q, scale, b).equal(got)
+    # and it is not the weight-only product (e4m3 rows round the activations)
+    assert ((got - fp8.weight_only_ref(x, q, scale, b)).norm() / want.norm()).item() > 1e-4
+
+
+def test_w8a8_candidates_start_at_16_rows_and_refuse_what_they_cannot_take():
+    assert triton_fast.w8a8_candidates(8) == [] and triton_fast.w8a8_candidates(triton_fast.MAX_ROWS + 1) == []
+    assert all(c[0] >= 64 for m in (16, 64, 256) for c in triton_fast.w8a8_candidates(m))
+    assert all(c[0] == 64 for c in triton_fast.w8a8_candidates(64))  # no 128-row tile for 64 rows
+    kinds = {kind for kind, _ in fp8.candidates(64, 4096, 4096)}
+    assert {"split_k", "scaled_mm", "split_k_w8a8"} <= kinds
+    assert "split_k_w8a8" not in {kind for kind, _ in fp8.candidates(8, 4096, 4096)}
+    x, q, scale, _ = _case(16, 32, 256, False, seed=1)
+    xq, xs = triton_fast.quantize_rows(x)
+    with pytest.raises(ValueError, match="tensor-core tiles"):
+        triton_fast.split_k(xq, q, scale, None, (1, 16, 256, 1, 4), x_scale=xs.view(-1), out_dtype=x.dtype)
+    with pytest.raises(ValueError, match="tensor-core tiles"):
+        triton_fast.split_k(xq, q, scale, None, (64, 16, 256, 1, 4), x_scale=xs.view(-1))
+
+
 def test_split_k_refuses_more_than_max_rows():
     x, q, scale, _ = _case(triton_fast.MAX_ROWS + 1, 16, 64, False, seed=2)
     with pytest.raises(ValueError, match="at most"):

@@ -7,7 +7,8 @@ reused names across such a branch from a40a6ff on and failed on its first device
 session 10). These tests compile the decode step's kernels as the device would, in a child
 process without TRITON_INTERPRET (under the interpreter `triton.jit` gives functions the compiler
 cannot take): the fused write in its every variant, and each of the ten PDL kernels with PDL on
-(the FP8 split-K kernel and its reduce also with block-scaled weights).
+(the FP8 split-K kernel and its reduce also with block-scaled weights, the split-K kernel also on
+e4m3 rows, where its tiles must reach the tensor cores as e4m3).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ COMPILE = textwrap.dedent("""
         source = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs)
         kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
         ptx = kernel.asm["ptx"]
-        print(label, "stores", ptx.count("st.global"), "griddepcontrol", ptx.count("griddepcontrol"))
+        print(label, "stores", ptx.count("st.global"), "griddepcontrol", ptx.count("griddepcontrol"),
+              "e4m3-mma", sum(1 for line in ptx.splitlines() if "mma" in line and ".e4m3.e4m3" in line))
 
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
@@ -103,12 +105,21 @@ COMPILE = textwrap.dedent("""
               "SCALE_BN": 128, "SCALE_BK": 128}),
             ("triton_fp8_fast", "_reduce_kernel", {"p_ptr": "*fp32", "s_ptr": "*fp32"},
              {"HAS_BIAS": True, "SPLIT": 4, "BLOCK": 1024, "HAS_SCALE": False}),
+            # e4m3 rows (w8a8): a 64-row tile into fp32 partials, a 128-row tile (two warp groups)
+            # with a bias
+            ("triton_fp8_fast", "_split_k_kernel",
+             {"x_ptr": fp8, "w_ptr": fp8, "s_ptr": "*fp32", "xs_ptr": "*fp32", "out_ptr": "*fp32"},
+             {"HAS_BIAS": False, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT": 2, "EVEN_K": True,
+              "X_FP8": True}),
+            ("triton_fp8_fast", "_split_k_kernel", {"x_ptr": fp8, "w_ptr": fp8, "s_ptr": "*fp32", "xs_ptr": "*fp32"},
+             {"HAS_BIAS": True, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT": 1, "EVEN_K": True,
+              "X_FP8": True}),
             ("triton_fp8_fast", "_quantize_rows_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK_K": 4096}),
             ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}),
             ("triton_gemv", "_skinny_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}),
         ]:
             module, name, types, constexprs = args
-            compile_sm90(name, module, name, types, {**constexprs, **on})
+            compile_sm90(name + ("-w8a8" if constexprs.get("X_FP8") else ""), module, name, types, {**constexprs, **on})
 """)
 
 
@@ -128,13 +139,15 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
     assert [line.split()[0] for line in lines] == [f"fused-write-fp8={f}-norm={n}" for f in (0, 1) for n in (0, 1)]
     for line in lines:
         assert int(line.split()[2]) > 0, line  # it writes q and the cache
-        assert line.endswith("griddepcontrol 0"), line  # PDL off: no grid-dependency instructions
+        assert line.split()[4] == "0", line  # PDL off: no grid-dependency instructions
 
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 14
+    assert len(lines) == 16
     for line in lines:
-        name, _, stores, _, waits = line.split()
+        name, _, stores, _, waits, _, e4m3_mma = line.split()
         assert int(stores) > 0, line
         assert int(waits) == 2, line  # griddepcontrol.wait, then launch_dependents
+        # e4m3 rows reach the tensor cores as e4m3 (no widening to bf16 on the way)
+        assert (int(e4m3_mma) > 0) == name.endswith("-w8a8"), line

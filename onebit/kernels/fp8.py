@@ -60,6 +60,9 @@ FUSE_QUANT = False
 # GPU; False keeps the weight-only reference everywhere. For accuracy runs (bench/perplexity.py).
 CPU_EMULATES_GPU = False
 
+# The `run_kernel` kinds that quantize the activations per token (their reference is `w8a8_ref`).
+W8A8_KINDS = ("scaled_mm", "scaled_mm_torch", "split_k_w8a8")
+
 try:
     from onebit.kernels import triton_fp8, triton_fp8_fast, triton_fp8_fused
 except ImportError:  # pragma: no cover - depends on the install
@@ -185,12 +188,23 @@ def _scaled_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torc
     return scaled_mm_quantized(Fp8Rows(xq, xs, x.dtype), q, scale, bias)
 
 
+def split_k_w8a8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 config: tuple) -> torch.Tensor:
+    """The activations quantized per token by the one-pass kernel, then the Triton split-K product
+    with e4m3 tensor-core tiles (w8a8, the same numbers as `_scaled_mm`'s)."""
+    xq, xs = triton_fp8_fast.quantize_rows(x)
+    return triton_fp8_fast.split_k(xq, q, scale, bias, config, x_scale=xs.view(-1), out_dtype=x.dtype)
+
+
 def run_kernel(kind: str, config: tuple | None, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """One of the CUDA products by name: "split_k" and "weight_only" (Triton, weight-only, with a
-    config of their module), "scaled_mm" (fused quantization) or "scaled_mm_torch" (torch ops)."""
+    config of their module), "split_k_w8a8" (Triton, e4m3 rows), "scaled_mm" (fused
+    quantization) or "scaled_mm_torch" (torch ops)."""
     if kind == "split_k":
         return triton_fp8_fast.split_k(x, q, scale, bias, config)
+    if kind == "split_k_w8a8":
+        return split_k_w8a8(x, q, scale, bias, config)
     if kind == "weight_only":
         return triton_fp8.weight_only(x, q, scale, bias, config)
     return _scaled_mm(x, q, scale, bias, fused=kind == "scaled_mm")
@@ -238,6 +252,7 @@ def candidates(rows: int, n: int, k: int) -> list[tuple[str, tuple | None]]:
         out.append(("weight_only", triton_fp8.DEFAULT_CONFIG if rows <= 16 else triton_fp8.MANY_ROWS_CONFIG))
     if rows >= 16 and n % 16 == 0 and k % 16 == 0:
         out.append(("scaled_mm", None))
+    out += [("split_k_w8a8", c) for c in triton_fp8_fast.w8a8_candidates(rows)]
     return out
 
 
@@ -284,7 +299,7 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
             exact, both = _references(x, q, scale, bias)
             timed = {}
             for kind, config in candidates(m, n, k):
-                want = both if kind.startswith("scaled_mm") else exact
+                want = both if kind in W8A8_KINDS else exact
                 if not candidate_agrees(lambda: run_kernel(kind, config, x, q, scale, bias), want,
                                         f"fp8 {kind} {config}", name, log):
                     continue
@@ -298,12 +313,13 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
                 continue
             best = min(timed, key=timed.get)
             table.append((m, best))
-            best_split = min((us, c) for (kd, c), us in timed.items() if kd == "split_k") if any(
-                kd == "split_k" for kd, _ in timed) else None
-            others = ", ".join(f"{kd} {us:.1f}" for (kd, _), us in timed.items() if kd != "split_k")
-            lines.append(f"fp8 {name} {n}x{k}{' (e4m3 input)' if pre else ''}, {m} row(s): {best[0]} {best[1] or ''} {timed[best]:.1f} us "
-                         f"({n * k / timed[best] / 1e6:.2f} TB/s); best split_k "
-                         f"{f'{best_split[0]:.1f} {best_split[1]}' if best_split else '-'}; {others}")
+            best_of_kind: dict[str, tuple[float, tuple | None]] = {}
+            for (kd, c), us in timed.items():
+                if kd not in best_of_kind or us < best_of_kind[kd][0]:
+                    best_of_kind[kd] = (us, c)
+            others = "; ".join(f"{kd} {us:.1f}{f' {c}' if c else ''}" for kd, (us, c) in best_of_kind.items())
+            lines.append(f"fp8 {name} {n}x{k}{' (e4m3 input)' if pre else ''}, {m} row(s): {best[0]} {best[1] or ''} "
+                         f"{timed[best]:.1f} us ({n * k / timed[best] / 1e6:.2f} TB/s); best of each kind, us: {others}")
         (_CHOSEN_QUANTIZED_INPUT if pre else _CHOSEN)[shape] = table
         timer.close()  # the copies' memory back to the device before the graphs are captured
     return lines

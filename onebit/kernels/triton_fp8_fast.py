@@ -37,6 +37,13 @@ MANY_ROW_CONFIGS = [(32, 32, 256, 4, 4), (32, 64, 256, 2, 4), (64, 32, 128, 2, 4
                     (64, 32, 256, 4, 4), (64, 64, 128, 4, 4), (64, 64, 256, 4, 8), (64, 128, 128, 1, 8),
                     (64, 128, 128, 4, 8)]
 
+# For e4m3 rows (w8a8, X_FP8): an e4m3 K tile is half the bytes of a bf16 one, so longer K tiles.
+# Row tiles of 64 or 128 (one warp group per 64 rows): Hopper's e4m3 tensor-core instruction
+# (wgmma) takes 64 rows; a smaller tile compiles to the older instruction, which on sm_90 widens
+# both operands to fp16 first. Fewer rows than the tile are masked. Unmeasured: calibration times
+# them against the rest.
+W8A8_CONFIGS = [(64, 64, 256, 2, 4), (64, 64, 256, 4, 4), (64, 32, 256, 4, 4), (64, 128, 128, 2, 4),
+                (64, 128, 256, 1, 8), (64, 64, 512, 2, 4), (128, 64, 128, 1, 8)]
 
 @triton.jit
 def _tile_block_scales(s_ptr, rn, n_ok, k0, K, stride_sn, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr):
@@ -65,8 +72,13 @@ def _block_scaled_tile(prod, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N: tl.cons
 def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
-                    SCALE_BN: tl.constexpr = 0, SCALE_BK: tl.constexpr = 0, stride_sn=0):
+                    SCALE_BN: tl.constexpr = 0, SCALE_BK: tl.constexpr = 0, stride_sn=0,
+                    X_FP8: tl.constexpr = False, xs_ptr=None):
     pdl.wait_for_previous(PDL)
+    # X_FP8 (tensor-core tiles only, per-column scales): x holds e4m3 rows quantized per token with
+    # one scale each at xs_ptr; the tiles multiply e4m3 by e4m3 as loaded (no widening of the
+    # weight in registers on the way to the tensor cores) and each row's sum takes its scale at
+    # the end, before the column scale.
     # SCALE_BN == 0: one scale per output column, applied once at the end (here, or by the reduce).
     # Else a block-scaled weight (as FP8 checkpoints are published): the scale of weight (n, k) is
     # s[n // SCALE_BN, k // SCALE_BK], applied to each block column's partial sum as it is made,
@@ -117,11 +129,15 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             else:
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
                 w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
-            if SCALE_BN == 0:
+            if X_FP8:
+                acc = tl.dot(x, tl.trans(w), acc)
+            elif SCALE_BN == 0:
                 acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
             else:  # BLOCK_K divides SCALE_BK: the tile lies in one block column
                 s = _tile_block_scales(s_ptr, rn, n_ok, k0, K, stride_sn, SCALE_BN, SCALE_BK)
                 acc += tl.dot(x, tl.trans(w.to(x.dtype))) * s[None, :]
+        if X_FP8:
+            acc = acc * tl.load(xs_ptr + rm, mask=m_ok, other=0.0)[:, None]
         out = out_ptr + rm[:, None] * stride_om + rn[None, :]
         out_ok = m_ok[:, None] & n_ok[None, :]
         if SPLIT == 1:
@@ -152,13 +168,16 @@ def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr,
 
 
 def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-            config: tuple[int, int, int, int, int], block: tuple[int, int] | None = None) -> torch.Tensor:
+            config: tuple[int, int, int, int, int], block: tuple[int, int] | None = None,
+            x_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype.
 
     config is (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); BLOCK_M 1 walks the rows one program
     each without tensor cores, otherwise row tiles of BLOCK_M (at least 16) go through `tl.dot`.
     With `block` (bn, bk), scale is [ceil(N/bn), ceil(K/bk)] float32, one per weight block; BLOCK_K
-    must divide bk, or (one row) be a multiple of it."""
+    must divide bk, or (one row) be a multiple of it. With `x_scale` [M] float32, x is e4m3 rows
+    quantized per token (`quantize_rows`) and the tiles multiply in e4m3 (w8a8; tensor-core tiles
+    and per-column scales only); the result is in `out_dtype`."""
     block_m, block_n, block_k, split, warps = config
     m, n, k = x.shape[0], q.shape[0], q.shape[1]
     if m > MAX_ROWS:
@@ -167,10 +186,14 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     if block is not None and not (scale_bk % block_k == 0 or (block_m == 1 and block_k % scale_bk == 0)):
         raise ValueError(f"weight block {block} and K tile {block_k} do not fit (config {config})")
     blocks = {"SCALE_BN": scale_bn, "SCALE_BK": scale_bk, "stride_sn": scale.stride(0)} if block else {}
+    if x_scale is not None:
+        if block is not None or block_m == 1 or out_dtype is None:
+            raise ValueError("e4m3 rows take tensor-core tiles (BLOCK_M >= 16), per-column scales and an out_dtype")
+        blocks = {"X_FP8": True, "xs_ptr": x_scale}
     # Each slice a whole number of BLOCK_K tiles; the last slices may run past K (masked) or be empty.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     even_k = k_per_split * split == k
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     b_arg = bias if bias is not None else scale
     if split == 1:
@@ -196,6 +219,14 @@ def candidates(rows: int) -> list[tuple[int, int, int, int, int]]:
     if rows <= 16:
         return FEW_ROW_CONFIGS
     return MANY_ROW_CONFIGS if rows <= MAX_ROWS else []
+
+
+def w8a8_candidates(rows: int) -> list[tuple[int, int, int, int, int]]:
+    """The split_k configs worth timing for this many e4m3 rows (none below 16 rows: one or a few
+    rows read the weight faster than quantizing them pays)."""
+    if rows < 16 or rows > MAX_ROWS:
+        return []
+    return [c for c in W8A8_CONFIGS if c[0] == 64 or rows > 64]
 
 
 def default_config(rows: int) -> tuple[int, int, int, int, int]:
