@@ -24,7 +24,8 @@ def _case(m, n, k, bias, seed):
 
 @pytest.mark.parametrize("m,n,k,bias", [(1, 37, 300, False), (1, 64, 1024, True), (1, 5, 17, True),
                                         (2, 130, 600, False), (8, 64, 1024, True), (16, 33, 100, True),
-                                        (12, 200, 257, False)])
+                                        (12, 200, 257, False), (24, 70, 300, True), (64, 96, 512, False),
+                                        (100, 40, 200, True)])
 def test_every_candidate_matches_f_linear(m, n, k, bias):
     x, weight, b = _case(m, n, k, bias, seed=m * n * k)
     want = F.linear(x, weight, b)
@@ -49,9 +50,22 @@ def test_strided_weight_rows():
 
 def test_more_rows_than_the_kernel_takes_is_refused():
     x, weight, _ = _case(17, 8, 32, False, seed=1)
-    assert triton_gemv.candidates(17) == []
+    assert {kernel for kernel, _ in triton_gemv.candidates(17)} == {"split_k"}
     with pytest.raises(ValueError, match="at most 16 rows"):
         triton_gemv.skinny_matmul(x, weight, None, triton_gemv.SKINNY_CONFIGS[0])
+    too_many = triton_gemv.MAX_SPLIT_K_ROWS + 1
+    assert triton_gemv.candidates(too_many) == []
+    x, weight, _ = _case(too_many, 8, 32, False, seed=1)
+    with pytest.raises(ValueError, match=f"at most {too_many - 1} rows"):
+        triton_gemv.split_k_matmul(x, weight, None, triton_gemv.MANY_ROW_SPLIT_K_CONFIGS[0])
+
+
+def test_split_k_tiles_fit_their_rows():
+    """Few rows take 16-row tiles; above 16, tiles of 64 rows (sm_90's wgmma), 128 only past 64."""
+    assert all(c[0] == 16 for kernel, c in triton_gemv.candidates(8) if kernel == "split_k")
+    assert not any(kernel == "split_k" for kernel, _ in triton_gemv.candidates(1))
+    assert {c[0] for _, c in triton_gemv.candidates(64)} == {64}
+    assert {c[0] for _, c in triton_gemv.candidates(100)} == {64, 128}
 
 
 def test_nothing_is_chosen_without_a_measurement(tiny_model_dir):
@@ -127,5 +141,29 @@ def test_calibrated_winners_feed_the_dispatch(monkeypatch):
         ran.clear()
         gemv.linear(torch.randn(1, 64), weight)
         assert ran == []  # without the bias: a shape nothing was calibrated for
+    finally:
+        gemv.reset()
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the fake timer stands in for the GPU on CPU runs")
+def test_a_split_k_winner_above_16_rows_feeds_the_dispatch(monkeypatch):
+    """Scripted: one split-K config beats cuBLAS at 24 rows, none at 32; `linear` runs it at 24 rows
+    only (the graphs' row counts are calibrated exactly)."""
+    gemv.reset()
+    ran = []
+    _recording_kernels(monkeypatch, ran)
+    wins = ("split_k", triton_gemv.MANY_ROW_SPLIT_K_CONFIGS[1])
+    _, weight, _ = _case(1, 40, 96, False, seed=5)
+    try:
+        lines = gemv.calibrate({"o": (weight, None)}, [24, 32], timer=lambda w: _FakeTimer(w, ran, {(*wins, 24): 6.0}),
+                               device_types=("cpu",))
+        assert gemv._CHOSEN == {("cpu", 24, 40, 96, weight.dtype, False): wins}
+        assert lines[0].endswith("-> split_k 64/64/128/2/4 6.0 us") and lines[1].endswith("-> cuBLAS")
+        for m, expect in ((24, [(*wins, 24)]), (32, [])):
+            x = torch.randn(m, 96)
+            ran.clear()
+            got = gemv.linear(x, weight)
+            assert ran == expect, m
+            assert ((got - F.linear(x, weight)).norm() / got.norm()).item() < TOLERANCE
     finally:
         gemv.reset()

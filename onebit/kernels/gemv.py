@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton_gemv = None
 
 # The most rows a Triton candidate takes; calibrating more is pointless.
-MAX_CALIBRATED_ROWS = triton_gemv.MAX_ROWS if triton_gemv is not None else 0
+MAX_CALIBRATED_ROWS = triton_gemv.MAX_SPLIT_K_ROWS if triton_gemv is not None else 0
 
 # (device type, rows, N, K, dtype, has bias) -> (kernel name, config); cases where cuBLAS won are absent.
 _CHOSEN: dict[tuple[str, int, int, int, torch.dtype, bool], tuple[str, tuple[int, int, int]]] = {}
@@ -76,10 +76,12 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor | None]], rows:
     context manager that times (`ProductTimer`; a fake in unit tests, which also pass
     device_types ("cpu",) to run the kernels in Triton's interpreter).
 
-    Cost at start-up, Qwen3-8B (5 shapes, 1.6 GB of bf16 weights, rows 1/2/4/8/12/16): 12 timings
-    at 1 row (cuBLAS, 6 GEMV and 5 skinny configs), 6 at each other count, 42 per shape; each
-    timing is 1 warm-up call + 7 replays x 20 calls, so about 42 x 141 = 5,900 reads of each
-    weight, 9.6 TB in all: ~3 s at 3 TB/s, plus the Triton compiles."""
+    Cost at start-up, Qwen3-8B (5 shapes, 1.6 GB of bf16 weights), `--parallel 64` (rows 1, 2, 4,
+    8, 12, 16, then 24-64 in steps of 8): 12 timings at 1 row (cuBLAS, 6 GEMV and 5 skinny
+    configs), 9 at each other count to 16 (+ 3 split-K), 7 at each count above (cuBLAS + 6
+    split-K), 99 per shape; each timing is 1 warm-up call + 7 replays x 20 calls, so about 99 x
+    141 = 14,000 reads of each weight, 22 TB in all: ~7 s at 3 TB/s, plus the Triton compiles
+    (cached on disk after the first start). Up to 128 rows with a larger `--parallel`."""
     if triton_gemv is None:
         return ["few-row linear: Triton is not installed, cuBLAS everywhere"]
     lines, seen = [], set()

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
+from onebit.kernels.triton_gemv import _reduce_kernel  # the partials' ordered sum, shared with bf16 split-K
 
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
@@ -148,23 +149,6 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
         else:
             tl.store(out + pid_k * stride_split, acc, mask=out_ok)
-
-
-@triton.jit
-def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                   BLOCK: tl.constexpr, PDL: tl.constexpr = False, HAS_SCALE: tl.constexpr = True):
-    pdl.wait_for_previous(PDL)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < TOTAL
-    acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
-    for part in tl.static_range(1, SPLIT):
-        acc += tl.load(p_ptr + part * TOTAL + offs, mask=ok, other=0.0)
-    col = offs % N
-    if HAS_SCALE:  # (block-scaled partials come scaled)
-        acc = acc * tl.load(s_ptr + col, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,

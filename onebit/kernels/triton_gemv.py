@@ -1,11 +1,14 @@
 """Triton products for linear layers with few rows (decoding one to a few sequences).
 
 At a handful of rows a linear layer is pure weight streaming: it reads every weight once and
-does 2 x rows FLOPs per weight. Two kernels, each program owning BLOCK_N output columns and
+does 2 x rows FLOPs per weight. Three kernels, each program owning BLOCK_N output columns and
 walking K in BLOCK_K tiles with fp32 accumulation:
 - `gemv`, one row: an elementwise product and a row sum (no tensor cores needed);
-- `skinny_matmul`, up to 16 rows: the rows padded to 16 and multiplied with `tl.dot`.
-Whether either beats cuBLAS for a given shape and row count is measured on the device
+- `skinny_matmul`, up to 16 rows: the rows padded to 16 and multiplied with `tl.dot`;
+- `split_k_matmul`, up to 128 rows: row tiles through `tl.dot` and K split over several programs
+  per output tile, their float32 partials summed in a fixed order (`_reduce_kernel`, which the FP8
+  split-K product shares).
+Whether any beats cuBLAS for a given shape and row count is measured on the device
 (`onebit.kernels.gemv.calibrate`), never assumed. Reference: `F.linear`.
 """
 
@@ -21,6 +24,15 @@ MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # (BLOCK_N, BLOCK_K, num_warps) tried per shape by the calibration.
 GEMV_CONFIGS = [(4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (16, 256, 4), (32, 256, 8)]
 SKINNY_CONFIGS = [(16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4)]
+# `split_k_matmul` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). cuBLAS runs the 4096-wide
+# products at 64 rows with one wave of 64-128 tiles and reads them at 2.8-3.2 TB/s (G23, session
+# 12) against ~4 for the wide ones; splitting K gives more programs, each streaming its slice.
+# Above 16 rows, tiles of 64 or 128 rows: sm_90's bf16 wgmma takes 64 rows a warp group (a smaller
+# tile compiles to the older mma instruction). Unmeasured: calibration times them against cuBLAS.
+MAX_SPLIT_K_ROWS = 128
+FEW_ROW_SPLIT_K_CONFIGS = [(16, 32, 256, 2, 4), (16, 64, 128, 4, 4), (16, 32, 128, 4, 4)]
+MANY_ROW_SPLIT_K_CONFIGS = [(64, 64, 64, 2, 4), (64, 64, 128, 2, 4), (64, 128, 64, 2, 4), (64, 64, 128, 4, 4),
+                            (64, 32, 128, 4, 4), (64, 128, 128, 1, 8), (128, 64, 64, 1, 8)]
 
 
 @triton.jit
@@ -107,10 +119,91 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y
 
 
-KERNELS = {"gemv": gemv, "skinny": skinny_matmul}
+@triton.jit
+def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
+                    stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
+    # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok, n_ok = rm < M, rn < N
+    # Columns past N read row 0 instead of masking (those columns are never stored).
+    w_rows = w_ptr + tl.where(n_ok, rn, 0).to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + rm[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_begin = pid_k * K_PER_SPLIT
+    for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + rk[None, :], mask=k_ok[None, :], other=0.0, eviction_policy="evict_first")
+        acc = tl.dot(x, tl.trans(w), acc)
+    if SPLIT == 1:
+        store_rows(acc, b_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_om, HAS_BIAS)
+    else:
+        tl.store(out_ptr + pid_k * stride_split + rm[:, None] * stride_om + rn[None, :], acc,
+                 mask=m_ok[:, None] & n_ok[None, :])
 
 
-def candidates(rows: int) -> list[tuple[str, tuple[int, int, int]]]:
+@triton.jit
+def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                   BLOCK: tl.constexpr, PDL: tl.constexpr = False, HAS_SCALE: tl.constexpr = True):
+    pdl.wait_for_previous(PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < TOTAL
+    acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
+    for part in tl.static_range(1, SPLIT):
+        acc += tl.load(p_ptr + part * TOTAL + offs, mask=ok, other=0.0)
+    col = offs % N
+    # HAS_SCALE: times a per-column scale (per-channel FP8 weights); block-scaled FP8 partials come
+    # scaled and bf16 ones need none.
+    if HAS_SCALE:
+        acc = acc * tl.load(s_ptr + col, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def split_k_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   config: tuple[int, int, int, int, int]) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [M <= MAX_SPLIT_K_ROWS, K] (unit column stride) and a weight
+    [N, K] with unit column stride, K split over SPLIT programs per output tile (float32 partials
+    summed in a fixed order by `_reduce_kernel`). config: (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps)."""
+    block_m, block_n, block_k, split, warps = config
+    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
+    if m > MAX_SPLIT_K_ROWS:
+        raise ValueError(f"split_k_matmul takes at most {MAX_SPLIT_K_ROWS} rows, got {m}")
+    # Each slice a whole number of BLOCK_K tiles; the last slices may run past K (masked) or be empty.
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
+    b_arg = bias if bias is not None else weight
+    shape = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=warps)
+    if split == 1:
+        _split_k_kernel[grid](x, weight, b_arg, y, m, n, k, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
+                              0, HAS_BIAS=bias is not None, **shape, **pdl.options())
+        return y
+    partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    _split_k_kernel[grid](x, weight, b_arg, partial, m, n, k, k_per_split, x.stride(0), weight.stride(0), n, m * n,
+                          HAS_BIAS=False, **shape, **pdl.options())
+    reduce_block = 1024
+    _reduce_kernel[(triton.cdiv(m * n, reduce_block),)](partial, b_arg, b_arg, y, n, m * n, HAS_BIAS=bias is not None,
+                                                        SPLIT=split, BLOCK=reduce_block, num_warps=4,
+                                                        HAS_SCALE=False, **pdl.options())
+    return y
+
+
+KERNELS = {"gemv": gemv, "skinny": skinny_matmul, "split_k": split_k_matmul}
+
+
+def candidates(rows: int) -> list[tuple[str, tuple]]:
     """(kernel name, config) pairs that can run a product with this many rows."""
     out = [("gemv", c) for c in GEMV_CONFIGS] if rows == 1 else []
-    return out + ([("skinny", c) for c in SKINNY_CONFIGS] if rows <= MAX_ROWS else [])
+    out += [("skinny", c) for c in SKINNY_CONFIGS] if rows <= MAX_ROWS else []
+    if 1 < rows <= MAX_ROWS:
+        out += [("split_k", c) for c in FEW_ROW_SPLIT_K_CONFIGS]
+    elif MAX_ROWS < rows <= MAX_SPLIT_K_ROWS:
+        out += [("split_k", c) for c in MANY_ROW_SPLIT_K_CONFIGS if c[0] == 64 or rows > 64]
+    return out
