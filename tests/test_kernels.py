@@ -91,11 +91,13 @@ def test_silu_mul_matches_reference():
     assert _rel(triton_fused.silu_mul(gu), fused_ref.silu_mul_ref(gu)) < FUSED_TOL
 
 
-@pytest.mark.parametrize("with_norm", [True, False])
-def test_qk_norm_rope_store_matches_reference(with_norm):
+# Heads per program: one; four, so that tiles mix query and key heads and the last tile has two
+# value heads and two past the end (6 + 2 + 2 heads); the rule's choice.
+@pytest.mark.parametrize("with_norm,per_program", [(True, 1), (False, 1), (True, 4), (False, 4), (True, None)])
+def test_qk_norm_rope_store_matches_reference(with_norm, per_program):
     from onebit.models.config import ModelConfig
     from onebit.models.rope import rope_cos_sin
-    heads, kv, dim, block, t = 4, 2, 16, 4, 6
+    heads, kv, dim, block, t = 6, 2, 16, 4, 6
     cfg = ModelConfig("Qwen3ForCausalLM", "qwen3", 64, 128, 1, heads, kv, dim, 100)
     cos, sin = rope_cos_sin(cfg, 64, torch.device(DEVICE))
     g = torch.Generator().manual_seed(11)
@@ -106,7 +108,7 @@ def test_qk_norm_rope_store_matches_reference(with_norm):
     kn = (1 + 0.1 * torch.randn(dim, generator=g)).to(DEVICE) if with_norm else None
     caches = [torch.full((6, block, kv, dim), float("nan"), device=DEVICE) for _ in range(4)]
     q = triton_fused.qk_norm_rope_store(qkv, positions, cos, sin, qn, kn, 1e-6, slots, caches[0], caches[1],
-                                        heads, kv, dim)
+                                        heads, kv, dim, heads_per_prog=per_program)
     q_ref = fused_ref.qk_norm_rope_store_ref(qkv, positions, cos, sin, qn, kn, 1e-6, slots, caches[2],
                                              caches[3], heads, kv, dim)
     assert _rel(q, q_ref) < FUSED_TOL
@@ -115,6 +117,18 @@ def test_qk_norm_rope_store_matches_reference(with_norm):
     assert _rel(flat(caches[1]), flat(caches[3])) < FUSED_TOL
     # slots not written stay untouched (NaN) in both
     assert torch.equal(caches[0].isnan(), caches[2].isnan())
+
+
+def test_heads_per_program_grows_with_tokens_and_keeps_programs_per_multiprocessor(monkeypatch):
+    cpu = torch.device("cpu")  # one "multiprocessor": at least 4 programs
+    assert triton_fused.heads_per_program(1, 48, cpu) == 8  # 1 x 6 programs
+    assert triton_fused.heads_per_program(256, 48, cpu) == 16  # capped
+    assert triton_fused.heads_per_program(1, 3, cpu) == 1  # never more heads a program than heads
+    monkeypatch.setattr(triton_fused, "_multiprocessors", lambda device: 132)  # an H200's count
+    assert triton_fused.heads_per_program(1, 48, cpu) == 1  # 48 programs: decoding one row
+    assert triton_fused.heads_per_program(16, 48, cpu) == 1  # 768 programs, 384 if doubled
+    assert triton_fused.heads_per_program(64, 48, cpu) == 4  # 768 programs
+    assert triton_fused.heads_per_program(256, 48, cpu) == 16  # 768 programs
 
 
 # -- varlen prefill over the paged cache -------------------------------------------------------

@@ -65,16 +65,15 @@ COMPILE = textwrap.dedent("""
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
     if which == "fused-write":  # every variant, PDL off
-        for kv_fp8 in (False, True):
-            for has_norm in (False, True):
-                cache = fp8 if kv_fp8 else "*bf16"
-                compile_sm90(f"fused-write-fp8={int(kv_fp8)}-norm={int(has_norm)}", "triton_fused",
-                             "_qk_norm_rope_store_kernel",
-                             {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64",
-                              "k_cache_ptr": cache, "v_cache_ptr": cache, "k_scale_ptr": "*fp32",
-                              "v_scale_ptr": "*fp32"},
-                             {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": has_norm,
-                              "KV_FP8": kv_fp8, "PDL": False})
+        for kv_fp8, has_norm, heads in [(f, n, h) for f in (False, True) for n in (False, True) for h in (1, 16)]:
+            cache = fp8 if kv_fp8 else "*bf16"
+            compile_sm90(f"fused-write-fp8={int(kv_fp8)}-norm={int(has_norm)}-heads={heads}", "triton_fused",
+                         "_qk_norm_rope_store_kernel",
+                         {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64",
+                          "k_cache_ptr": cache, "v_cache_ptr": cache, "k_scale_ptr": "*fp32",
+                          "v_scale_ptr": "*fp32"},
+                         {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": has_norm,
+                          "KV_FP8": kv_fp8, "PDL": False, "HEADS": heads})
     else:  # every PDL kernel, PDL on
         on = {"PDL": True}
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
@@ -139,7 +138,8 @@ def _compile(*args: str) -> list[str]:
 
 def test_fused_kv_write_compiles_for_sm90_in_every_variant():
     lines = _compile("fused-write")
-    assert [line.split()[0] for line in lines] == [f"fused-write-fp8={f}-norm={n}" for f in (0, 1) for n in (0, 1)]
+    assert [line.split()[0] for line in lines] == [f"fused-write-fp8={f}-norm={n}-heads={h}"
+                                                   for f in (0, 1) for n in (0, 1) for h in (1, 16)]
     for line in lines:
         assert int(line.split()[2]) > 0, line  # it writes q and the cache
         assert line.split()[4] == "0", line  # PDL off: no grid-dependency instructions

@@ -6,6 +6,8 @@ Each replaces several small torch launches with one: add + RMSNorm, SiLU * mul, 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -94,71 +96,94 @@ def _e4m3_value(x, inv_scale):
 def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, slot_ptr,
                                q_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, eps, qkv_stride,
                                NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-                               HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr = False):
+                               HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr = False,
+                               HEADS: tl.constexpr = 1):
     pdl.wait_for_previous(PDL)
+    # One token's heads HEADS at a time: 0..H-1 query heads, H..H+KV-1 key heads, then value
+    # heads. Every head of the tile goes through the same arithmetic and the stores pick, per head,
+    # where it goes (masks instead of branches, so a tile may mix kinds).
     tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)  # 0..H-1 query heads, H..H+KV-1 key heads, then value heads
+    head = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    live = head < NUM_HEADS + 2 * NUM_KV
+    is_q = head < NUM_HEADS
+    is_k = (head >= NUM_HEADS) & (head < NUM_HEADS + NUM_KV)
+    is_v = live & (head >= NUM_HEADS + NUM_KV)
     half = HEAD_DIM // 2
-    lo = tl.arange(0, HEAD_DIM // 2)
-    base = qkv_ptr + tok * qkv_stride + head * HEAD_DIM
-    x1 = tl.load(base + lo)
-    x2 = tl.load(base + half + lo)
+    lo = tl.arange(0, HEAD_DIM // 2)[None, :]
+    base = qkv_ptr + tok * qkv_stride + tl.where(live, head, 0)[:, None] * HEAD_DIM
+    x1 = tl.load(base + lo, mask=live[:, None], other=0.0)
+    x2 = tl.load(base + half + lo, mask=live[:, None], other=0.0)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
-    if head >= NUM_HEADS + NUM_KV:  # value head: straight to the cache
-        dst = v_cache_ptr + (slot * NUM_KV + head - NUM_HEADS - NUM_KV) * HEAD_DIM
-        # (New names in the branches below: Triton wants a name to keep its type across the runtime
-        # `if head ...` branches, and the e4m3 values are fp32; the interpreter does not check.)
-        if KV_FP8:  # e4m3 entry: value / its head's scale, saturated
-            inv = 1.0 / tl.load(v_scale_ptr + head - NUM_HEADS - NUM_KV)
-            tl.store(dst + lo, _e4m3_value(x1, inv).to(v_cache_ptr.dtype.element_ty))
-            tl.store(dst + half + lo, _e4m3_value(x2, inv).to(v_cache_ptr.dtype.element_ty))
-        else:
-            tl.store(dst + lo, x1.to(v_cache_ptr.dtype.element_ty))
-            tl.store(dst + half + lo, x2.to(v_cache_ptr.dtype.element_ty))
+    # value heads: straight to the cache
+    v_head = tl.where(is_v, head - NUM_HEADS - NUM_KV, 0)
+    v_dst = v_cache_ptr + (slot * NUM_KV + v_head)[:, None] * HEAD_DIM
+    if KV_FP8:  # e4m3 entry: value / its head's scale, saturated
+        inv_v = (1.0 / tl.load(v_scale_ptr + v_head, mask=is_v, other=1.0))[:, None]
+        tl.store(v_dst + lo, _e4m3_value(x1, inv_v).to(v_cache_ptr.dtype.element_ty), mask=is_v[:, None])
+        tl.store(v_dst + half + lo, _e4m3_value(x2, inv_v).to(v_cache_ptr.dtype.element_ty), mask=is_v[:, None])
     else:
-        if HAS_NORM:
-            if head < NUM_HEADS:
-                w1 = tl.load(qn_ptr + lo).to(tl.float32)
-                w2 = tl.load(qn_ptr + half + lo).to(tl.float32)
-            else:
-                w1 = tl.load(kn_ptr + lo).to(tl.float32)
-                w2 = tl.load(kn_ptr + half + lo).to(tl.float32)
-            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-            rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
-            n1, n2 = (f1 * rstd).to(x1.dtype), (f2 * rstd).to(x1.dtype)
-            x1 = (w1 * n1.to(tl.float32)).to(n1.dtype)
-            x2 = (w2 * n2.to(tl.float32)).to(n2.dtype)
-        pos = tl.load(pos_ptr + tok).to(tl.int64)
-        c = tl.load(cos_ptr + pos * HEAD_DIM + lo)
-        s = tl.load(sin_ptr + pos * HEAD_DIM + lo)
+        tl.store(v_dst + lo, x1.to(v_cache_ptr.dtype.element_ty), mask=is_v[:, None])
+        tl.store(v_dst + half + lo, x2.to(v_cache_ptr.dtype.element_ty), mask=is_v[:, None])
+    # query and key heads: RMSNorm over the head (with HAS_NORM), then rotary
+    y1, y2 = x1, x2
+    if HAS_NORM:
+        w1 = tl.where(is_q[:, None], tl.load(qn_ptr + lo), tl.load(kn_ptr + lo)).to(tl.float32)
+        w2 = tl.where(is_q[:, None], tl.load(qn_ptr + half + lo), tl.load(kn_ptr + half + lo)).to(tl.float32)
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        o1 = (f1 * c - f2 * s).to(x1.dtype)
-        o2 = (f2 * c + f1 * s).to(x1.dtype)
-        if head < NUM_HEADS:
-            q_dst = q_out_ptr + (tok * NUM_HEADS + head) * HEAD_DIM
-            tl.store(q_dst + lo, o1)
-            tl.store(q_dst + half + lo, o2)
-        else:
-            k_dst = k_cache_ptr + (slot * NUM_KV + head - NUM_HEADS) * HEAD_DIM
-            if KV_FP8:  # rounded to the model dtype first, as the reference does
-                inv = 1.0 / tl.load(k_scale_ptr + head - NUM_HEADS)
-                tl.store(k_dst + lo, _e4m3_value(o1, inv).to(k_cache_ptr.dtype.element_ty))
-                tl.store(k_dst + half + lo, _e4m3_value(o2, inv).to(k_cache_ptr.dtype.element_ty))
-            else:
-                tl.store(k_dst + lo, o1.to(k_cache_ptr.dtype.element_ty))
-                tl.store(k_dst + half + lo, o2.to(k_cache_ptr.dtype.element_ty))
+        rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / HEAD_DIM + eps)
+        n1, n2 = (f1 * rstd[:, None]).to(x1.dtype), (f2 * rstd[:, None]).to(x1.dtype)
+        y1 = (w1 * n1.to(tl.float32)).to(x1.dtype)
+        y2 = (w2 * n2.to(tl.float32)).to(x1.dtype)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    c = tl.load(cos_ptr + pos * HEAD_DIM + lo)
+    s = tl.load(sin_ptr + pos * HEAD_DIM + lo)
+    g1, g2 = y1.to(tl.float32), y2.to(tl.float32)
+    o1 = (g1 * c - g2 * s).to(x1.dtype)
+    o2 = (g2 * c + g1 * s).to(x1.dtype)
+    q_dst = q_out_ptr + (tok * NUM_HEADS + tl.where(is_q, head, 0))[:, None] * HEAD_DIM
+    tl.store(q_dst + lo, o1, mask=is_q[:, None])
+    tl.store(q_dst + half + lo, o2, mask=is_q[:, None])
+    k_head = tl.where(is_k, head - NUM_HEADS, 0)
+    k_dst = k_cache_ptr + (slot * NUM_KV + k_head)[:, None] * HEAD_DIM
+    if KV_FP8:  # rounded to the model dtype first, as the reference does
+        inv_k = (1.0 / tl.load(k_scale_ptr + k_head, mask=is_k, other=1.0))[:, None]
+        tl.store(k_dst + lo, _e4m3_value(o1, inv_k).to(k_cache_ptr.dtype.element_ty), mask=is_k[:, None])
+        tl.store(k_dst + half + lo, _e4m3_value(o2, inv_k).to(k_cache_ptr.dtype.element_ty), mask=is_k[:, None])
+    else:
+        tl.store(k_dst + lo, o1.to(k_cache_ptr.dtype.element_ty), mask=is_k[:, None])
+        tl.store(k_dst + half + lo, o2.to(k_cache_ptr.dtype.element_ty), mask=is_k[:, None])
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def heads_per_program(tokens: int, heads: int, device: torch.device) -> int:
+    """How many heads one program of the fused q/k/v write takes: one while tokens x heads
+    programs are few (decoding a few rows: more programs, more loads in flight), doubling (up to
+    16) while at least 4 programs per multiprocessor remain (many rows: 256 tokens x 48 heads
+    made 12,288 programs of 128 values each)."""
+    per_program, floor = 1, 4 * _multiprocessors(device)
+    while per_program < 16 and per_program * 2 <= heads and tokens * triton.cdiv(heads, per_program * 2) >= floor:
+        per_program *= 2
+    return per_program
 
 
 def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping, k_cache, v_cache,
-                       num_heads, num_kv_heads, head_dim, k_scale=None, v_scale=None):
+                       num_heads, num_kv_heads, head_dim, k_scale=None, v_scale=None, heads_per_prog=None):
     """Fused form of `fused_ref.qk_norm_rope_store_ref`; caches must be contiguous [blocks, block_size, KV, D]
-    (e4m3 ones with k_scale and v_scale [KV] float32)."""
+    (e4m3 ones with k_scale and v_scale [KV] float32). heads_per_prog: heads a program takes (a power
+    of two; default `heads_per_program`'s rule)."""
     t = qkv.shape[0]
     q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     has_norm = q_norm is not None
     fp8 = k_cache.dtype == torch.float8_e4m3fn
-    _qk_norm_rope_store_kernel[(t, num_heads + 2 * num_kv_heads)](
+    total = num_heads + 2 * num_kv_heads
+    per_program = heads_per_prog or heads_per_program(t, total, qkv.device)
+    _qk_norm_rope_store_kernel[(t, triton.cdiv(total, per_program))](
         qkv, positions, cos, sin, q_norm if has_norm else qkv, k_norm if has_norm else qkv, slot_mapping,
         q, k_cache, v_cache, k_scale if fp8 else cos, v_scale if fp8 else cos, eps, qkv.stride(0),
-        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm, KV_FP8=fp8, **pdl.options())
+        NUM_HEADS=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm, KV_FP8=fp8,
+        HEADS=per_program, **pdl.options())
     return q
