@@ -37,6 +37,9 @@
 # DEVICE (cuda), BUILD (cuda), CUDA_ARCH (90), LIMIT_S (540), LLAMA_MIN_S (200: seconds step D wants),
 # OURS_MAX_S (seconds step C may take with PEER=1; default LIMIT_S - LLAMA_MIN_S - its start), PY (python3),
 # WHEELS (1), PEERS_DIR (.peers), WORK (model, GGUF and runs; /dev/shm when it has room).
+# llama-server's defaults copy each finished request's KV to a host-memory prompt cache, which
+# blocks its loop (~0.85 s per 8k request in session 12; C=32 at 8k did not finish in 359 s):
+# LLAMA_ARGS="-ngl 99 -fa on --cache-ram 0" measures it without (docs/perf-history.md, session 12).
 set -u
 . "$(dirname "$0")/device_lib.sh"  # el, say, install_wheels_if_carried, the llama-server build
 

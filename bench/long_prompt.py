@@ -12,9 +12,9 @@ side-by-side table of 1bit and llama.cpp over those runs.
 --parallel max(C) --ctx-size CTX SERVE_ARGS`; llama.cpp: `llama-server -m GGUF -np max(C)
 -c max(C)*CTX LLAMA_ARGS`, after the greedy check against 1bit), waits for /health, and runs
 `1bit bench`'s closed loop for each workload in turn against it: every server gets the same token
-ids (see onebit/bench/prompts.py), so the same prompt lengths. Each workload's run is written as
-soon as it is measured, to DIR/SERVER_WORKLOAD.json (+ .md), so a run stopped by a time limit
-keeps what it finished. A workload that would start later than --stop-after seconds after the
+ids (see onebit/bench/prompts.py), so the same prompt lengths. Each workload's run is written
+after each of its levels, to DIR/SERVER_WORKLOAD.json (+ .md), so a run stopped by a time limit
+keeps every level it finished. A workload that would start later than --stop-after seconds after the
 start is left out and said so.
 """
 
@@ -88,11 +88,17 @@ def run_main(args: argparse.Namespace) -> int:
                                    endpoint=peer.endpoint, extra_body=peer.extra_body, seed=args.seed,
                                    progress=False, timeout_s=args.timeout)
                 start = time.monotonic()
-                run = run_online(cfg, print_fn=lambda line: print(f"   {workload} {line}", flush=True))
-                run["workload"] = workload
-                run["peer"] = {"command": shlex.join(peer.cmd), "notes": peer.notes + args.note}
-                path = write_run(run, run_file(out, peer.label, workload))
-                path.with_suffix(".md").write_text(markdown_report([run], f"{peer.label}, {workload}"))
+
+                def save(run: dict, workload: str = workload) -> Path:
+                    run["workload"] = workload
+                    run["peer"] = {"command": shlex.join(peer.cmd), "notes": peer.notes + args.note}
+                    path = write_run(run, run_file(out, peer.label, workload))
+                    path.with_suffix(".md").write_text(markdown_report([run], f"{peer.label}, {workload}"))
+                    return path
+
+                # written after every level too, so a time limit that cuts a workload keeps its levels
+                run = run_online(cfg, print_fn=lambda line: print(f"   {workload} {line}", flush=True), on_level=save)
+                path = save(run)
                 done.append(workload)
                 print(f"== {peer.label} {workload}: {time.monotonic() - start:.0f} s -> {path}", flush=True)
     except (ServeError, BenchError) as exc:

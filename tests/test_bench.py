@@ -258,6 +258,15 @@ def test_closed_loop_runs_every_request_with_at_most_c_in_flight(fake):
     assert 1 <= state.max_in_flight <= 3
 
 
+def test_each_finished_level_is_handed_over_before_the_next_starts(fake):
+    root, _ = fake
+    seen = []
+    run = run_online(_config(root, concurrency=[1, 2, 3], requests=2), print_fn=lambda *_: None,
+                     on_level=lambda partial: seen.append([lv["concurrency"] for lv in partial["levels"]]))
+    assert seen == [[1], [1, 2], [1, 2, 3]]
+    assert [lv["concurrency"] for lv in run["levels"]] == [1, 2, 3]
+
+
 def test_open_loop_and_duration_modes(fake):
     root, state = fake
     state.max_in_flight = 0

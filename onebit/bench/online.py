@@ -134,8 +134,17 @@ def _print_level(level: dict, print_fn) -> None:
                  "level's tok/s (more --client-procs, on free cores, would tell)")
 
 
-async def run_online_async(cfg: OnlineConfig, print_fn=tqdm.write) -> dict:
-    """Run every level of `cfg` and return the run dict (see runfile.py)."""
+def _run_dict(cfg: OnlineConfig, base: str, model: str, endpoint: str, levels: list[dict]) -> dict:
+    label = cfg.label or urlsplit(base).netloc
+    return {"schema": SCHEMA, "label": label,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "settings": _settings(cfg, base, model, endpoint), "levels": levels}
+
+
+async def run_online_async(cfg: OnlineConfig, print_fn=tqdm.write, on_level=None) -> dict:
+    """Run every level of `cfg` and return the run dict (see runfile.py); `on_level(run)`, if
+    given, gets the run of the levels measured so far after each one (to write it down before a
+    time limit can cut the rest)."""
     base = api_base(cfg.url)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
     # What each client process needs to build its own HTTP client (see procs.py).
@@ -153,12 +162,11 @@ async def run_online_async(cfg: OnlineConfig, print_fn=tqdm.write) -> dict:
             plan = LevelPlan(c, count, cfg.duration_s, cfg.request_rate, seed=cfg.seed + c)
             levels.append(await _run_level(cfg, client, job, plan, options))
             _print_level(levels[-1], print_fn)
-    label = cfg.label or urlsplit(base).netloc
-    return {"schema": SCHEMA, "label": label,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "settings": _settings(cfg, base, model, endpoint), "levels": levels}
+            if on_level is not None:
+                on_level(_run_dict(cfg, base, model, endpoint, list(levels)))
+    return _run_dict(cfg, base, model, endpoint, levels)
 
 
-def run_online(cfg: OnlineConfig, print_fn=tqdm.write) -> dict:
+def run_online(cfg: OnlineConfig, print_fn=tqdm.write, on_level=None) -> dict:
     """Synchronous wrapper of `run_online_async`."""
-    return asyncio.run(run_online_async(cfg, print_fn))
+    return asyncio.run(run_online_async(cfg, print_fn, on_level))
