@@ -93,6 +93,19 @@ def _e4m3_value(x, inv_scale):
 
 
 @triton.jit
+def _store_cache_heads(cache_ptr, scale_ptr, slot, kv_head, ok, a, b, lo, NUM_KV: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr):
+    # Halves a, b [heads, HEAD_DIM / 2] of the heads where `ok` into the cache at `slot`, heads
+    # kv_head; an e4m3 cache gets value / its head's scale, saturated.
+    dst = cache_ptr + (slot * NUM_KV + kv_head)[:, None] * HEAD_DIM
+    if KV_FP8:
+        inv = (1.0 / tl.load(scale_ptr + kv_head, mask=ok, other=1.0))[:, None]
+        a, b = _e4m3_value(a, inv), _e4m3_value(b, inv)
+    tl.store(dst + lo, a.to(cache_ptr.dtype.element_ty), mask=ok[:, None])
+    tl.store(dst + HEAD_DIM // 2 + lo, b.to(cache_ptr.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
 def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, slot_ptr,
                                q_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, eps, qkv_stride,
                                NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -115,15 +128,8 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
     x2 = tl.load(base + half + lo, mask=live[:, None], other=0.0)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     # value heads: straight to the cache
-    v_head = tl.where(is_v, head - NUM_HEADS - NUM_KV, 0)
-    v_dst = v_cache_ptr + (slot * NUM_KV + v_head)[:, None] * HEAD_DIM
-    if KV_FP8:  # e4m3 entry: value / its head's scale, saturated
-        inv_v = (1.0 / tl.load(v_scale_ptr + v_head, mask=is_v, other=1.0))[:, None]
-        tl.store(v_dst + lo, _e4m3_value(x1, inv_v).to(v_cache_ptr.dtype.element_ty), mask=is_v[:, None])
-        tl.store(v_dst + half + lo, _e4m3_value(x2, inv_v).to(v_cache_ptr.dtype.element_ty), mask=is_v[:, None])
-    else:
-        tl.store(v_dst + lo, x1.to(v_cache_ptr.dtype.element_ty), mask=is_v[:, None])
-        tl.store(v_dst + half + lo, x2.to(v_cache_ptr.dtype.element_ty), mask=is_v[:, None])
+    _store_cache_heads(v_cache_ptr, v_scale_ptr, slot, tl.where(is_v, head - NUM_HEADS - NUM_KV, 0), is_v, x1, x2,
+                       lo, NUM_KV, HEAD_DIM, KV_FP8)
     # query and key heads: RMSNorm over the head (with HAS_NORM), then rotary
     y1, y2 = x1, x2
     if HAS_NORM:
@@ -143,16 +149,9 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
     q_dst = q_out_ptr + (tok * NUM_HEADS + tl.where(is_q, head, 0))[:, None] * HEAD_DIM
     tl.store(q_dst + lo, o1, mask=is_q[:, None])
     tl.store(q_dst + half + lo, o2, mask=is_q[:, None])
-    k_head = tl.where(is_k, head - NUM_HEADS, 0)
-    k_dst = k_cache_ptr + (slot * NUM_KV + k_head)[:, None] * HEAD_DIM
-    if KV_FP8:  # rounded to the model dtype first, as the reference does
-        inv_k = (1.0 / tl.load(k_scale_ptr + k_head, mask=is_k, other=1.0))[:, None]
-        tl.store(k_dst + lo, _e4m3_value(o1, inv_k).to(k_cache_ptr.dtype.element_ty), mask=is_k[:, None])
-        tl.store(k_dst + half + lo, _e4m3_value(o2, inv_k).to(k_cache_ptr.dtype.element_ty), mask=is_k[:, None])
-    else:
-        tl.store(k_dst + lo, o1.to(k_cache_ptr.dtype.element_ty), mask=is_k[:, None])
-        tl.store(k_dst + half + lo, o2.to(k_cache_ptr.dtype.element_ty), mask=is_k[:, None])
-
+    # (an e4m3 key is rounded to the model dtype first, as the reference does)
+    _store_cache_heads(k_cache_ptr, k_scale_ptr, slot, tl.where(is_k, head - NUM_HEADS, 0), is_k, o1, o2,
+                       lo, NUM_KV, HEAD_DIM, KV_FP8)
 
 @functools.lru_cache(maxsize=None)
 def _multiprocessors(device: torch.device) -> int:
