@@ -129,6 +129,13 @@ def test_heads_per_program_grows_with_tokens_and_keeps_programs_per_multiprocess
     assert triton_fused.heads_per_program(16, 48, cpu) == 1  # 768 programs, 384 if doubled
     assert triton_fused.heads_per_program(64, 48, cpu) == 4  # 768 programs
     assert triton_fused.heads_per_program(256, 48, cpu) == 16  # 768 programs
+    # the warm-up's steps: the fewest tokens that launch each variant
+    firsts = triton_fused.tokens_per_heads_choice(48, cpu)
+    assert firsts == [1, 22, 44, 88, 176]
+    assert [triton_fused.heads_per_program(t, 48, cpu) for t in firsts] == [1, 2, 4, 8, 16]
+    assert [triton_fused.heads_per_program(t - 1, 48, cpu) for t in firsts[1:]] == [1, 2, 4, 8]
+    from onebit.kernels import ops
+    assert ops.fused_write_warm_up_tokens(48, cpu) == []  # the torch reference runs off CUDA
 
 
 # -- varlen prefill over the paged cache -------------------------------------------------------

@@ -11,7 +11,7 @@ from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder, ladder_for
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
-from onebit.kernels import batch_invariant, fp8, gemv
+from onebit.kernels import batch_invariant, fp8, gemv, ops
 from onebit.kernels.attention import AttentionMetadata, triton_decode, triton_prefill_flash
 from onebit.models.config import ModelConfig
 from onebit.models.fp8_checkpoint import fp8_block_layers
@@ -125,6 +125,9 @@ class ModelRunner:
         # step per count the eager path can meet, each a kernel variant of its own (G21, session
         # 11: a first mixed step with 10 decodes compiled NUM_SPLITS=4 for 0.6 s while serving).
         steps += [[1] * rows + [GRAPH_CHUNK_TOKENS] for rows in self._decode_rows_per_split_count()]
+        # The fused q/k/v write takes more heads a program as a step's tokens grow: one step per variant.
+        cfg = self.cfg
+        steps += [[n] for n in ops.fused_write_warm_up_tokens(cfg.num_heads + 2 * cfg.num_kv_heads, self.device)]
         for lens in steps:
             with batch_invariant.mode(self.deterministic):
                 self._eager_scratch_step([n for n in lens if n < self.ctx_size], scratch_block)

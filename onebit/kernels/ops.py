@@ -42,3 +42,11 @@ def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mappi
                                                k_scale, v_scale)
     return fused_ref.qk_norm_rope_store_ref(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping,
                                             k_cache, v_cache, num_heads, num_kv_heads, head_dim, k_scale, v_scale)
+
+
+def fused_write_warm_up_tokens(heads: int, device: torch.device) -> list[int]:
+    """Token counts, one per variant of the fused q/k/v write that steps on `device` can launch
+    (`heads` query + key + value heads), for a warm-up to compile them all; none off CUDA."""
+    if device.type != "cuda" or triton_fused is None:
+        return []
+    return triton_fused.tokens_per_heads_choice(heads, device)

@@ -169,6 +169,15 @@ def heads_per_program(tokens: int, heads: int, device: torch.device) -> int:
     return per_program
 
 
+def tokens_per_heads_choice(heads: int, device: torch.device, max_tokens: int = 4096) -> list[int]:
+    """For each heads-per-program count `heads_per_program` gives over 1..max_tokens tokens, the
+    fewest tokens that get it, ascending: one step per kernel variant a warm-up must compile."""
+    first: dict[int, int] = {}
+    for tokens in range(1, max_tokens + 1):
+        first.setdefault(heads_per_program(tokens, heads, device), tokens)
+    return sorted(first.values())
+
+
 def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping, k_cache, v_cache,
                        num_heads, num_kv_heads, head_dim, k_scale=None, v_scale=None, heads_per_prog=None):
     """Fused form of `fused_ref.qk_norm_rope_store_ref`; caches must be contiguous [blocks, block_size, KV, D]
