@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -133,6 +134,19 @@ def time_replays(engine, sizes=(1, 8, 64, 256)) -> str:
     return "graph replay alone (median of 30): " + ", ".join(parts)
 
 
+def fp8_choice_summary(report: list[str]) -> list[str]:
+    """One line per row count of the FP8 calibration ("fp8 NAME NxK, M row(s): KIND ..."): how many
+    products each kind won there."""
+    by_rows: dict[int, dict[str, int]] = {}
+    for line in report:
+        match = re.match(r"fp8 \S+ \d+x\d+(?: \(e4m3 input\))?, (\d+) row\(s\): (\S+)", line)
+        if match:
+            kinds = by_rows.setdefault(int(match[1]), {})
+            kinds[match[2]] = kinds.get(match[2], 0) + 1
+    return [f"fp8 products won at {rows} row(s): " + ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items()))
+            for rows, kinds in sorted(by_rows.items())]
+
+
 def main() -> int:
     """Run the checks and the timings; print the table last."""
     ap = argparse.ArgumentParser()
@@ -166,7 +180,7 @@ def main() -> int:
     (big / "config.json").write_text(json.dumps(QWEN3_8B))
     rows = ["| variant | batch | decode tok/s | total tok/s | prefill s | decode s | ms/decode step |",
             "|---|---:|---:|---:|---:|---:|---:|"]
-    results, calibration = [], []
+    results, calibration = [], {}
     for variant in args.variants.split(","):
         t0 = time.perf_counter()
         engine = build_engine(EngineConfig(
@@ -177,9 +191,12 @@ def main() -> int:
             quantize="fp8" if "-fp8" in variant else None, deterministic="-det" in variant))
         torch.cuda.synchronize()
         lines.append(f"8B-shape engine ({variant}) built in {time.perf_counter() - t0:.1f}s")
-        if variant == "graphs":  # the calibration: per shape, the rows Triton won (every timing in the json)
-            calibration = engine.runner.gemv_report
-            lines += [line for line in calibration if line.startswith("few-row choice")]
+        report = engine.runner.gemv_report  # the calibration (every timing in the json)
+        if report:
+            calibration[variant] = report
+            # per shape, the rows Triton won; for FP8, which kind won at each row count
+            lines += [f"{variant}: {line}" for line in report if line.startswith("few-row choice")]
+            lines += [f"{variant}: {line}" for line in fp8_choice_summary(report)]
         if variant == "graphs":
             try:
                 lines.append(check_8b_logits(engine))
