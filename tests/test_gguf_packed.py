@@ -131,4 +131,6 @@ def test_the_triton_kernels_inside_the_model_give_the_same_logits(loads, monkeyp
     reference = gguf_quants.packed_linear
     monkeypatch.setattr(gguf_quants, "packed_linear", lambda x, parts, bias=None: reference(x, parts, bias, True))
     got, want = all_logits(packed, PROMPT), all_logits(dequantized, PROMPT)
-    assert ((got - want).norm() / want.norm()).item() < (1e-5 if got.device.type == "cpu" else 2e-3)
+    # The prompt's rows (17-64) go through mode "int", which sums scale x (code dot) - offset x (x
+    # sum) per sub-block (float32 reassociation, bounded in test_gguf_repacked): 1.1e-5 here.
+    assert ((got - want).norm() / want.norm()).item() < (5e-5 if got.device.type == "cpu" else 2e-3)

@@ -60,11 +60,13 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> float:
 
 TOLERANCE = 1e-5 if DEVICE == "cpu" else 2e-3
 # (rows, config): CUDA-core and tensor-core modes, the deterministic split-K sum and the atomic one,
-# a single program along K (stores directly), rows of a tile past the weight's end (N = 40).
+# a single program along K (stores directly), rows of a tile past the weight's end (N = 40); mode
+# "int" past 16 rows (40: a 64-row tile part filled; MAX_INT_ROWS).
 CASES = [(1, tr.RepackedConfig("fma", 16, 2)), (3, tr.RepackedConfig("fma", 8, 1, split=2, reduce="atomic")),
          (2, tr.RepackedConfig("dot", 16, 2, split=1)), (5, tr.RepackedConfig("dot", 32, 1, split=2)),
          (1, tr.RepackedConfig("int", 16, 1, split=1)), (3, tr.RepackedConfig("int", 16, 2, split=2, reduce="atomic")),
-         (16, tr.RepackedConfig("int", 32, 1, split=2))]
+         (16, tr.RepackedConfig("int", 32, 1, split=2)), (40, tr.RepackedConfig("int", 32, 1, split=2)),
+         (tr.MAX_INT_ROWS, tr.RepackedConfig("int", 64, 2, split=1))]
 
 
 @pytest.mark.parametrize("qtype", REPACKED_TYPES)
@@ -83,10 +85,18 @@ def test_triton_dequantize_is_the_reference_bit_for_bit(qtype):
     assert torch.equal(tr.dequantize(w, torch.float32).cpu(), w.dequantize().cpu())
 
 
-def test_more_rows_go_through_the_dequantized_weight_and_a_column_slice_is_filled():
+def test_more_rows_go_through_the_dequantized_weight_and_a_column_slice_is_filled(monkeypatch):
     w = _weight("Q6_K", 32, 256, seed=2)
-    x = torch.randn(tr.MAX_KERNEL_ROWS + 3, 256).to(DEVICE)
-    assert _close(tr.matmul(x, w), repacked_linear_ref(x, w)) < TOLERANCE
+    x = torch.randn(tr.MAX_INT_ROWS + 3, 256).to(DEVICE)
+    launched = []
+    real = tr.matmul_few_rows
+    monkeypatch.setattr(tr, "matmul_few_rows", lambda *a, **k: launched.append(a[0].shape[0]) or real(*a, **k))
+    assert _close(tr.matmul(x, w), repacked_linear_ref(x, w)) < TOLERANCE  # dequantized, then cuBLAS
+    assert _close(tr.matmul(x[:20], w), repacked_linear_ref(x[:20], w)) < TOLERANCE  # mode "int"
+    assert launched == [20]
+    monkeypatch.setattr(tr, "INT_ABOVE_FEW_ROWS", False)
+    assert _close(tr.matmul(x[:20], w), repacked_linear_ref(x[:20], w)) < TOLERANCE
+    assert launched == [20]  # the switch sends 17-64 rows back to the dequantized weight
     out = torch.full((2, 96), 7.0, device=DEVICE)
     tr.matmul(x[:2], w, out[:, 32:64])
     assert (out[:, :32] == 7).all() and (out[:, 64:] == 7).all()
@@ -113,6 +123,10 @@ def test_the_sweeps_table_sets_the_defaults_by_type_and_rows():
     assert ("Q6_K", 1) not in table
     with pytest.raises(ValueError, match='"fma" takes at most 4 rows'):
         tr.matmul_few_rows(torch.zeros(5, 256), _weight("Q4_K", 16, 256, 0).to("cpu"), config=tr.RepackedConfig("fma"))
+    with pytest.raises(ValueError, match='1 to 16 rows in mode "dot"'):
+        tr.matmul_few_rows(torch.zeros(17, 256), _weight("Q4_K", 16, 256, 0).to("cpu"), config=tr.RepackedConfig("dot"))
+    with pytest.raises(ValueError, match=f'1 to {tr.MAX_INT_ROWS} rows in mode "int"'):
+        tr.matmul_few_rows(torch.zeros(tr.MAX_INT_ROWS + 1, 256), _weight("Q4_K", 16, 256, 0).to("cpu"))
 
 
 def _int_error_bound(x: torch.Tensor, w: RepackedMatrix) -> torch.Tensor:

@@ -8,7 +8,8 @@ session 10). These tests compile the decode step's kernels as the device would, 
 process without TRITON_INTERPRET (under the interpreter `triton.jit` gives functions the compiler
 cannot take): the fused write in its every variant, and each of the eleven PDL kernels with PDL on
 (the FP8 split-K kernel and its reduce also with block-scaled weights, the split-K kernel also on
-e4m3 rows, where its tiles must reach the tensor cores as e4m3).
+e4m3 rows, where its tiles must reach the tensor cores as e4m3), and the repacked GGUF "int" kernel
+at 64 rows for every type.
 """
 
 from __future__ import annotations
@@ -51,16 +52,17 @@ COMPILE = textwrap.dedent("""
                 out[name] = "fp32" if name in FLOATS else "i32"
         return out
 
-    def compile_sm90(label, module, name, types, constexprs):
+    def compile_sm90(label, module, name, types, constexprs, warps=4):
         fn = getattr(importlib.import_module("onebit.kernels." + module), name)
         # constexpr parameters left out take their defaults, as a launch that leaves them out does
         constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
         pdl = bool(constexprs.get("PDL"))
         source = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs)
-        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl})
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl, "num_warps": warps})
         ptx = kernel.asm["ptx"]
         print(label, "stores", ptx.count("st.global"), "griddepcontrol", ptx.count("griddepcontrol"),
-              "e4m3-mma", sum(1 for line in ptx.splitlines() if "mma" in line and ".e4m3.e4m3" in line))
+              "e4m3-mma", sum(1 for line in ptx.splitlines() if "mma" in line and ".e4m3.e4m3" in line),
+              "wgmma", ptx.count("wgmma.mma_async"), "shared", kernel.metadata.shared)
 
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
@@ -74,6 +76,18 @@ COMPILE = textwrap.dedent("""
                           "v_scale_ptr": "*fp32"},
                          {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": has_norm,
                           "KV_FP8": kv_fp8, "PDL": False, "HEADS": heads})
+    elif which == "gguf-int":  # mode "int" of repacked GGUF weights at 64 rows, as 17-64 rows launch it
+        from onebit.kernels import triton_gguf_repacked as tr
+        from onebit.kernels.gguf_repack import GROUPING
+        config = tr.INT_MANY_ROWS_CONFIG
+        for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q8_0"):
+            group, lanes, _, planes = GROUPING[qtype]
+            compile_sm90(f"gguf-int-{qtype}", "triton_gguf_repacked", "_repacked_int_kernel",
+                         {"x_ptr": "*bf16", "c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32",
+                          "d_ptr": "*fp32" if qtype == "Q6_K" else "*i32", "y_ptr": "*fp32"},
+                         {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes,
+                          "BLOCK_M": tr.MAX_INT_ROWS, "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1,
+                          "NUM_STAGES": config.stages}, warps=config.warps)
     else:  # every PDL kernel, PDL on
         on = {"PDL": True}
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
@@ -149,8 +163,17 @@ def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
     assert len(lines) == 18
     for line in lines:
-        name, _, stores, _, waits, _, e4m3_mma = line.split()
+        name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line
         assert int(waits) == 2, line  # griddepcontrol.wait, then launch_dependents
         # e4m3 rows reach the tensor cores as e4m3 (no widening to bf16 on the way)
         assert (int(e4m3_mma) > 0) == name.endswith("-w8a8"), line
+
+
+def test_gguf_int_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
+    lines = _compile("gguf-int")
+    assert [line.split()[0] for line in lines] == [f"gguf-int-{q}" for q in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")]
+    for line in lines:
+        fields = line.split()
+        assert int(fields[2]) > 0 and int(fields[8]) > 0, line  # it stores, through wgmma
+        assert int(fields[10]) <= 227 * 1024, line  # fits an H200 SM's shared memory

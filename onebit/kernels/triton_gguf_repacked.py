@@ -24,8 +24,8 @@ K is split over SPLIT programs per row tile so that 4096-row products still fill
 partial sums meet in a float32 workspace summed in a fixed order ("sum", deterministic) or by
 atomic adds into the zeroed output ("atomic").
 
-Above MAX_KERNEL_ROWS rows `matmul` expands the weight to the activations' dtype (`dequantize`,
-same plane code) and multiplies with cuBLAS. Reference: `gguf_repack.repacked_linear_ref`.
+Mode "int" also runs 17 to MAX_INT_ROWS rows; above, `matmul` expands the weight to the
+activations' dtype (`dequantize`, same plane code) and multiplies with cuBLAS. Reference: `gguf_repack.repacked_linear_ref`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
 from onebit.kernels.triton_gguf import _store_partial, _sum_splits_kernel  # split-K partials, summed in order
 
 MAX_KERNEL_ROWS = 16
+# Mode "int" takes its row tile as the tensor cores' narrow side (any width up to 256), so it also
+# runs 17-64 rows, reading the packed weight once where the dequantized path wrote and read a bf16
+# copy of it (2.4x fewer bytes for Q4_K than bf16 cuBLAS alone; B=64 ran at 0.39x bf16 that way,
+# G26). The activations' share of each program grows with the rows (from L2), so wider weight tiles
+# there. Unmeasured on the device: INT_ABOVE_FEW_ROWS False restores the dequantized path.
+MAX_INT_ROWS = 64
+INT_ABOVE_FEW_ROWS = True
 QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 
 
@@ -75,6 +82,7 @@ CONFIGS = {
     "int-n64-g2": RepackedConfig("int", 64, 2, programs=512),
     "int-n128-g1": RepackedConfig("int", 128, 1, warps=8, programs=512),
 }
+INT_MANY_ROWS_CONFIG = CONFIGS["int-n128-g1"]  # 17 to MAX_INT_ROWS rows (unmeasured)
 FMA_MAX_ROWS = 4
 # (qtype, rows 1..16) -> config. Unmeasured guesses ("fma" for 1-2 rows, "dot" above) until the device
 # sweep (bench/gpu_gguf_repacked.py) writes its picks as JSON: taken from $ONEBIT_GGUF_REPACKED_TABLE,
@@ -511,13 +519,15 @@ def plan(weight: RepackedMatrix, rows: int, config: RepackedConfig) -> tuple[int
 def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
                     config: RepackedConfig | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output
-    is fine: unit column stride). config None: DEFAULT[qtype, M]. Reference: `gguf_repack.repacked_linear_ref`."""
+    is fine: unit column stride); mode "int" takes up to MAX_INT_ROWS rows. config None:
+    DEFAULT[qtype, M], INT_MANY_ROWS_CONFIG above 16 rows. Reference: `gguf_repack.repacked_linear_ref`."""
     m, k = x.shape
     if k != weight.cols:
         raise ValueError(f"x has {k} columns, the weight {weight.cols}")
-    if not 1 <= m <= MAX_KERNEL_ROWS:
-        raise ValueError(f"matmul_few_rows takes 1 to {MAX_KERNEL_ROWS} rows, got {m}")
-    config = config or DEFAULT[weight.qtype, m]
+    config = config or (DEFAULT[weight.qtype, m] if m <= MAX_KERNEL_ROWS else INT_MANY_ROWS_CONFIG)
+    most = MAX_INT_ROWS if config.mode == "int" else MAX_KERNEL_ROWS
+    if not 1 <= m <= most:
+        raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
     if config.mode not in ("fma", "dot", "int") or config.reduce not in ("sum", "atomic"):
         raise ValueError(f"unknown config {config}")
     if config.mode == "fma" and m > FMA_MAX_ROWS:
@@ -552,9 +562,10 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
 
 def matmul(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
            config: RepackedConfig | None = None) -> torch.Tensor:
-    """x [M, K] @ weight.T into out (fresh when None): `matmul_few_rows` up to MAX_KERNEL_ROWS rows,
-    else the weight dequantized to x's dtype and cuBLAS."""
-    if x.shape[0] <= MAX_KERNEL_ROWS:
+    """x [M, K] @ weight.T into out (fresh when None): `matmul_few_rows` up to MAX_KERNEL_ROWS rows
+    (up to MAX_INT_ROWS in mode "int" with INT_ABOVE_FEW_ROWS), else the weight dequantized to x's
+    dtype and cuBLAS."""
+    if x.shape[0] <= MAX_KERNEL_ROWS or (x.shape[0] <= MAX_INT_ROWS and INT_ABOVE_FEW_ROWS):
         return matmul_few_rows(x, weight, out, config)
     if x.shape[1] != weight.cols:
         raise ValueError(f"x has {x.shape[1]} columns, the weight {weight.cols}")
