@@ -6,7 +6,7 @@ dependent launch (`onebit.kernels.pdl`); the GPU compiler does. The fp8 KV cache
 reused names across such a branch from a40a6ff on and failed on its first device run (G12,
 session 10). These tests compile the decode step's kernels as the device would, in a child
 process without TRITON_INTERPRET (under the interpreter `triton.jit` gives functions the compiler
-cannot take): the fused write in its every variant, and each of the eleven PDL kernels with PDL on
+cannot take): the fused write in its every variant, and each of the fourteen PDL kernels with PDL on
 (the FP8 split-K kernel and its reduce also with block-scaled weights, the split-K kernel also on
 e4m3 rows, where its tiles must reach the tensor cores as e4m3), and the repacked GGUF "int" kernel
 at 64 rows for every type.
@@ -130,6 +130,16 @@ COMPILE = textwrap.dedent("""
             ("triton_fp8_fast", "_quantize_rows_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK_K": 4096}),
             ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}),
             ("triton_gemv", "_skinny_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}),
+            # packed GGUF (repacked Q4_K): mode "int", mode "fma", and the ordered sum of their partials
+            ("triton_gguf_repacked", "_repacked_int_kernel",
+             {"c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32"},
+             {"QTYPE": 1, "GROUP": 256, "LANES": 32, "PLANES": 8, "BLOCK_M": 16, "BLOCK_N": 64, "NG": 1,
+              "REDUCE": 1, "NUM_STAGES": 2}),
+            ("triton_gguf_repacked", "_repacked_kernel",
+             {"c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32"},
+             {"QTYPE": 1, "GROUP": 256, "LANES": 32, "PLANES": 8, "BLOCK_M": 1, "BLOCK_N": 32, "NG": 2,
+              "USE_DOT": False, "REDUCE": 1, "NUM_STAGES": 2}),
+            ("triton_gguf", "_sum_splits_kernel", {"ws_ptr": "*fp32"}, {"BLOCK": 1024}),
             ("triton_gemv", "_split_k_kernel", {"out_ptr": "*fp32"},
              {"HAS_BIAS": False, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT": 2}),
             ("triton_gemv", "_split_k_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT": 1}),
@@ -161,7 +171,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 18
+    assert len(lines) == 21
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line

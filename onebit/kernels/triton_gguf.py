@@ -28,6 +28,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from onebit.kernels import pdl
+
 MAX_KERNEL_ROWS = 16  # the 64-row tile ran out of shared memory on the H200 (413,696 > 232,448 bytes)
 QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 STEP = {"Q8_0": 128, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
@@ -494,7 +496,8 @@ def _store_partial(y_ptr, ptrs, acc, ok, pid_k, stride_ysplit, REDUCE: tl.conste
 
 
 @triton.jit
-def _sum_splits_kernel(ws_ptr, y_ptr, N, TOTAL, SPLIT, stride_ym, BLOCK: tl.constexpr):
+def _sum_splits_kernel(ws_ptr, y_ptr, N, TOTAL, SPLIT, stride_ym, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     # y[m, n] = sum over s = 0 .. SPLIT-1, in that order, of ws[s, m, n] (float32 [SPLIT, M, N]).
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < TOTAL
@@ -567,5 +570,5 @@ def matmul_few_rows(x: torch.Tensor, weight, out: torch.Tensor | None = None,
         total = m * weight.rows
         block = 1024
         _sum_splits_kernel[(triton.cdiv(total, block),)](target, out, weight.rows, total, split, out.stride(0),
-                                                         BLOCK=block, num_warps=4)
+                                                         BLOCK=block, num_warps=4, **pdl.options())
     return out

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from onebit.kernels import pdl
 from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
 from onebit.kernels.triton_gguf import _store_partial, _sum_splits_kernel  # split-K partials, summed in order
 
@@ -245,7 +246,8 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
                      stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
                      QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NG: tl.constexpr, USE_DOT: tl.constexpr,
-                     REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr):
+                     REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     # Program (pid_n, pid_k): rows pid_n * BLOCK_N.., groups pid_k * GROUPS_PER_SPLIT.. (a multiple of NG).
     # REDUCE 0: store into y; 1: the float32 partial into y + pid_k * stride_ysplit; 2: atomic add into y.
     pid_n = tl.program_id(0)
@@ -391,7 +393,8 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
                          stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
                          QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NG: tl.constexpr, REDUCE: tl.constexpr,
-                         NUM_STAGES: tl.constexpr):
+                         NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
     # Mode "int": per sub-block (plane j of group g: LANES columns with one scale s and offset o per
     # weight row) D = codes @ x.T on the tensor cores with the exact codes, then acc += s * D - o' * xsum,
     # xsum = the sub-block's x sum (also a tensor-core product, with ones: it lands in acc's layout).
@@ -549,14 +552,16 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     grid = (triton.cdiv(weight.rows, config.block_n), split)
     if config.mode == "int":
         _repacked_int_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, REDUCE=reduce,
-                                   NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight))
+                                   NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
+                                   **pdl.options())
     else:
         _repacked_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, USE_DOT=config.mode == "dot",
-                               REDUCE=reduce, NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight))
+                               REDUCE=reduce, NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
+                               **pdl.options())
     if reduce == 1:
         total = m * weight.rows
         _sum_splits_kernel[(triton.cdiv(total, 1024),)](target, out, weight.rows, total, split, out.stride(0),
-                                                        BLOCK=1024, num_warps=4)
+                                                        BLOCK=1024, num_warps=4, **pdl.options())
     return out
 
 
