@@ -62,8 +62,9 @@ def test_more_rows_than_the_kernel_takes_is_refused():
 
 def test_split_k_tiles_fit_their_rows():
     """Few rows take 16-row tiles; above 16, tiles of 64 rows (sm_90's wgmma), 128 only past 64."""
-    assert all(c[0] == 16 for kernel, c in triton_gemv.candidates(8) if kernel == "split_k")
-    assert not any(kernel == "split_k" for kernel, _ in triton_gemv.candidates(1))
+    for rows in (1, 8, 16):
+        split = [c for kernel, c in triton_gemv.candidates(rows) if kernel == "split_k"]
+        assert split and all(c[0] == 16 for c in split)
     assert {c[0] for _, c in triton_gemv.candidates(64)} == {64}
     assert {c[0] for _, c in triton_gemv.candidates(100)} == {64, 128}
 

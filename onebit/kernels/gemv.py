@@ -77,10 +77,10 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor | None]], rows:
     device_types ("cpu",) to run the kernels in Triton's interpreter).
 
     Cost at start-up, Qwen3-8B (5 shapes, 1.6 GB of bf16 weights), `--parallel 64` (rows 1, 2, 4,
-    8, 12, 16, then 24-64 in steps of 8): 12 timings at 1 row (cuBLAS, 6 GEMV and 5 skinny
-    configs), 9 at each other count to 16 (+ 3 split-K), 7 at each count above (cuBLAS + 6
-    split-K), 99 per shape; each timing is 1 warm-up call + 7 replays x 20 calls, so about 99 x
-    141 = 14,000 reads of each weight, 22 TB in all: ~7 s at 3 TB/s, plus the Triton compiles
+    8, 12, 16, then 24-64 in steps of 8): 15 timings at 1 row (cuBLAS, 6 GEMV, 5 skinny and 3
+    split-K configs), 9 at each other count to 16, 7 at each count above (cuBLAS + 6 split-K),
+    102 per shape; each timing is 1 warm-up call + 7 replays x 20 calls, so about 102 x 141 =
+    14,400 reads of each weight, 23 TB in all: ~8 s at 3 TB/s, plus the Triton compiles
     (cached on disk after the first start). Up to 128 rows with a larger `--parallel`."""
     if triton_gemv is None:
         return ["few-row linear: Triton is not installed, cuBLAS everywhere"]
