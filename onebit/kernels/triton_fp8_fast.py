@@ -10,7 +10,9 @@ consecutive bytes), widens them in registers and accumulates in float32, with an
 product and a row sum for one row (BLOCK_M == 1) and `tl.dot` for more. With SPLIT == 1 the
 program scales its columns and writes the result; otherwise it writes an unscaled float32
 partial and `_reduce_kernel` sums the SPLIT partials of each output in a fixed order
-(deterministic), applies the column scale once and adds the bias.
+(deterministic), applies the column scale once and adds the bias. Given e4m3 rows quantized per
+token (`quantize_rows`, their scales beside), the tensor-core tiles multiply e4m3 by e4m3 (w8a8,
+the numbers `_scaled_mm` gives) instead of widening the weight.
 
 `quantize_rows`: the activations' per-token quantization (amax, scale, divide, cast) in one
 program per row instead of a chain of torch ops, each a launch of its own.
@@ -45,6 +47,7 @@ MANY_ROW_CONFIGS = [(32, 32, 256, 4, 4), (32, 64, 256, 2, 4), (64, 32, 128, 2, 4
 # them against the rest.
 W8A8_CONFIGS = [(64, 64, 256, 2, 4), (64, 64, 256, 4, 4), (64, 32, 256, 4, 4), (64, 128, 128, 2, 4),
                 (64, 128, 256, 1, 8), (64, 64, 512, 2, 4), (128, 64, 128, 1, 8)]
+
 
 @triton.jit
 def _tile_block_scales(s_ptr, rn, n_ok, k0, K, stride_sn, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr):

@@ -1,4 +1,4 @@
-"""Triton products for linear layers with few rows (decoding one to a few sequences).
+"""Triton products for linear layers with few rows (decoding steps: 1 to 128 rows).
 
 At a handful of rows a linear layer is pure weight streaming: it reads every weight once and
 does 2 x rows FLOPs per weight. Three kernels, each program owning BLOCK_N output columns and
@@ -24,9 +24,9 @@ MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # (BLOCK_N, BLOCK_K, num_warps) tried per shape by the calibration.
 GEMV_CONFIGS = [(4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (16, 256, 4), (32, 256, 8)]
 SKINNY_CONFIGS = [(16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4)]
-# `split_k_matmul` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). cuBLAS runs the 4096-wide
-# products at 64 rows with one wave of 64-128 tiles and reads them at 2.8-3.2 TB/s (G23, session
-# 12) against ~4 for the wide ones; splitting K gives more programs, each streaming its slice.
+# `split_k_matmul` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). At 64 rows cuBLAS reads the
+# 4096-wide products at 2.8-3.2 TB/s (o and qkv in one wave of 128 and 96 tiles; G23, session 12)
+# against 4.0 for gate_up; splitting K gives more programs, each streaming its slice.
 # Above 16 rows, tiles of 64 or 128 rows: sm_90's bf16 wgmma takes 64 rows a warp group (a smaller
 # tile compiles to the older mma instruction). Unmeasured: calibration times them against cuBLAS.
 MAX_SPLIT_K_ROWS = 128
