@@ -7,8 +7,11 @@
 #   B. per-kernel times of a decode step at B = 64 and 256 with PDL off (bench/gpu_step_profile.py;
 #      with PDL on, kernels overlap and their times include waits): the fused q/k/v write's share;
 #   C. FP8 products at 16 and 64 rows (bench/gpu_fp8_fast.py part 1): the w8a8 split-K against
-#      `_scaled_mm` and the weight-only split-K, per product.
+#      `_scaled_mm` and the weight-only split-K, per product;
+#   D. (its own call, carrying .whl: the gguf package) G26, packed GGUF in the engine at B = 1/8/64
+#      (bench/gpu_gguf_quant.py --skip-kernels): mode "int" at 17-64 rows and PDL on the packed kernels.
 # Run from the repo root:  run(command="OUT=$OUT bash bench/gpu_products_ab.sh", timeout_s=600)
+#                          run(command="PARTS=D OUT=$OUT bash bench/gpu_products_ab.sh", carry=[".whl"], timeout_s=400)
 # Environment: VARIANTS, BATCHES, PARTS (ABC), OUT. Each part has its own time limit; the tables
 # are printed last and everything is in $OUT/products_ab.tgz.
 set -u
@@ -31,6 +34,12 @@ if [[ $PARTS == *C* ]]; then
     timeout 100 python3 bench/gpu_fp8_fast.py --out "$W/fp8" --rows 16,64 --accum-rows '' --fused-rows '' \
         --skip-engines > "$W/fp8.log" 2>&1 || echo "part C: rc $? (log: fp8.log)"
 fi
+if [[ $PARTS == *D* ]]; then
+    . bench/device_lib.sh
+    install_wheels > "$W/pip.log" 2>&1 || echo "part D: the wheels did not install (log: pip.log)"
+    timeout 360 python3 bench/gpu_gguf_quant.py --out "$W/gguf" --skip-kernels --batches 1,8,64 \
+        > "$W/gguf.log" 2>&1 || echo "part D: rc $? (log: gguf.log)"
+fi
 tar czf "$OUT/products_ab.tgz" -C "$OUT" products_ab && rm -rf "$W"
 tar xzf "$OUT/products_ab.tgz" -C /tmp 2>/dev/null
 echo "== A: engine"
@@ -40,3 +49,5 @@ grep -E "^\| (bf16|fp8) " /tmp/products_ab/profile/step_profile.md 2>/dev/null
 grep -A4 "longest kernels" /tmp/products_ab/profile.log 2>/dev/null | grep -i "qk_norm\|longest" | head -8
 echo "== C: FP8 products"
 grep -E "^\| " /tmp/products_ab/fp8.log 2>/dev/null | head -20
+echo "== D: packed GGUF in the engine"
+grep -E "^\| " /tmp/products_ab/gguf.log 2>/dev/null | tail -8
