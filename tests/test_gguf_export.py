@@ -195,3 +195,47 @@ def test_cli_and_refusals(models, tmp_path, capsys):
     assert main([str(bad), str(tmp_path / "bad.gguf")]) == 1
     assert "byte-level BPE" in capsys.readouterr().err
     assert not (tmp_path / "bad.gguf").exists()
+
+
+def test_q4_k_m_follows_the_recipe_and_reads_back_close(tmp_path):
+    """q4_k_m: each matrix in the recipe's type (Q4_K, Q6_K for the head and the chosen attn_v /
+    ffn_down; their fallbacks where rows are not 256-value super-blocks), norms in f32, values back
+    within 4- and 6-bit rounding; our loader serves the file."""
+    from onebit.testing.gguf_encode import q4_k_m_type
+
+    model = make_tiny_model(tmp_path / "m", arch="qwen3", layers=8, hidden=256, heads=4, kv_heads=2, vocab=512,
+                            intermediate=512)
+    src = load_file(model / "model.safetensors")
+    cfg = ModelConfig.from_dir(model)
+    reader = gguf.GGUFReader(export_gguf(model, tmp_path / "q.gguf", "q4_k_m"))
+    assert _field(reader, "general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    tensors = _tensors(reader)
+    kinds = {}
+    for name, t in tensors.items():
+        if len(t.shape) == 1:
+            assert t.tensor_type == Q.F32, name
+            continue
+        rows_cols = tuple(int(v) for v in reversed(t.shape))
+        want = q4_k_m_type(name, rows_cols[1], cfg.num_layers, cfg.tie_word_embeddings)
+        assert t.tensor_type == Q[want], name
+        kinds.setdefault(want, []).append(name)
+    assert set(kinds) == {"Q4_K", "Q6_K"}
+    assert {"token_embd.weight", "blk.0.ffn_down.weight", "blk.3.ffn_down.weight"} <= set(kinds["Q6_K"])  # tied head
+    assert {"blk.2.ffn_down.weight", "blk.0.attn_q.weight"} <= set(kinds["Q4_K"])
+    for hf, name in [("model.layers.0.mlp.down_proj.weight", "blk.0.ffn_down.weight"),
+                     ("model.layers.3.mlp.up_proj.weight", "blk.3.ffn_up.weight")]:
+        t = tensors[name]
+        got = torch.from_numpy(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(src[hf].shape))
+        err = ((got - src[hf].float()).norm() / src[hf].float().norm()).item()
+        assert err < (0.02 if t.tensor_type == Q.Q6_K else 0.12), (name, err)
+
+    narrow = make_tiny_model(tmp_path / "n", arch="qwen3", layers=2, hidden=64, heads=4, kv_heads=2, vocab=512)
+    fallback = _tensors(gguf.GGUFReader(export_gguf(narrow, tmp_path / "n.gguf", "q4_k_m")))
+    assert fallback["blk.0.attn_q.weight"].tensor_type == Q.Q5_0  # 64 values a row: no K-quant super-block
+    assert fallback["token_embd.weight"].tensor_type == Q.Q8_0  # the tied head's Q6_K, then its fallback
+
+    from onebit import LLM, SamplingParams
+
+    out = LLM(str(tmp_path / "q.gguf"), device="cpu", parallel=1).generate(
+        [[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].token_ids) == 4

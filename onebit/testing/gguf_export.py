@@ -1,15 +1,19 @@
 """Write a Hugging Face model directory (Qwen3, Qwen2, Llama, Mistral) as one GGUF file for llama.cpp.
 
-    python -m onebit.testing.gguf_export MODEL_DIR OUT.gguf [--dtype f32|f16|bf16]
+    python -m onebit.testing.gguf_export MODEL_DIR OUT.gguf [--dtype f32|f16|bf16|q4_k_m] [--device cuda]
 
 Weights stream from the safetensors files one tensor at a time, so the whole model is never in
-memory. Matrices are stored in the chosen dtype, norms and biases always in f32. The tokenizer
-must be a byte-level BPE (`tokenizer.json`), as Qwen, Llama 3 and our tiny models use.
+memory. Matrices are stored in the chosen dtype, norms and biases always in f32. q4_k_m follows
+llama.cpp's Q4_K_M recipe per matrix (`gguf_encode.q4_k_m_type`: Q6_K for the head and some
+attn_v/ffn_down, Q4_K elsewhere), encoded by round to nearest (`gguf_encode`, on --device; no
+search for the best scales, unlike llama.cpp's quantizer). The tokenizer must be a byte-level BPE
+(`tokenizer.json`), as Qwen, Llama 3 and our tiny models use.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -20,6 +24,7 @@ import torch
 
 from onebit.models.config import ModelConfig
 from onebit.models.errors import ModelLoadError
+from onebit.testing.gguf_encode import ENCODERS, q4_k_m_type
 from onebit.testing.gguf_tensors import (
     GGUF_ARCH, GGUFExportError, expected_tensors, gguf_tensor_name, plan_tensors, rotate_half_to_interleaved,
 )
@@ -32,6 +37,8 @@ DTYPES = {
     "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
     "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
     "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
+    # matrices by the recipe (see _recipe_type); Q4_K is what plan_tensors is given
+    "q4_k_m": (gguf.GGMLQuantizationType.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_M),
 }
 
 # What _convert hands the writer for each stored type (bf16 travels as raw 16-bit patterns).
@@ -69,7 +76,24 @@ def _write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig, vocab: Vocab, name: st
     write_tokenizer_metadata(w, vocab)
 
 
-def _convert(t: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+def _recipe_type(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> gguf.GGMLQuantizationType:
+    """The Q4_K_M recipe's type of matrix `name`."""
+    return gguf.GGMLQuantizationType[q4_k_m_type(name, shape[1], cfg.num_layers, cfg.tie_word_embeddings)]
+
+
+def _nbytes(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> int:
+    """Bytes of a stored tensor of `shape` (PyTorch order) and type."""
+    if qtype in _NUMPY_DTYPE:
+        return int(np.prod(shape)) * _NUMPY_DTYPE[qtype].itemsize
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    return int(np.prod(shape[:-1])) * (shape[-1] // block) * size
+
+
+def _convert(t: torch.Tensor, qtype: gguf.GGMLQuantizationType, device: str = "cpu") -> np.ndarray:
+    if qtype.name in ENCODERS:  # uint8 [rows, row bytes]
+        return ENCODERS[qtype.name](t.to(device)).cpu().numpy()
+    if qtype not in _NUMPY_DTYPE:  # the recipe's fallbacks for rows that are not whole super-blocks
+        return gguf.quants.quantize(t.float().numpy(), qtype)
     if qtype == gguf.GGMLQuantizationType.F32:
         return t.to(torch.float32).contiguous().numpy()
     if qtype == gguf.GGMLQuantizationType.F16:
@@ -78,8 +102,9 @@ def _convert(t: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
 
 
 def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f32",
-                tokenizer_pre: str | None = None) -> Path:
-    """Write `model_dir` (a Hugging Face directory) to the GGUF file `out` and return its path.
+                tokenizer_pre: str | None = None, device: str = "cpu") -> Path:
+    """Write `model_dir` (a Hugging Face directory) to the GGUF file `out` and return its path;
+    `device` runs the quantized types' encoders.
 
     The file appears only when complete (written beside it, then renamed).
     """
@@ -97,6 +122,9 @@ def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f32",
         raise GGUFExportError(f"tokenizer has {len(vocab.tokens)} tokens but config.json vocab_size is "
                               f"{cfg.vocab_size}; llama.cpp needs one entry per embedding row")
     plans = plan_tensors(path, cfg, qtype)
+    if dtype == "q4_k_m":
+        plans = [dataclasses.replace(p, qtype=_recipe_type(p.name, p.shape, cfg)) if len(p.shape) > 1 else p
+                 for p in plans]
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -104,14 +132,18 @@ def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f32",
     try:
         _write_metadata(writer, cfg, vocab, path.resolve().name, ftype)
         for p in plans:
-            np_dtype = _NUMPY_DTYPE[p.qtype]
-            writer.add_tensor_info(p.name, p.shape, np_dtype, int(np.prod(p.shape)) * np_dtype.itemsize,
-                                   raw_dtype=p.qtype)
+            if p.qtype in _NUMPY_DTYPE:
+                writer.add_tensor_info(p.name, p.shape, _NUMPY_DTYPE[p.qtype], _nbytes(p.shape, p.qtype),
+                                       raw_dtype=p.qtype)
+            else:  # quantized: the byte shape, which the writer turns back into the value shape
+                nbytes = _nbytes(p.shape, p.qtype)
+                writer.add_tensor_info(p.name, (p.shape[0], nbytes // p.shape[0]), np.dtype(np.uint8), nbytes,
+                                       raw_dtype=p.qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for p in plans:
-            writer.write_tensor_data(_convert(p.load(), p.qtype))
+            writer.write_tensor_data(_convert(p.load(), p.qtype, device))
         writer.close()
         os.replace(tmp, out)
     except BaseException:
@@ -128,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", help="GGUF file to write")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="type of the matrices (default f32)")
     parser.add_argument("--tokenizer-pre", help="llama.cpp pre-tokenizer name, when it cannot be recognised")
+    parser.add_argument("--device", default="cpu", help="where q4_k_m's encoders run (cuda for large models)")
     args = parser.parse_args(argv)
     try:
-        out = export_gguf(args.model_dir, args.out, args.dtype, args.tokenizer_pre)
+        out = export_gguf(args.model_dir, args.out, args.dtype, args.tokenizer_pre, args.device)
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
