@@ -32,7 +32,9 @@
 # CONC (1,8,32,64), MAX_TOKENS (128), PROMPTS (random:128), CTX (1024 per sequence),
 # CHECK_TOKENS (16), LLAMA_ARGS, OURS_ARGS, WORK (where model, GGUF and runs live), LIMIT_S (560),
 # OURS_S (100) and LLAMA_S (130): seconds kept for steps C and D, OVERLAP (0), PY (python3),
-# WHEELS (1: install .whl/*.whl into /tmp/site), PEERS_DIR (.peers).
+# WHEELS (1: install .whl/*.whl into /tmp/site), PEERS_DIR (.peers), GGUF_DTYPE (bf16; q4_k_m: both
+# servers run the same Q4_K_M file, written by llama.cpp's recipe with round-to-nearest encoders,
+# 1bit with --gguf-keep-packed; no greedy check then: the two quantized computations differ).
 set -u
 . "$(dirname "$0")/../device_lib.sh"  # el, say, install_wheels_if_carried, the llama-server build
 
@@ -55,9 +57,11 @@ OURS_S=${OURS_S:-100}
 LLAMA_S=${LLAMA_S:-130}
 OVERLAP=${OVERLAP:-0}
 PY=${PY:-python3}
+GGUF_DTYPE=${GGUF_DTYPE:-bf16}
 # 1bit: as many slots as the highest concurrency (run_peers adds --parallel), CTX tokens each;
 # bf16 from config.json; everything else its defaults (--max-batch-tokens 2048, like llama-server's -b).
 OURS_ARGS=${OURS_ARGS:-"--device $DEVICE --ctx-size $CTX"}
+[[ $GGUF_DTYPE == bf16 ]] || OURS_ARGS="$OURS_ARGS --gguf-keep-packed"
 # llama-server: run_peers adds -np (the highest concurrency) and -c (that times CTX: llama-server
 # splits -c evenly over its slots, so each holds CTX tokens like 1bit's). Every layer on the GPU.
 # -fa on: its default is "auto", which turns FlashAttention on for this model on CUDA anyway;
@@ -81,7 +85,9 @@ if [[ -z ${WORK:-} ]]; then
     fi
 fi
 MODEL=$WORK/model
-GGUF=$WORK/model-bf16.gguf
+GGUF=$WORK/model-$GGUF_DTYPE.gguf
+OURS_MODEL=$MODEL  # what 1bit serves: the checkpoint, or with a quantized GGUF_DTYPE the same file as llama.cpp
+[[ $GGUF_DTYPE == bf16 ]] || OURS_MODEL=$GGUF
 REF=$WORK/reference.json
 RUNS=$WORK/runs
 LOGS=$WORK/logs
@@ -153,7 +159,7 @@ say "writing the model, its GGUF and 1bit's reference continuation -> logs/prepa
     gguf_pid=
     if [[ ! -f $GGUF ]]; then
         # Under a temporary name, so that an export cut short is never taken for a finished file.
-        "${FRONT[@]}" "$PY" -m onebit.testing.gguf_export "$MODEL" "$GGUF.part" --dtype bf16 \
+        "${FRONT[@]}" "$PY" -m onebit.testing.gguf_export "$MODEL" "$GGUF.part" --dtype "$GGUF_DTYPE" --device "$DEVICE" \
             > "$LOGS/gguf.log" 2>&1 && mv "$GGUF.part" "$GGUF" &
         gguf_pid=$!
     fi
@@ -178,7 +184,7 @@ bench_1bit() {  # step C; arguments: what to put before the command (taskset), t
     while (( $# )) && [[ $1 != --note ]]; do cpus+=("$1"); shift; done
     notes=("$@")
     say "bench 1bit ($OURS_ARGS)"
-    "${cpus[@]}" "$PY" bench/peers/run_peers.py "${COMMON[@]}" --peers 1bit --serve-args "$OURS_ARGS" \
+    "${cpus[@]}" "$PY" bench/peers/run_peers.py "${COMMON[@]}" -m "$OURS_MODEL" --peers 1bit --serve-args "$OURS_ARGS" \
         "${notes[@]}" > "$LOGS/peers-1bit.log" 2>&1
     say "1bit done (rc $?)"
     grep -h "PEER NOT MEASURED" "$LOGS/peers-1bit.log"
@@ -216,10 +222,12 @@ if [[ -z $MISSING ]]; then
     (( OURS_DONE )) || bench_1bit
     INCLUDE=()
     [[ -f $RUNS/1bit.json ]] && INCLUDE=(--include "$RUNS/1bit.json")
+    CHECK=(--check-gguf --gguf-dtype bf16 --check-tokens "$CHECK_TOKENS" --check-reference "$REF")
+    [[ $GGUF_DTYPE == bf16 ]] || CHECK=(--check-tokens 0)
     say "bench llama.cpp ($LLAMA_ARGS)"
     "$PY" bench/peers/run_peers.py "${COMMON[@]}" --peers llama.cpp --llama-server "$BIN" --llama-args "$LLAMA_ARGS" \
-        --ctx-per-slot "$CTX" --gguf "$GGUF" --check-gguf --gguf-dtype bf16 --check-tokens "$CHECK_TOKENS" \
-        --check-reference "$REF" --device "$DEVICE" "${INCLUDE[@]}" > "$LOGS/peers-llama.cpp.log" 2>&1
+        --ctx-per-slot "$CTX" --gguf "$GGUF" "${CHECK[@]}" --device "$DEVICE" "${INCLUDE[@]}" \
+        > "$LOGS/peers-llama.cpp.log" 2>&1
     say "llama.cpp done (rc $?)"
     grep -h "greedy check\|GREEDY\|PEER NOT MEASURED" "$LOGS/peers-llama.cpp.log" | cut -c1-1500
 elif [[ -f $RUNS/report.md ]]; then
