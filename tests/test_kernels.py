@@ -119,23 +119,23 @@ def test_qk_norm_rope_store_matches_reference(with_norm, per_program):
     assert torch.equal(caches[0].isnan(), caches[2].isnan())
 
 
-def test_heads_per_program_grows_with_tokens_and_keeps_programs_per_multiprocessor(monkeypatch):
-    cpu = torch.device("cpu")  # one "multiprocessor": at least 4 programs
-    assert triton_fused.heads_per_program(1, 48, cpu) == 8  # 1 x 6 programs
-    assert triton_fused.heads_per_program(256, 48, cpu) == 16  # capped
-    assert triton_fused.heads_per_program(1, 3, cpu) == 1  # never more heads a program than heads
-    monkeypatch.setattr(triton_fused, "_multiprocessors", lambda device: 132)  # an H200's count
-    assert triton_fused.heads_per_program(1, 48, cpu) == 1  # 48 programs: decoding one row
-    assert triton_fused.heads_per_program(16, 48, cpu) == 1  # 768 programs, 384 if doubled
-    assert triton_fused.heads_per_program(64, 48, cpu) == 4  # 768 programs
-    assert triton_fused.heads_per_program(256, 48, cpu) == 16  # 768 programs
+def test_heads_per_program_grows_with_tokens_and_keeps_programs_per_multiprocessor():
+    one = 1  # one multiprocessor: at least 4 programs
+    assert triton_fused.heads_per_program(1, 48, one) == 8  # 1 x 6 programs
+    assert triton_fused.heads_per_program(256, 48, one) == 16  # capped
+    assert triton_fused.heads_per_program(1, 3, one) == 1  # never more heads a program than heads
+    h200 = 132
+    assert triton_fused.heads_per_program(1, 48, h200) == 1  # 48 programs: decoding one row
+    assert triton_fused.heads_per_program(16, 48, h200) == 1  # 768 programs, 384 if doubled
+    assert triton_fused.heads_per_program(64, 48, h200) == 4  # 768 programs
+    assert triton_fused.heads_per_program(256, 48, h200) == 16  # 768 programs
     # the warm-up's steps: the fewest tokens that launch each variant
-    firsts = triton_fused.tokens_per_heads_choice(48, cpu)
+    firsts = triton_fused.tokens_per_heads_choice(48, h200)
     assert firsts == [1, 22, 44, 88, 176]
-    assert [triton_fused.heads_per_program(t, 48, cpu) for t in firsts] == [1, 2, 4, 8, 16]
-    assert [triton_fused.heads_per_program(t - 1, 48, cpu) for t in firsts[1:]] == [1, 2, 4, 8]
+    assert [triton_fused.heads_per_program(t, 48, h200) for t in firsts] == [1, 2, 4, 8, 16]
+    assert [triton_fused.heads_per_program(t - 1, 48, h200) for t in firsts[1:]] == [1, 2, 4, 8]
     from onebit.kernels import ops
-    assert ops.fused_write_warm_up_tokens(48, cpu) == []  # the torch reference runs off CUDA
+    assert ops.fused_write_warm_up_tokens(48, torch.device("cpu")) == []  # the torch reference runs off CUDA
 
 
 # -- varlen prefill over the paged cache -------------------------------------------------------

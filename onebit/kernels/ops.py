@@ -49,4 +49,4 @@ def fused_write_warm_up_tokens(heads: int, device: torch.device) -> list[int]:
     (`heads` query + key + value heads), for a warm-up to compile them all; none off CUDA."""
     if device.type != "cuda" or triton_fused is None:
         return []
-    return triton_fused.tokens_per_heads_choice(heads, device)
+    return triton_fused.tokens_per_heads_choice(heads, triton_fused.sm_count(device))

@@ -6,13 +6,12 @@ Each replaces several small torch launches with one: add + RMSNorm, SiLU * mul, 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
+from onebit.kernels.triton_decode import sm_count
 
 
 @triton.jit
@@ -153,28 +152,25 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
     _store_cache_heads(k_cache_ptr, k_scale_ptr, slot, tl.where(is_k, head - NUM_HEADS, 0), is_k, o1, o2,
                        lo, NUM_KV, HEAD_DIM, KV_FP8)
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
-
-def heads_per_program(tokens: int, heads: int, device: torch.device) -> int:
-    """How many heads one program of the fused q/k/v write takes: one while tokens x heads
-    programs are few (decoding a few rows: more programs, more loads in flight), doubling (up to
-    16) while at least 4 programs per multiprocessor remain (many rows: 256 tokens x 48 heads
-    made 12,288 programs of 128 values each)."""
-    per_program, floor = 1, 4 * _multiprocessors(device)
+def heads_per_program(tokens: int, heads: int, sms: int) -> int:
+    """How many heads one program of the fused q/k/v write takes on a device of `sms`
+    multiprocessors (`triton_decode.sm_count`): one while tokens x heads programs are few (decoding
+    a few rows: more programs, more loads in flight), doubling (up to 16) while at least 4 programs
+    per multiprocessor remain (many rows: 256 tokens x 48 heads made 12,288 programs of 128 values
+    each)."""
+    per_program, floor = 1, 4 * sms
     while per_program < 16 and per_program * 2 <= heads and tokens * triton.cdiv(heads, per_program * 2) >= floor:
         per_program *= 2
     return per_program
 
 
-def tokens_per_heads_choice(heads: int, device: torch.device, max_tokens: int = 4096) -> list[int]:
+def tokens_per_heads_choice(heads: int, sms: int, max_tokens: int = 4096) -> list[int]:
     """For each heads-per-program count `heads_per_program` gives over 1..max_tokens tokens, the
     fewest tokens that get it, ascending: one step per kernel variant a warm-up must compile."""
     first: dict[int, int] = {}
     for tokens in range(1, max_tokens + 1):
-        first.setdefault(heads_per_program(tokens, heads, device), tokens)
+        first.setdefault(heads_per_program(tokens, heads, sms), tokens)
     return sorted(first.values())
 
 
@@ -188,7 +184,7 @@ def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mappi
     has_norm = q_norm is not None
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     total = num_heads + 2 * num_kv_heads
-    per_program = heads_per_prog or heads_per_program(t, total, qkv.device)
+    per_program = heads_per_prog or heads_per_program(t, total, sm_count(qkv.device))
     _qk_norm_rope_store_kernel[(t, triton.cdiv(total, per_program))](
         qkv, positions, cos, sin, q_norm if has_norm else qkv, k_norm if has_norm else qkv, slot_mapping,
         q, k_cache, v_cache, k_scale if fp8 else cos, v_scale if fp8 else cos, eps, qkv.stride(0),
