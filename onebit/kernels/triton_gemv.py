@@ -201,9 +201,8 @@ KERNELS = {"gemv": gemv, "skinny": skinny_matmul, "split_k": split_k_matmul}
 def candidates(rows: int) -> list[tuple[str, tuple]]:
     """(kernel name, config) pairs that can run a product with this many rows."""
     out = [("gemv", c) for c in GEMV_CONFIGS] if rows == 1 else []
-    out += [("skinny", c) for c in SKINNY_CONFIGS] if rows <= MAX_ROWS else []
-    if rows <= MAX_ROWS:  # (at 1 row too: the skinny kernel's 16-row tile won some products there, G23)
-        out += [("split_k", c) for c in FEW_ROW_SPLIT_K_CONFIGS]
-    elif MAX_ROWS < rows <= MAX_SPLIT_K_ROWS:
+    if rows <= MAX_ROWS:  # split-K at 1 row too: the skinny kernel's 16-row tile won some products there (G23)
+        out += [("skinny", c) for c in SKINNY_CONFIGS] + [("split_k", c) for c in FEW_ROW_SPLIT_K_CONFIGS]
+    elif rows <= MAX_SPLIT_K_ROWS:
         out += [("split_k", c) for c in MANY_ROW_SPLIT_K_CONFIGS if c[0] == 64 or rows > 64]
     return out
