@@ -188,7 +188,7 @@ def few_rows_table(out: Path, device: str = "cuda", timer=None) -> list[str]:
 
 def write_quantized(model, shape_dir: Path, out: Path, recipe: str) -> Path:
     """Write the dummy-loaded `model` as GGUF: recipe "Q4_K_M" or "Q8_0" (vectors F32)."""
-    from onebit.testing.gguf_encode import ENCODERS, q4_k_m_type
+    from onebit.testing.gguf_encode import encode, q4_k_m_type
 
     from bench.gpu_gguf import write_model_gguf
 
@@ -197,10 +197,7 @@ def write_quantized(model, shape_dir: Path, out: Path, recipe: str) -> Path:
     def matrix(name, t):
         qtype = q4_k_m_type(name, t.shape[1], c["num_hidden_layers"], c["tie_word_embeddings"]) \
             if recipe == "Q4_K_M" else "Q8_0"
-        kind = gguf.GGMLQuantizationType[qtype]
-        data = ENCODERS[qtype](t).cpu().numpy() if qtype in ENCODERS else \
-            gguf.quants.quantize(t.float().cpu().numpy(), kind)  # the fallbacks of shapes not 256-wide
-        return data, kind, None
+        return encode(t, qtype), gguf.GGMLQuantizationType[qtype], None
 
     return write_model_gguf(model, shape_dir, out, {"Q4_K_M": 15, "Q8_0": 7}[recipe], matrix)
 

@@ -25,7 +25,8 @@ partial sums meet in a float32 workspace summed in a fixed order ("sum", determi
 atomic adds into the zeroed output ("atomic").
 
 Mode "int" also runs 17 to MAX_INT_ROWS rows; above, `matmul` expands the weight to the
-activations' dtype (`dequantize`, same plane code) and multiplies with cuBLAS. Reference: `gguf_repack.repacked_linear_ref`.
+activations' dtype (`dequantize`, same plane code) and multiplies with cuBLAS. Reference:
+`gguf_repack.repacked_linear_ref`.
 """
 
 from __future__ import annotations

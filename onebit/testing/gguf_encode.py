@@ -9,6 +9,8 @@ quantizer, so the error is somewhat above a llama.cpp file's). Output: uint8 [ro
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import torch
 
 QK_K = 256
@@ -73,6 +75,15 @@ def q6_k(rows: torch.Tensor) -> torch.Tensor:
 
 
 ENCODERS = {"Q8_0": q8_0, "Q4_K": q4_k, "Q6_K": q6_k}
+
+
+def encode(rows: torch.Tensor, qtype: str) -> np.ndarray:
+    """A [rows, cols] matrix as GGUF `qtype` blocks, uint8 [rows, row bytes]: the torch encoders
+    above where there is one (on rows' device), else the `gguf` library's numpy quantizer (the
+    Q4_K_M recipe's fallbacks for rows that are not whole super-blocks)."""
+    if qtype in ENCODERS:
+        return ENCODERS[qtype](rows).cpu().numpy()
+    return gguf.quants.quantize(rows.float().cpu().numpy(), gguf.GGMLQuantizationType[qtype])
 
 # llama.cpp's replacement when a row is not a whole number of 256-value super-blocks.
 K_QUANT_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}

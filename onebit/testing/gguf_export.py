@@ -24,7 +24,7 @@ import torch
 
 from onebit.models.config import ModelConfig
 from onebit.models.errors import ModelLoadError
-from onebit.testing.gguf_encode import ENCODERS, q4_k_m_type
+from onebit.testing.gguf_encode import encode, q4_k_m_type
 from onebit.testing.gguf_tensors import (
     GGUF_ARCH, GGUFExportError, expected_tensors, gguf_tensor_name, plan_tensors, rotate_half_to_interleaved,
 )
@@ -90,10 +90,8 @@ def _nbytes(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> int:
 
 
 def _convert(t: torch.Tensor, qtype: gguf.GGMLQuantizationType, device: str = "cpu") -> np.ndarray:
-    if qtype.name in ENCODERS:  # uint8 [rows, row bytes]
-        return ENCODERS[qtype.name](t.to(device)).cpu().numpy()
-    if qtype not in _NUMPY_DTYPE:  # the recipe's fallbacks for rows that are not whole super-blocks
-        return gguf.quants.quantize(t.float().numpy(), qtype)
+    if qtype not in _NUMPY_DTYPE:  # quantized: uint8 [rows, row bytes]
+        return encode(t.to(device), qtype.name)
     if qtype == gguf.GGMLQuantizationType.F32:
         return t.to(torch.float32).contiguous().numpy()
     if qtype == gguf.GGMLQuantizationType.F16:
