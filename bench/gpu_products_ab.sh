@@ -40,7 +40,7 @@ if [[ $PARTS == *D* ]]; then
     timeout 360 python3 bench/gpu_gguf_quant.py --out "$W/gguf" --skip-kernels --batches 1,8,64 \
         > "$W/gguf.log" 2>&1 || echo "part D: rc $? (log: gguf.log)"
 fi
-tar czf "$OUT/products_ab.tgz" -C "$OUT" products_ab && rm -rf "$W"
+tar czf "$OUT/products_ab.tgz" --exclude="*.pt" -C "$OUT" products_ab && rm -rf "$W"
 tar xzf "$OUT/products_ab.tgz" -C /tmp 2>/dev/null
 echo "== A: engine"
 grep -E "choice|won at|^\| " /tmp/products_ab/engine.log 2>/dev/null | grep -v "^| variant\|^|---" | tail -40

@@ -72,26 +72,30 @@ class RepackedConfig(NamedTuple):
 
 
 # Candidates bench/gpu_gguf_repacked.py sweeps (named so its table can say which won). Dropped after the
-# 2026-12-01 H200 sweep, each beaten at every row count: fma-n8-g2, fma-n16-g4, fma-n16-g2-atomic, dot-n16-g2.
+# 2026-12-01 H200 sweep, each beaten at every row count: fma-n8-g2, fma-n16-g4, fma-n16-g2-atomic, dot-n16-g2;
+# after the 2026-12-02 sweep at 1-64 rows (docs/perf-history.md, session 13): int-n32-g1, int-n128-g1,
+# int-n128-g2, int-n256-g1 and, of int-n64-g1's variants, 8 warps, 2048 programs and NG 4.
 CONFIGS = {
     "fma-n16-g2": RepackedConfig("fma", 16, 2),
     "fma-n32-g2": RepackedConfig("fma", 32, 2, programs=512),
     "dot-n32-g2": RepackedConfig("dot", 32, 2),
     "dot-n32-g4": RepackedConfig("dot", 32, 4, programs=512),
     "dot-n64-g2": RepackedConfig("dot", 64, 2, warps=8, programs=512),
-    "int-n32-g1": RepackedConfig("int", 32, 1),
     "int-n64-g1": RepackedConfig("int", 64, 1, programs=512),
     "int-n64-g2": RepackedConfig("int", 64, 2, programs=512),
-    "int-n128-g1": RepackedConfig("int", 128, 1, warps=8, programs=512),
+    "int-n64-g1-s3": RepackedConfig("int", 64, 1, stages=3, programs=512),
 }
-INT_MANY_ROWS_CONFIG = CONFIGS["int-n128-g1"]  # 17 to MAX_INT_ROWS rows (unmeasured)
+# 17 to MAX_INT_ROWS rows. 2026-12-02 sweep, geometric mean over the 8B products and Q4_K/Q6_K/Q8_0 of
+# the speed-up vs bf16 cuBLAS at 32 / 64 rows: int-n64-g1 0.77x / 0.51x, -s3 0.80x / 0.49x, int-n128-g1
+# (the first, unmeasured choice) 0.58x / 0.35x. Q4_K_M B=64 in the engine: 5,064 -> 6,851 tok/s.
+INT_MANY_ROWS_CONFIG = CONFIGS["int-n64-g1"]
 FMA_MAX_ROWS = 4
-# (qtype, rows 1..16) -> config. Unmeasured guesses ("fma" for 1-2 rows, "dot" above) until the device
-# sweep (bench/gpu_gguf_repacked.py) writes its picks as JSON: taken from $ONEBIT_GGUF_REPACKED_TABLE,
-# else from gguf_repacked_table.json beside this file (commit the sweep's file there).
+# (qtype, rows 1..16) -> config: the device sweep's picks (bench/gpu_gguf_repacked.py writes them as
+# JSON), taken from $ONEBIT_GGUF_REPACKED_TABLE, else from gguf_repacked_table.json beside this file.
+# Types the sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
 TABLE_ENV = "ONEBIT_GGUF_REPACKED_TABLE"
 TABLE_FILE = Path(__file__).with_name("gguf_repacked_table.json")
-DEFAULT = {(qtype, m): CONFIGS["fma-n16-g2"] if m <= 2 else CONFIGS["dot-n32-g2"]
+DEFAULT = {(qtype, m): CONFIGS["fma-n32-g2"] if m <= 2 else CONFIGS["int-n64-g1-s3"]
            for qtype in GROUPING for m in range(1, MAX_KERNEL_ROWS + 1)}
 
 
