@@ -68,3 +68,14 @@ def test_pdl_bench_builds_off_then_on_and_compares_greedy_tokens(tmp_path):
     same, total = rows[0][6].strip().split("/")
     assert same == total == "128"  # 4 prompts x 32 greedy tokens, the same with PDL on
     assert float(rows[0][3].replace(",", "")) > 0 and float(rows[0][4].replace(",", "")) > 0
+
+
+def test_split_fold_bench_checks_the_fold_and_builds_each_engine_setting(tmp_path):
+    out = _run(["bench/gpu_split_fold.py", "--device", "cpu", "--batches", "1", "--engines", "bf16,fp8-fold-fuse",
+                "--out", str(tmp_path)])
+    assert "folded split-K: PASSED" in out
+    table = (tmp_path / "split_fold.md").read_text()
+    assert table.count("| True | - |") == 10  # five kernels x two toy products, each equal to its reduce
+    rows = [line.split("|") for line in table.splitlines() if line.startswith(("| bf16 |", "| fp8-fold-fuse |"))]
+    assert [r[1].strip() for r in rows] == ["bf16", "fp8-fold-fuse"] and all(float(r[2].replace(",", "")) > 0
+                                                                             for r in rows)

@@ -70,10 +70,14 @@ def test_add_rms_norm_quantize_matches_the_reference(rows, cols, residual, dtype
         assert summed is None and summed_ref is None
 
 
-@pytest.mark.parametrize("rows,inter,dtype", [(3, 96, torch.float32), (2, 2100, torch.float32), (4, 200, BF16)])
-def test_silu_mul_quantize_matches_the_reference(rows, inter, dtype):
-    # 2100 columns: more than one 2048-column block per row, the last one partial.
+@pytest.mark.parametrize("rows,inter,dtype,one_block", [(3, 96, torch.float32, True), (2, 2100, torch.float32, True),
+                                                       (2, 2100, torch.float32, False), (4, 200, BF16, True)])
+def test_silu_mul_quantize_matches_the_reference(rows, inter, dtype, one_block, monkeypatch):
+    # 2100 columns: the whole row in one block, or (rows longer than MAX_ONE_BLOCK) more than one
+    # 2048-column block per row, the last one partial.
     _skip_bf16_off_gpu(dtype)
+    if not one_block:
+        monkeypatch.setattr(fused, "MAX_ONE_BLOCK", 1024)
     g = torch.Generator().manual_seed(rows + inter)
     gate_up = (torch.randn(rows, 2 * inter, generator=g) * 2).to(dtype).to(DEVICE)
     got = fused.silu_mul_quantize(gate_up)
@@ -115,6 +119,34 @@ def test_producers_emit_e4m3_only_where_the_product_runs_scaled_mm(fp8_flags):
     assert fp8.choice_for(8, 64, 64, False, quantized_input=True)[0] == "split_k"
     assert fp8.choice_for(33, 64, 64, False, quantized_input=True) == ("scaled_mm", None)
     assert fp8.choice_for(33, 64, 64, False) == fp8.default_choice(33, 64, 64)  # the other table is untouched
+    # On the GPU: wherever the calibrated kind takes e4m3 rows, the w8a8 split-K kernel as well.
+    cuda = torch.device("cuda")
+    fp8._CHOSEN_QUANTIZED_INPUT[(64, 64, False)] = [(8, ("split_k", (16, 16, 64, 1, 4))),
+                                                    (64, ("split_k_w8a8", (64, 16, 64, 2, 4))),
+                                                    (128, ("scaled_mm", None))]
+    assert [fp8.takes_quantized_rows(m, 64, 64, False, cuda) for m in (8, 64, 128)] == [False, True, True]
+    fp8.FUSE_QUANT = False
+    assert not fp8.takes_quantized_rows(64, 64, 64, False, cuda)
+
+
+def test_e4m3_rows_from_a_producer_run_the_w8a8_split_k_as_its_own_quantizer_would():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(20, 128, generator=g)
+    q, scale = fp8.quantize_rows(torch.randn(48, 128, generator=g))
+    b = torch.randn(48, generator=g)
+    rows = fp8.Fp8Rows(*fused_quantizer(x), x.dtype)
+    config = (64, 16, 32, 2, 4)
+    got = fp8.run_quantized("split_k_w8a8", config, rows, q, scale, b)
+    assert got.equal(fp8.split_k_w8a8(x, q, scale, b, config))
+    torch.testing.assert_close(got, fp8.w8a8_ref(x, q, scale, b), rtol=1e-4, atol=1e-4)
+
+
+def fused_quantizer(x):
+    """The one-pass Triton quantizer's (q, scale [T, 1]): what a fusing producer hands over."""
+    from onebit.kernels import triton_fp8_fast
+
+    q, s = triton_fp8_fast.quantize_rows(x)
+    return q, s.view(-1, 1)
 
 
 @pytest.mark.parametrize("tie", [True, False])

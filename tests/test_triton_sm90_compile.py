@@ -6,8 +6,8 @@ dependent launch (`onebit.kernels.pdl`); the GPU compiler does. The fp8 KV cache
 reused names across such a branch from a40a6ff on and failed on its first device run (G12,
 session 10). These tests compile the decode step's kernels as the device would, in a child
 process without TRITON_INTERPRET (under the interpreter `triton.jit` gives functions the compiler
-cannot take): the fused write in its every variant, and each of the fourteen PDL kernels with PDL on
-(the FP8 split-K kernel and its reduce also with block-scaled weights, the split-K kernel also on
+cannot take): the fused write in its every variant, and each PDL kernel with PDL on
+(the FP8 split-K kernel and the split-K reduce also with block-scaled weights, the split-K kernel also on
 e4m3 rows, where its tiles must reach the tensor cores as e4m3), and the repacked GGUF "int" kernel
 at 64 rows for every type.
 """
@@ -62,7 +62,9 @@ COMPILE = textwrap.dedent("""
         ptx = kernel.asm["ptx"]
         print(label, "stores", ptx.count("st.global"), "griddepcontrol", ptx.count("griddepcontrol"),
               "e4m3-mma", sum(1 for line in ptx.splitlines() if "mma" in line and ".e4m3.e4m3" in line),
-              "wgmma", ptx.count("wgmma.mma_async"), "shared", kernel.metadata.shared)
+              "wgmma", ptx.count("wgmma.mma_async"), "shared", kernel.metadata.shared,
+              "acq-rel-atomics", sum(1 for line in ptx.splitlines() if "atom" in line and "acq_rel" in line),
+              "cg-loads", ptx.count("ld.global.cg"), "barriers", ptx.count("bar.sync") + ptx.count("barrier.sync"))
 
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
@@ -88,6 +90,20 @@ COMPILE = textwrap.dedent("""
                          {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes,
                           "BLOCK_M": tr.MAX_INT_ROWS, "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1,
                           "NUM_STAGES": config.stages}, warps=config.warps)
+    elif which == "fold":  # split-K products whose last program per tile sums the partials, PDL on
+        fold = {"FOLD": True, "PDL": True}
+        for label, module, types, constexprs in [
+            ("fold-fp8-one-row", "triton_fp8_fast", {"w_ptr": fp8, "s_ptr": "*fp32", "out_ptr": "*fp32",
+                                                     "count_ptr": "*i32"},
+             {"HAS_BIAS": True, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT": 4, "EVEN_K": True}),
+            ("fold-fp8-w8a8", "triton_fp8_fast", {"x_ptr": fp8, "w_ptr": fp8, "s_ptr": "*fp32", "xs_ptr": "*fp32",
+                                                  "out_ptr": "*fp32", "count_ptr": "*i32"},
+             {"HAS_BIAS": False, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT": 2, "EVEN_K": True,
+              "X_FP8": True}),
+            ("fold-gemv", "triton_gemv", {"out_ptr": "*fp32", "count_ptr": "*i32"},
+             {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT": 4}),
+        ]:
+            compile_sm90(label, module, "_split_k_kernel", types, {**constexprs, **fold})
     else:  # every PDL kernel, PDL on
         on = {"PDL": True}
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
@@ -106,7 +122,7 @@ COMPILE = textwrap.dedent("""
              {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT": 4, "EVEN_K": True}),
             ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32"},
              {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT": 1, "EVEN_K": True}),
-            ("triton_fp8_fast", "_reduce_kernel", {"p_ptr": "*fp32", "s_ptr": "*fp32"},
+            ("triton_split_k", "_reduce_kernel", {"p_ptr": "*fp32", "s_ptr": "*fp32"},
              {"HAS_BIAS": True, "SPLIT": 4, "BLOCK": 1024}),
             # block-scaled weights: one row summing four block columns a tile, a tensor-core tile in
             # one, and the reduce of partials that come scaled
@@ -116,7 +132,7 @@ COMPILE = textwrap.dedent("""
             ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32"},
              {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "SPLIT": 1, "EVEN_K": False,
               "SCALE_BN": 128, "SCALE_BK": 128}),
-            ("triton_fp8_fast", "_reduce_kernel", {"p_ptr": "*fp32", "s_ptr": "*fp32"},
+            ("triton_split_k", "_reduce_kernel", {"p_ptr": "*fp32", "s_ptr": "*fp32"},
              {"HAS_BIAS": True, "SPLIT": 4, "BLOCK": 1024, "HAS_SCALE": False}),
             # e4m3 rows (w8a8): a 64-row tile into fp32 partials, a 128-row tile (two warp groups)
             # with a bias
@@ -128,6 +144,10 @@ COMPILE = textwrap.dedent("""
              {"HAS_BIAS": True, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT": 1, "EVEN_K": True,
               "X_FP8": True}),
             ("triton_fp8_fast", "_quantize_rows_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK_K": 4096}),
+            ("triton_fp8_fused", "_add_rms_norm_quantize_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"},
+             {"HAS_RESIDUAL": True, "BLOCK": 4096}),
+            ("triton_fp8_fused", "_silu_mul_quantize_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"},
+             {"BLOCK": 16384, "ONE_BLOCK": True}),
             ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}),
             ("triton_gemv", "_skinny_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}),
             # packed GGUF (repacked Q4_K): mode "int", mode "fma", and the ordered sum of their partials
@@ -171,7 +191,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 21
+    assert len(lines) == 23
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line
@@ -187,3 +207,13 @@ def test_gguf_int_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
         fields = line.split()
         assert int(fields[2]) > 0 and int(fields[8]) > 0, line  # it stores, through wgmma
         assert int(fields[10]) <= 227 * 1024, line  # fits an H200 SM's shared memory
+
+
+def test_folded_split_k_compiles_for_sm90_with_its_handshake():
+    lines = _compile("fold")
+    assert [line.split()[0] for line in lines] == ["fold-fp8-one-row", "fold-fp8-w8a8", "fold-gemv"]
+    for line in lines:
+        fields = line.split()
+        assert int(fields[2]) > 0 and int(fields[4]) == 2, line  # it stores; PDL's wait and launch
+        # the ticket is an acquire-release atomic after a CTA barrier; the partials come back through L2
+        assert int(fields[12]) >= 1 and int(fields[14]) > 0 and int(fields[16]) > 0, line

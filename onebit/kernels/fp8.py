@@ -11,12 +11,14 @@ A weight [N, K] is stored as e4m3 values with one float32 scale per output row, 
   partial sum scaled as it is made; `calibrate_blocks` picks between them per shape.
 - w8a8 (many rows): both operands in FP8 on the tensor cores. The activations are quantized per
   token (one scale per row, as vLLM's dynamic per-token scheme) by one Triton kernel
-  (`triton_fp8_fast.quantize_rows`) and `torch._scaled_mm` multiplies with row-wise scales.
+  (`triton_fp8_fast.quantize_rows`) and `torch._scaled_mm` multiplies with row-wise scales, or
+  (24-128 rows, where it won on the H200) the split-K kernel's e4m3 tensor-core tiles do.
 Which one runs for a (shape, row count) is measured at start-up (`calibrate`, inside CUDA graphs
 like the decode steps), never assumed; unmeasured cases take a fixed rule (`default_choice`).
 A product whose input comes from an RMSNorm or SiLU * mul may take it already quantized
 (`Fp8Rows`, from `add_rms_norm_quantize` / `silu_mul_quantize`: the producer's kernel emits e4m3
-and the row scales, so no separate quantizer runs); its calibration then times `_scaled_mm` alone.
+and the row scales, so no separate quantizer runs) where its kind takes e4m3 rows
+(`QUANTIZED_INPUT_KINDS`); its calibration then times those kinds without the quantizer.
 On the CPU (and wherever neither applies) the plain-torch references below run; tests compare
 the kernels against them.
 """
@@ -52,9 +54,13 @@ FAST = True
 # up to the e4m3 inputs). bench/gpu_fp8_fast.py measures both, speed and error.
 FAST_ACCUM = True
 # Let an RMSNorm / SiLU * mul feeding an FP8 product emit its e4m3 rows (see `takes_quantized_rows`).
-# Off until bench/gpu_fp8_fast.py has compiled and timed the fused kernels on the device (session 8
-# checked them only in Triton's interpreter); the bench turns it on for its fused settings.
+# Session 9 timed it with `_scaled_mm` only (nothing gained: at 8-64 rows the weight-only kernels
+# ran, which take no e4m3 rows). Since session 12's w8a8 split-K won 24-128 rows, whose separate
+# quantizer is 0.46 ms of a 4.87 ms fp8 B=64 step (session 13), the producers feed that kernel too;
+# off until a device run times it (bench/gpu_split_fold.py).
 FUSE_QUANT = False
+# The kinds that take e4m3 rows from a fusing producer (`Fp8Rows`) instead of quantizing their own.
+QUANTIZED_INPUT_KINDS = ("scaled_mm", "split_k_w8a8")
 # On the CPU, run the products the GPU sends to `_scaled_mm` without calibration (more than
 # MAX_WEIGHT_ONLY_ROWS rows: prefills) through `w8a8_ref`, activations quantized per token, as on the
 # GPU; False keeps the weight-only reference everywhere. For accuracy runs (bench/perplexity.py).
@@ -71,7 +77,7 @@ except ImportError:  # pragma: no cover - depends on the install
 # (N, K, has bias) -> [(rows, (kind, config))] sorted by rows: the winner measured at each row
 # count; a product of m rows takes the entry of the fewest calibrated rows >= m.
 _CHOSEN: dict[tuple[int, int, bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
-# The same for products whose input arrives already quantized (`Fp8Rows`) when `_scaled_mm` runs.
+# The same for products whose input arrives already quantized (`Fp8Rows`) where their kind takes it.
 _CHOSEN_QUANTIZED_INPUT: dict[tuple[int, int, bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
 # Block-scaled weights (published FP8 checkpoints): (N, K, block, has bias) -> [(rows, (kind, config))].
 _CHOSEN_BLOCKS: dict[tuple[int, int, tuple[int, int], bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
@@ -192,8 +198,21 @@ def split_k_w8a8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: to
                  config: tuple) -> torch.Tensor:
     """The activations quantized per token by the one-pass kernel, then the Triton split-K product
     with e4m3 tensor-core tiles (w8a8, the same numbers as `_scaled_mm`'s)."""
-    xq, xs = triton_fp8_fast.quantize_rows(x)
-    return triton_fp8_fast.split_k(xq, q, scale, bias, config, x_scale=xs.view(-1), out_dtype=x.dtype)
+    return split_k_w8a8_quantized(Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype), q, scale, bias, config)
+
+
+def split_k_w8a8_quantized(x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                           config: tuple) -> torch.Tensor:
+    """Rows already in e4m3 (their producer quantized them) through the w8a8 split-K product."""
+    return triton_fp8_fast.split_k(x.q, q, scale, bias, config, x_scale=x.scale.view(-1), out_dtype=x.dtype)
+
+
+def run_quantized(kind: str, config: tuple | None, x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """One of `QUANTIZED_INPUT_KINDS` on rows already in e4m3."""
+    if kind == "split_k_w8a8":
+        return split_k_w8a8_quantized(x, q, scale, bias, config)
+    return scaled_mm_quantized(x, q, scale, bias)
 
 
 def run_kernel(kind: str, config: tuple | None, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
@@ -236,12 +255,14 @@ def choice_for(rows: int, n: int, k: int, has_bias: bool, quantized_input: bool 
 
 
 def takes_quantized_rows(rows: int, n: int, k: int, has_bias: bool, device: torch.device) -> bool:
-    """Whether a product fed by a fusing producer (an RMSNorm, SiLU * mul) runs `_scaled_mm` for
-    this many rows, so the producer should emit `Fp8Rows` rather than values in the model's dtype."""
+    """Whether a product fed by a fusing producer (an RMSNorm, SiLU * mul) runs a kind that takes e4m3
+    rows (`QUANTIZED_INPUT_KINDS`) for this many rows, so the producer should emit `Fp8Rows` rather
+    than values in the model's dtype."""
     if not FUSE_QUANT:
         return False
     if device.type == "cuda":
-        return FAST and triton_fp8_fused is not None and choice_for(rows, n, k, has_bias, True)[0] == "scaled_mm"
+        return (FAST and triton_fp8_fused is not None
+                and choice_for(rows, n, k, has_bias, True)[0] in QUANTIZED_INPUT_KINDS)
     return CPU_EMULATES_GPU and default_choice(rows, n, k)[0] == "scaled_mm"
 
 
@@ -303,9 +324,10 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
                 if not candidate_agrees(lambda: run_kernel(kind, config, x, q, scale, bias), want,
                                         f"fp8 {kind} {config}", name, log):
                     continue
-                if pre and kind == "scaled_mm":  # the producer quantizes: only the product is timed
+                if pre and kind in QUANTIZED_INPUT_KINDS:  # the producer quantizes: only the product is timed
                     rows_in = Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype)
-                    timed[(kind, config)] = timer.us(lambda w, s: scaled_mm_quantized(rows_in, w, s, bias))
+                    timed[(kind, config)] = timer.us(
+                        lambda w, s, kind=kind, config=config: run_quantized(kind, config, rows_in, w, s, bias))
                 else:
                     timed[(kind, config)] = timer.us(
                         lambda w, s, kind=kind, config=config: run_kernel(kind, config, x, w, s, bias))
@@ -451,12 +473,13 @@ def linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias
            quantized_input: bool = False) -> torch.Tensor:
     """x [T, K] times an FP8 weight (q [N, K], scale [N]) plus bias: the kernels on CUDA (the
     calibrated choice for the row count), else the weight-only reference (`w8a8_ref` for the
-    products `CPU_EMULATES_GPU` names). x may be `Fp8Rows` (its producer quantized it: then
-    `_scaled_mm`); `quantized_input` says the product's producer does that when `_scaled_mm` runs
-    (which calibration table applies)."""
+    products `CPU_EMULATES_GPU` names). x may be `Fp8Rows` (its producer quantized it, as
+    `takes_quantized_rows` asked: then the chosen kind of `QUANTIZED_INPUT_KINDS`); `quantized_input`
+    says the product's producer does that (which calibration table applies)."""
     if isinstance(x, Fp8Rows):
         if x.q.is_cuda:
-            return scaled_mm_quantized(x, q, scale, bias)
+            kind, config = choice_for(x.q.shape[0], q.shape[0], q.shape[1], bias is not None, True)
+            return run_quantized(kind if kind in QUANTIZED_INPUT_KINDS else "scaled_mm", config, x, q, scale, bias)
         return quantized_input_ref(x, q, scale, bias)
     if x.is_cuda and x.dim() == 2 and triton_fp8 is not None:
         m, (n, k) = x.shape[0], q.shape

@@ -9,8 +9,9 @@ its K slice in BLOCK_K tiles of whole weight rows (K contiguous, so each thread 
 consecutive bytes), widens them in registers and accumulates in float32, with an elementwise
 product and a row sum for one row (BLOCK_M == 1) and `tl.dot` for more. With SPLIT == 1 the
 program scales its columns and writes the result; otherwise it writes an unscaled float32
-partial and `_reduce_kernel` sums the SPLIT partials of each output in a fixed order
-(deterministic), applies the column scale once and adds the bias. Given e4m3 rows quantized per
+partial, and the SPLIT partials of each output are summed in a fixed order (deterministic), the
+column scale applied once and the bias added, by a reduce kernel or by the tile's last program
+(`triton_split_k`). Given e4m3 rows quantized per
 token (`quantize_rows`, their scales beside), the tensor-core tiles multiply e4m3 by e4m3 (w8a8,
 the numbers `_scaled_mm` gives) instead of widening the weight.
 
@@ -27,7 +28,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.triton_gemv import _reduce_kernel  # the partials' ordered sum, shared with bf16 split-K
+from onebit.kernels.triton_split_k import fold_counters, fold_partial, reduce_partials
 
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
@@ -77,8 +78,11 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
                     SCALE_BN: tl.constexpr = 0, SCALE_BK: tl.constexpr = 0, stride_sn=0,
-                    X_FP8: tl.constexpr = False, xs_ptr=None):
+                    X_FP8: tl.constexpr = False, xs_ptr=None,
+                    FOLD: tl.constexpr = False, y_ptr=None, stride_ym=0, count_ptr=None):
     pdl.wait_for_previous(PDL)
+    # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials; with FOLD the tile's last program
+    # also writes y (`triton_split_k.fold_partial`).
     # X_FP8 (tensor-core tiles only, per-column scales): x holds e4m3 rows quantized per token with
     # one scale each at xs_ptr; the tiles multiply e4m3 by e4m3 as loaded (no widening of the
     # weight in registers on the way to the tensor cores) and each row's sum takes its scale at
@@ -118,6 +122,9 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+        elif FOLD:
+            fold_partial(acc, out_ptr, pid_m * stride_om + rn, stride_split, y_ptr, pid_m * stride_ym + rn, rn, n_ok,
+                         s_ptr, b_ptr, count_ptr, SPLIT, SCALE_BN == 0, HAS_BIAS)
         else:
             tl.store(out + pid_k * stride_split, acc, mask=n_ok)
     else:
@@ -150,6 +157,11 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
+        elif FOLD:
+            cols = rm[:, None] * 0 + rn[None, :]
+            fold_partial(acc, out_ptr, rm[:, None] * stride_om + cols, stride_split, y_ptr,
+                         rm[:, None] * stride_ym + cols, cols, out_ok, s_ptr, b_ptr, count_ptr, SPLIT, SCALE_BN == 0,
+                         HAS_BIAS)
         else:
             tl.store(out + pid_k * stride_split, acc, mask=out_ok)
 
@@ -189,13 +201,14 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
                               SPLIT=1, EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    counters = fold_counters(x.device, grid[0] * grid[1])
+    fold = {} if counters is None else {"FOLD": True, "y_ptr": y, "stride_ym": y.stride(0), "count_ptr": counters}
     _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
-                          HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
-                          EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
-    reduce_block = 1024
-    _reduce_kernel[(triton.cdiv(m * n, reduce_block),)](partial, scale, b_arg, y, n, m * n, HAS_BIAS=bias is not None,
-                                                        SPLIT=split, BLOCK=reduce_block, num_warps=4,
-                                                        HAS_SCALE=block is None, **pdl.options())
+                          HAS_BIAS=bias is not None and counters is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                          BLOCK_K=block_k, SPLIT=split, EVEN_K=even_k, num_warps=warps, **blocks, **fold,
+                          **pdl.options())
+    if counters is None:
+        reduce_partials(partial, scale if block is None else None, bias, y)
     return y
 
 

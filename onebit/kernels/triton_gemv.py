@@ -6,8 +6,8 @@ walking K in BLOCK_K tiles with fp32 accumulation:
 - `gemv`, one row: an elementwise product and a row sum (no tensor cores needed);
 - `skinny_matmul`, up to 16 rows: the rows padded to 16 and multiplied with `tl.dot`;
 - `split_k_matmul`, up to 128 rows: row tiles through `tl.dot` and K split over several programs
-  per output tile, their float32 partials summed in a fixed order (`_reduce_kernel`, which the FP8
-  split-K product shares).
+  per output tile, their float32 partials summed in a fixed order (`triton_split_k`: a reduce
+  kernel, or the tile's last program, as for the FP8 split-K product).
 Whether any beats cuBLAS for a given shape and row count is measured on the device
 (`onebit.kernels.gemv.calibrate`), never assumed. Reference: `F.linear`.
 """
@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
+from onebit.kernels.triton_split_k import fold_counters, fold_partial, reduce_partials
 
 MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # (BLOCK_N, BLOCK_K, num_warps) tried per shape by the calibration.
@@ -122,8 +123,11 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 @triton.jit
 def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False,
+                    FOLD: tl.constexpr = False, y_ptr=None, stride_ym=0, count_ptr=None):
     pdl.wait_for_previous(PDL)
+    # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials; with FOLD the tile's last program
+    # also writes y (`triton_split_k.fold_partial`).
     # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -142,35 +146,20 @@ def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_x
         acc = tl.dot(x, tl.trans(w), acc)
     if SPLIT == 1:
         store_rows(acc, b_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_om, HAS_BIAS)
+    elif FOLD:
+        cols = rm[:, None] * 0 + rn[None, :]
+        fold_partial(acc, out_ptr, rm[:, None] * stride_om + cols, stride_split, y_ptr, rm[:, None] * stride_ym + cols,
+                     cols, m_ok[:, None] & n_ok[None, :], b_ptr, b_ptr, count_ptr, SPLIT, False, HAS_BIAS)
     else:
         tl.store(out_ptr + pid_k * stride_split + rm[:, None] * stride_om + rn[None, :], acc,
                  mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                   BLOCK: tl.constexpr, PDL: tl.constexpr = False, HAS_SCALE: tl.constexpr = True):
-    pdl.wait_for_previous(PDL)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < TOTAL
-    acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
-    for part in tl.static_range(1, SPLIT):
-        acc += tl.load(p_ptr + part * TOTAL + offs, mask=ok, other=0.0)
-    col = offs % N
-    # HAS_SCALE: times a per-column scale (per-channel FP8 weights); block-scaled FP8 partials come
-    # scaled and bf16 ones need none.
-    if HAS_SCALE:
-        acc = acc * tl.load(s_ptr + col, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def split_k_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    config: tuple[int, int, int, int, int]) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [M <= MAX_SPLIT_K_ROWS, K] (unit column stride) and a weight
     [N, K] with unit column stride, K split over SPLIT programs per output tile (float32 partials
-    summed in a fixed order by `_reduce_kernel`). config: (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps)."""
+    summed in a fixed order, `triton_split_k`). config: (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps)."""
     block_m, block_n, block_k, split, warps = config
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     if m > MAX_SPLIT_K_ROWS:
@@ -186,12 +175,12 @@ def split_k_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                               0, HAS_BIAS=bias is not None, **shape, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    counters = fold_counters(x.device, grid[0] * grid[1])
+    fold = {} if counters is None else {"FOLD": True, "y_ptr": y, "stride_ym": y.stride(0), "count_ptr": counters}
     _split_k_kernel[grid](x, weight, b_arg, partial, m, n, k, k_per_split, x.stride(0), weight.stride(0), n, m * n,
-                          HAS_BIAS=False, **shape, **pdl.options())
-    reduce_block = 1024
-    _reduce_kernel[(triton.cdiv(m * n, reduce_block),)](partial, b_arg, b_arg, y, n, m * n, HAS_BIAS=bias is not None,
-                                                        SPLIT=split, BLOCK=reduce_block, num_warps=4,
-                                                        HAS_SCALE=False, **pdl.options())
+                          HAS_BIAS=bias is not None and counters is not None, **shape, **fold, **pdl.options())
+    if counters is None:
+        reduce_partials(partial, None, bias, y)
     return y
 
 

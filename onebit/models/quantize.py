@@ -9,7 +9,8 @@ of its own: the embedding lookup keeps the run dtype.
 
 With FP8 products, the RMSNorms before the attention's qkv and the MLP's gate_up and the SiLU * mul
 before its down product become their fused forms (`Fp8InputNorm`, `Fp8SwiGLU`): when the product
-takes `_scaled_mm` for the step's row count, they emit e4m3 rows and scales (`fp8.Fp8Rows`) in the
+takes e4m3 rows for the step's row count (`_scaled_mm` or the w8a8 split-K kernel, with
+`fp8.FUSE_QUANT`), they emit e4m3 rows and scales (`fp8.Fp8Rows`) in the
 same kernel, and no separate quantizer runs.
 """
 
@@ -58,8 +59,8 @@ class Fp8Linear(nn.Module):
 
 
 class Fp8InputNorm(RMSNorm):
-    """An RMSNorm whose only reader is an `Fp8Linear`: for the row counts that product runs
-    `_scaled_mm` at, the norm's kernel also quantizes its result and returns `fp8.Fp8Rows`."""
+    """An RMSNorm whose only reader is an `Fp8Linear`: for the row counts that product takes
+    e4m3 rows at (`fp8.takes_quantized_rows`), the norm's kernel also quantizes its result and returns `fp8.Fp8Rows`."""
 
     consumer: Fp8Linear  # set by `fuse_input_quantization`; a plain attribute, not a submodule
 
@@ -72,8 +73,8 @@ class Fp8InputNorm(RMSNorm):
 
 
 class Fp8SwiGLU(SwiGLU):
-    """A SwiGLU MLP with FP8 products: for the row counts its down product runs `_scaled_mm` at,
-    SiLU * mul emits e4m3 rows and scales in one kernel."""
+    """A SwiGLU MLP with FP8 products: for the row counts its down product takes e4m3
+    rows at, SiLU * mul emits e4m3 rows and scales in one kernel."""
 
     def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor:
         """down(silu(gate(x)) * up(x))."""
@@ -119,7 +120,7 @@ def fuse_input_quantization(model: nn.Module) -> int:
 def quantize_model(model: nn.Module, method: str, head: bool = False) -> int:
     """Replace every decoder `Linear` of `model` by its quantized form (and the output head with
     `head`: a tied one gets an e4m3 copy, the embedding stays); returns how many. The decoder
-    layers' norms and MLPs then feed the products e4m3 rows where `_scaled_mm` runs
+    layers' norms and MLPs then feed the products e4m3 rows where those take them
     (`fuse_input_quantization`)."""
     if method not in METHODS:
         raise ValueError(f"unknown quantization {method!r}; choose one of {', '.join(METHODS)}")

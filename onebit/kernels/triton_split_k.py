@@ -1,0 +1,104 @@
+"""How split-K products finish: their float32 partials summed in a fixed order, by a kernel of its
+own or by the last program of each output tile.
+
+A split-K product (`triton_gemv.split_k_matmul`, `triton_fp8_fast.split_k`) runs SPLIT programs
+per output tile, each over a slice of K, and writes an unscaled float32 partial per slice. Two ways
+to turn them into the output:
+- `_reduce_kernel`, a second launch that sums the SPLIT partials of every output in slice order,
+  applies the column scale (per-channel FP8) and adds the bias;
+- folded (`FOLD`): each program stores its partial and takes a ticket from a per-tile counter; the
+  program that arrives last sums the tile's partials in the same slice order, scales, adds the
+  bias and writes the output, then sets the counter back to zero for the next launch. One launch
+  instead of two a product (at one row the reduce was 0.22 ms of a 3.3 ms FP8 step, plus its
+  launch gaps; session 10), and the same bits as the reduce kernel: the same sums in the same order.
+
+The counters are one zeroed int32 buffer per device (`fold_counters`), shared by every folded
+launch: products on a device run one at a time (the engine uses one stream, and graph capture
+replays in the same order), and every launch leaves its counters at zero. The ticket is the
+usual "arrive and the last one finishes" handshake: a CTA barrier so that all of the program's
+partial stores come before one thread's acquire-release atomic at GPU scope, and the partials
+read back through L2 (`.cg`), past any stale L1 line.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onebit.kernels import pdl
+
+# Fold the partials' sum into the product's last program per tile. Off until a device run has
+# checked it bit for bit against the reduce kernel over many graph replays and timed it
+# (bench/gpu_split_fold.py); unmeasured prediction in docs/perf.md.
+FOLD = False
+# Output tiles one launch may fold (its counters); a launch with more tiles takes the reduce kernel.
+MAX_FOLD_TILES = 1 << 18
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+@triton.jit
+def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                   BLOCK: tl.constexpr, PDL: tl.constexpr = False, HAS_SCALE: tl.constexpr = True):
+    pdl.wait_for_previous(PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < TOTAL
+    acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
+    for part in tl.static_range(1, SPLIT):
+        acc += tl.load(p_ptr + part * TOTAL + offs, mask=ok, other=0.0)
+    col = offs % N
+    # HAS_SCALE: times a per-column scale (per-channel FP8 weights); block-scaled FP8 partials come
+    # scaled and bf16 ones need none.
+    if HAS_SCALE:
+        acc = acc * tl.load(s_ptr + col, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def fold_partial(acc, p_ptr, p_offs, TOTAL, y_ptr, y_offs, cols, ok, s_ptr, b_ptr, count_ptr,
+                 SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Store this program's partial (slice tl.program_id(2)) at p_offs of its slice; the tile's last
+    program to arrive writes y[y_offs] = (sum of the SPLIT partials in slice order) * scale[cols]
+    + bias[cols], as `_reduce_kernel` computes it. The grid's first two axes name the tile."""
+    tl.store(p_ptr + tl.program_id(2) * TOTAL + p_offs, acc, mask=ok)
+    tl.debug_barrier()  # every thread's partial stores before the ticket
+    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT - 1:
+        total = tl.load(p_ptr + p_offs, mask=ok, other=0.0, cache_modifier=".cg")
+        for part in tl.static_range(1, SPLIT):
+            total += tl.load(p_ptr + part * TOTAL + p_offs, mask=ok, other=0.0, cache_modifier=".cg")
+        if HAS_SCALE:
+            total = total * tl.load(s_ptr + cols, mask=ok, other=0.0)
+        if HAS_BIAS:
+            total += tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + y_offs, total.to(y_ptr.dtype.element_ty), mask=ok)
+        tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next launch
+
+
+def fold_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The device's zeroed tile counters when a launch of `tiles` output tiles should fold its
+    partials (FOLD on, few enough tiles), else None (the reduce kernel). The buffer is made on
+    first use outside graph capture (calibration and warm-up run every product eagerly first)."""
+    if not FOLD or tiles > MAX_FOLD_TILES:
+        return None
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # no allocation inside a capture; this launch takes the reduce kernel
+        counters = _COUNTERS[device] = torch.zeros(MAX_FOLD_TILES, dtype=torch.int32, device=device)
+    return counters
+
+
+def reduce_partials(partial: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+                    y: torch.Tensor) -> None:
+    """y [M, N] (contiguous) = sum over slices of partial [SPLIT, M, N] in slice order, times scale [N]
+    when given, plus bias [N] when given: the second launch of an unfolded split-K product."""
+    split, m, n = partial.shape
+    b_arg = bias if bias is not None else partial
+    block = 1024
+    _reduce_kernel[(triton.cdiv(m * n, block),)](partial, scale if scale is not None else partial, b_arg, y, n, m * n,
+                                                 HAS_BIAS=bias is not None, SPLIT=split, BLOCK=block, num_warps=4,
+                                                 HAS_SCALE=scale is not None, **pdl.options())
