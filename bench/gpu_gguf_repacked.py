@@ -5,7 +5,7 @@
 
 Kernels: Q4_K, Q6_K, Q8_0 weights (random bf16 encoded by onebit.testing.gguf_encode, then repacked,
 `gguf_repack.RepackedMatrix`) at the Qwen3-8B products (qkv 6144x4096, o 4096x4096, gate_up 24576x4096,
-down 4096x12288) and the head (151936x4096), 1/2/4/8/16 activation rows (--rows: others, "int" up to 64): every
+down 4096x12288) and the head (151936x4096), 1/2/4/8/16 activation rows (--rows: others, "int" and "dot" up to 64): every
 `triton_gguf_repacked.CONFIGS` entry ("fma" ones up to 4 rows; "dot" and "int" at every count) and bf16 cuBLAS on the dequantized
 weight, each timed inside a CUDA graph (`onebit.kernels.timing.graph_us`); TB/s counts the bytes each
 reads (repacked bytes; bf16: 2 per weight). Each config's result is checked against the float32
@@ -48,13 +48,13 @@ ROWS = tuple(int(m) for m in os.environ.get("ONEBIT_SWEEP_ROWS", "1,2,4,8,16").s
 
 
 def runs_config(config, rows: int) -> bool:
-    """Whether the sweep times `config` at `rows` ("fma" only up to its row limit, "dot" up to 16 rows,
-    "int" up to MAX_INT_ROWS)."""
+    """Whether the sweep times `config` at `rows` ("fma" only up to its row limit, the tensor-core
+    modes up to MAX_INT_ROWS)."""
     from onebit.kernels import triton_gguf_repacked as tr
 
     if config.mode == "fma":
         return rows <= tr.FMA_MAX_ROWS
-    return rows <= (tr.MAX_INT_ROWS if config.mode == "int" else tr.MAX_KERNEL_ROWS)
+    return rows <= tr.MAX_INT_ROWS
 
 
 def empty_repacked(qtype: str, n: int, k: int, device: str):
@@ -190,7 +190,7 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
                                       if r["rows"] == m and r["qtype"] == qtype and label in r["us"]])
                       for label in tr.CONFIGS}
             scores = {label: v for label, v in scores.items() if not math.isnan(v)}
-            if scores and m <= tr.MAX_KERNEL_ROWS:  # the table covers the few-row kernel's counts
+            if scores:
                 label = max(scores, key=scores.get)
                 table.setdefault(qtype, {})[str(m)] = tr.CONFIGS[label]._asdict()
                 picks.append(f"{qtype} {m}: {label} ({scores[label]:.2f}x)")
@@ -207,7 +207,7 @@ def main() -> int:
     ap.add_argument("--engine", action="store_true", help="then engine decode tok/s with this run's table")
     ap.add_argument("--batches", default="1,8", help="decode batch sizes for --engine")
     ap.add_argument("--work", type=Path, default=None, help="--engine's model files (default: $TMPDIR)")
-    ap.add_argument("--rows", default=None, help="activation row counts (default 1,2,4,8,16; mode int up to 64)")
+    ap.add_argument("--rows", default=None, help="activation row counts (default 1,2,4,8,16; modes int and dot up to 64)")
     args = ap.parse_args()
     if args.rows:
         global ROWS

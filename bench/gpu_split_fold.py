@@ -6,7 +6,8 @@
 1. Folded split-K (`triton_split_k.FOLD`): the tile's last program sums the partials instead of a
    reduce kernel. Per product of the Qwen3-8B shape (qkv, o, gate_up, down, head) and kernel
    (bf16 `triton_gemv.split_k_matmul` at 1 and 64 rows; FP8 weight-only `triton_fp8_fast.split_k`
-   at 1 and 16 rows; FP8 w8a8 at 64 rows), a config with SPLIT > 1: the folded result against the
+   at 1 and 16 rows; FP8 w8a8 at 64 rows; repacked GGUF Q4_K at 1 row ("fma") and 64 ("int"), when
+   the gguf package is there: carry .whl), a config with SPLIT > 1: the folded result against the
    reduce kernel's bit for bit, once eagerly and then at every one of 20 replays of one CUDA graph
    holding all the products in a row (they share the counters), and us per call of each way
    (`timing.graph_us`). A single differing bit is a failure: the fold's ordered sum must give the
@@ -45,8 +46,9 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
 # (label, rows, config): one split config per kernel and row count, among the calibration's candidates
 PRODUCTS = [("bf16 split_k", 1, (16, 32, 128, 4, 4)), ("bf16 split_k", 64, (64, 64, 128, 2, 4)),
             ("fp8 split_k", 1, (1, 16, 512, 4, 4)), ("fp8 split_k", 16, (16, 32, 256, 4, 4)),
-            ("fp8 split_k_w8a8", 64, (64, 64, 256, 2, 4))]
-TOY_SHAPES = {"qkv": (48, 64), "down": (32, 96)}
+            ("fp8 split_k_w8a8", 64, (64, 64, 256, 2, 4)), ("gguf Q4_K", 1, "fma-n32-g2"),
+            ("gguf Q4_K", 64, "int-n64-g1")]
+TOY_SHAPES = {"qkv": (48, 256), "down": (32, 512)}
 REPLAYS = 20
 DEVICE = "cuda"
 
@@ -55,6 +57,14 @@ def product_call(label: str, rows: int, config: tuple, n: int, k: int):
     """A zero-argument function running one product of this kind, and its inputs kept alive."""
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # the interpreter has no bf16 dot
     x = torch.randn(rows, k, device=DEVICE, dtype=dtype)
+    if label.startswith("gguf"):
+        from onebit.kernels import triton_gguf_repacked as tr
+        from onebit.kernels.gguf_repack import RepackedMatrix
+        from onebit.testing.gguf_encode import encode
+
+        blocks = encode(torch.randn(n, k, device=DEVICE) * 0.02, "Q4_K")
+        w = RepackedMatrix.from_blocks(torch.from_numpy(blocks), "Q4_K", k).to(DEVICE)
+        return lambda: tr.matmul_few_rows(x, w, config=tr.CONFIGS[config])
     if label.startswith("bf16"):
         w = torch.randn(n, k, device=DEVICE, dtype=dtype) * 0.02
         return lambda: triton_gemv.split_k_matmul(x, w, None, config)
@@ -65,6 +75,15 @@ def product_call(label: str, rows: int, config: tuple, n: int, k: int):
     return lambda: triton_fp8_fast.split_k(x, q, scale, None, config)
 
 
+def has_gguf() -> bool:
+    """Whether the gguf package (the GGUF rows' encoder) is installed."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def fold_table() -> list[str]:
     """Part 1: bit-for-bit checks over graph replays and the time of each way."""
     lines = ["| kernel | rows | config | product | reduce us | folded us | folded / reduce | eager equal | "
@@ -72,6 +91,9 @@ def fold_table() -> list[str]:
     failures = 0
     cuda = DEVICE == "cuda"
     for label, rows, config in PRODUCTS:
+        if label.startswith("gguf") and not has_gguf():
+            lines.append(f"| {label} | {rows} | {config} | skipped: no gguf package (carry .whl) | | | | | |")
+            continue
         calls = {name: product_call(label, rows, config, n, k)
                  for name, (n, k) in (SHAPES if cuda else TOY_SHAPES).items()}
         triton_split_k.FOLD = False

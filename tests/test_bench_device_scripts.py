@@ -75,7 +75,7 @@ def test_split_fold_bench_checks_the_fold_and_builds_each_engine_setting(tmp_pat
                 "--out", str(tmp_path)])
     assert "folded split-K: PASSED" in out
     table = (tmp_path / "split_fold.md").read_text()
-    assert table.count("| True | - |") == 10  # five kernels x two toy products, each equal to its reduce
+    assert table.count("| True | - |") == 14  # seven kernels x two toy products, each equal to its reduce
     rows = [line.split("|") for line in table.splitlines() if line.startswith(("| bf16 |", "| fp8-fold-fuse |"))]
     assert [r[1].strip() for r in rows] == ["bf16", "fp8-fold-fuse"] and all(float(r[2].replace(",", "")) > 0
                                                                              for r in rows)

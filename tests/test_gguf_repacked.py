@@ -61,12 +61,12 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> float:
 TOLERANCE = 1e-5 if DEVICE == "cpu" else 2e-3
 # (rows, config): CUDA-core and tensor-core modes, the deterministic split-K sum and the atomic one,
 # a single program along K (stores directly), rows of a tile past the weight's end (N = 40); mode
-# "int" past 16 rows (40: a 64-row tile part filled; MAX_INT_ROWS).
+# "int" past 16 rows (40: a 64-row tile part filled; MAX_INT_ROWS), mode "dot" on a 64-row tile.
 CASES = [(1, tr.RepackedConfig("fma", 16, 2)), (3, tr.RepackedConfig("fma", 8, 1, split=2, reduce="atomic")),
          (2, tr.RepackedConfig("dot", 16, 2, split=1)), (5, tr.RepackedConfig("dot", 32, 1, split=2)),
          (1, tr.RepackedConfig("int", 16, 1, split=1)), (3, tr.RepackedConfig("int", 16, 2, split=2, reduce="atomic")),
          (16, tr.RepackedConfig("int", 32, 1, split=2)), (40, tr.RepackedConfig("int", 32, 1, split=2)),
-         (tr.MAX_INT_ROWS, tr.RepackedConfig("int", 64, 2, split=1))]
+         (tr.MAX_INT_ROWS, tr.RepackedConfig("int", 64, 2, split=1)), (40, tr.RepackedConfig("dot", 32, 1, split=2))]
 
 
 @pytest.mark.parametrize("qtype", REPACKED_TYPES)
@@ -121,10 +121,14 @@ def test_the_sweeps_table_sets_the_defaults_by_type_and_rows():
     assert table["Q4_K", 2] == table["Q4_K", 4] == tr.RepackedConfig("dot", 64)
     assert table["Q4_K", 9] == table["Q4_K", 16] == tr.RepackedConfig("dot", 32)
     assert ("Q6_K", 1) not in table
+    assert ("Q4_K", 17) not in table  # past 16 rows, only what a measured count above covers
+    table = tr.table_from_json('{"Q4_K": {"16": {"mode": "int", "block_n": 64}, "32": {"mode": "int", "block_n": 128}}}')
+    assert table["Q4_K", 17] == table["Q4_K", 32] == tr.RepackedConfig("int", 128) and ("Q4_K", 33) not in table
     with pytest.raises(ValueError, match='"fma" takes at most 4 rows'):
         tr.matmul_few_rows(torch.zeros(5, 256), _weight("Q4_K", 16, 256, 0).to("cpu"), config=tr.RepackedConfig("fma"))
-    with pytest.raises(ValueError, match='1 to 16 rows in mode "dot"'):
-        tr.matmul_few_rows(torch.zeros(17, 256), _weight("Q4_K", 16, 256, 0).to("cpu"), config=tr.RepackedConfig("dot"))
+    with pytest.raises(ValueError, match=f'1 to {tr.MAX_INT_ROWS} rows in mode "dot"'):
+        tr.matmul_few_rows(torch.zeros(tr.MAX_INT_ROWS + 1, 256), _weight("Q4_K", 16, 256, 0).to("cpu"),
+                           config=tr.RepackedConfig("dot"))
     with pytest.raises(ValueError, match=f'1 to {tr.MAX_INT_ROWS} rows in mode "int"'):
         tr.matmul_few_rows(torch.zeros(tr.MAX_INT_ROWS + 1, 256), _weight("Q4_K", 16, 256, 0).to("cpu"))
 
@@ -173,7 +177,7 @@ def test_the_shipped_table_gives_every_type_and_row_count_a_launch_it_accepts():
     shipped = tr.table_from_json(tr.TABLE_FILE.read_text())
     assert {qtype for qtype, _ in shipped} <= set(REPACKED_TYPES) and shipped
     for (qtype, m), config in {**tr.DEFAULT, **shipped}.items():
-        assert 1 <= m <= tr.MAX_KERNEL_ROWS and config.mode in ("fma", "dot", "int"), (qtype, m, config)
+        assert 1 <= m <= tr.MAX_INT_ROWS and config.mode in ("fma", "dot", "int"), (qtype, m, config)
         assert config.mode != "fma" or m <= tr.FMA_MAX_ROWS, (qtype, m, config)
         assert config.reduce in ("sum", "atomic") and config.block_n > 0 and config.ng > 0, (qtype, m, config)
-    assert all((qtype, m) in tr.DEFAULT for qtype in REPACKED_TYPES for m in range(1, tr.MAX_KERNEL_ROWS + 1))
+    assert all((qtype, m) in tr.DEFAULT for qtype in REPACKED_TYPES for m in range(1, tr.MAX_INT_ROWS + 1))

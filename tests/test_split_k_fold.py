@@ -9,20 +9,45 @@ import torch
 from onebit.kernels import fp8, triton_fp8_fast, triton_gemv, triton_split_k
 
 
+class Launches:
+    """Stands in for a Triton kernel object and counts its launches (`kernel[grid](...)`)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+
+SUM_KERNELS = []
+
+
 @pytest.fixture
 def fold(monkeypatch):
-    """FOLD on with a counter buffer of this test's own; returns a function giving the buffer."""
+    """FOLD on with a counter buffer of this test's own, the sum kernels' launches counted; returns a
+    function giving the buffer."""
+    from onebit.kernels import triton_gguf_repacked
+
     monkeypatch.setattr(triton_split_k, "FOLD", True)
     monkeypatch.setattr(triton_split_k, "_COUNTERS", {})
+    SUM_KERNELS[:] = [Launches(triton_split_k._reduce_kernel), Launches(triton_gguf_repacked._sum_splits_kernel)]
+    monkeypatch.setattr(triton_split_k, "_reduce_kernel", SUM_KERNELS[0])
+    monkeypatch.setattr(triton_gguf_repacked, "_sum_splits_kernel", SUM_KERNELS[1])
     return lambda: triton_split_k._COUNTERS[torch.device("cpu")]
 
 
 def both_ways(monkeypatch, run):
-    """(result with the reduce kernel, result folded twice in a row)."""
+    """(result with the reduce kernel, result folded twice in a row); checks that the unfolded run
+    launched one sum kernel and the folded ones none."""
     monkeypatch.setattr(triton_split_k, "FOLD", False)
+    before = sum(k.count for k in SUM_KERNELS)
     reduced = run()
+    assert sum(k.count for k in SUM_KERNELS) == before + 1
     monkeypatch.setattr(triton_split_k, "FOLD", True)
-    return reduced, run(), run()
+    folded = run(), run()
+    assert sum(k.count for k in SUM_KERNELS) == before + 1  # no second launch when folded
+    return (reduced, *folded)
 
 
 @pytest.mark.parametrize("m,bias", [(3, True), (17, False)])
@@ -80,3 +105,19 @@ def test_launches_past_the_counters_take_the_reduce_kernel(monkeypatch, fold):
     assert triton_split_k.fold_counters(torch.device("cpu"), 2) is not None
     monkeypatch.setattr(triton_split_k, "FOLD", False)
     assert triton_split_k.fold_counters(torch.device("cpu"), 1) is None
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
+def test_repacked_gguf_products_folded_equal_the_sum_kernel(monkeypatch, fold, qtype):
+    from onebit.kernels import triton_gguf_repacked as tr
+    from onebit.kernels.gguf_repack import RepackedMatrix
+    from tests.test_gguf_kernels import random_blocks
+
+    w = RepackedMatrix.from_blocks(torch.from_numpy(random_blocks(qtype, 40, 1024, 5, d_scale=0.01)), qtype, 1024)
+    for m, config in [(1, tr.RepackedConfig("fma", 16, 1, split=2)), (3, tr.RepackedConfig("dot", 32, 1, split=4)),
+                      (24, tr.RepackedConfig("int", 32, 1, split=2))]:
+        x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m))
+        assert tr.plan(w, m, config)[3] == 1  # split over K, partials summed in order
+        reduced, first, second = both_ways(monkeypatch, lambda: tr.matmul_few_rows(x, w, config=config))
+        assert first.equal(reduced) and second.equal(reduced), (m, config)
+        assert int(fold().count_nonzero()) == 0

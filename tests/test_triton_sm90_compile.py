@@ -90,6 +90,17 @@ COMPILE = textwrap.dedent("""
                          {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes,
                           "BLOCK_M": tr.MAX_INT_ROWS, "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1,
                           "NUM_STAGES": config.stages}, warps=config.warps)
+    elif which == "gguf-dot":  # mode "dot" of repacked Q4_K weights on a 64-row tile (17-64 rows, a candidate)
+        from onebit.kernels import triton_gguf_repacked as tr
+        from onebit.kernels.gguf_repack import GROUPING
+        config = tr.CONFIGS["dot-n64-g1"]
+        group, lanes, _, planes = GROUPING["Q4_K"]
+        compile_sm90("gguf-dot-Q4_K", "triton_gguf_repacked", "_repacked_kernel",
+                     {"x_ptr": "*bf16", "c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32",
+                      "y_ptr": "*fp32"},
+                     {"QTYPE": tr.QTYPE_IDS["Q4_K"], "GROUP": group, "LANES": lanes, "PLANES": planes,
+                      "BLOCK_M": 64, "BLOCK_N": config.block_n, "NG": config.ng, "USE_DOT": True, "REDUCE": 1,
+                      "NUM_STAGES": config.stages}, warps=config.warps)
     elif which == "fold":  # split-K products whose last program per tile sums the partials, PDL on
         fold = {"FOLD": True, "PDL": True}
         for label, module, types, constexprs in [
@@ -104,6 +115,13 @@ COMPILE = textwrap.dedent("""
              {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT": 4}),
         ]:
             compile_sm90(label, module, "_split_k_kernel", types, {**constexprs, **fold})
+        gguf = {"x_ptr": "*bf16", "c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32",
+                "out_ptr": "*bf16", "count_ptr": "*i32"}
+        q4_k = {"QTYPE": 1, "GROUP": 256, "LANES": 32, "PLANES": 8, "BLOCK_N": 64, "NG": 1, "REDUCE": 3,
+                "NUM_STAGES": 2, "PDL": True}
+        compile_sm90("fold-gguf-int", "triton_gguf_repacked", "_repacked_int_kernel", gguf, {**q4_k, "BLOCK_M": 64})
+        compile_sm90("fold-gguf-fma", "triton_gguf_repacked", "_repacked_kernel", gguf,
+                     {**q4_k, "BLOCK_M": 1, "USE_DOT": False})
     else:  # every PDL kernel, PDL on
         on = {"PDL": True}
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
@@ -211,9 +229,17 @@ def test_gguf_int_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
 
 def test_folded_split_k_compiles_for_sm90_with_its_handshake():
     lines = _compile("fold")
-    assert [line.split()[0] for line in lines] == ["fold-fp8-one-row", "fold-fp8-w8a8", "fold-gemv"]
+    assert [line.split()[0] for line in lines] == ["fold-fp8-one-row", "fold-fp8-w8a8", "fold-gemv", "fold-gguf-int",
+                                                   "fold-gguf-fma"]
     for line in lines:
         fields = line.split()
         assert int(fields[2]) > 0 and int(fields[4]) == 2, line  # it stores; PDL's wait and launch
         # the ticket is an acquire-release atomic after a CTA barrier; the partials come back through L2
         assert int(fields[12]) >= 1 and int(fields[14]) > 0 and int(fields[16]) > 0, line
+
+
+def test_gguf_dot_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
+    fields = _compile("gguf-dot")[0].split()
+    assert fields[0] == "gguf-dot-Q4_K" and int(fields[2]) > 0, fields
+    assert int(fields[8]) > 0, fields  # a 64-row tile: wgmma (below 64 rows the older mma)
+    assert int(fields[10]) <= 227 * 1024, fields

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.triton_split_k import fold_counters, fold_partial, reduce_partials
+from onebit.kernels.triton_split_k import fold_counters, fold_partial, reduce_partials, split_k_tile_and_part
 
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
@@ -123,8 +123,9 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
                 acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
         elif FOLD:
-            fold_partial(acc, out_ptr, pid_m * stride_om + rn, stride_split, y_ptr, pid_m * stride_ym + rn, rn, n_ok,
-                         s_ptr, b_ptr, count_ptr, SPLIT, SCALE_BN == 0, HAS_BIAS)
+            tile, part = split_k_tile_and_part()
+            fold_partial(acc, part, tile, out_ptr, pid_m * stride_om + rn, stride_split, y_ptr, pid_m * stride_ym + rn,
+                         rn, n_ok, s_ptr, b_ptr, count_ptr, SPLIT, SCALE_BN == 0, HAS_BIAS)
         else:
             tl.store(out + pid_k * stride_split, acc, mask=n_ok)
     else:
@@ -159,7 +160,8 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
         elif FOLD:
             cols = rm[:, None] * 0 + rn[None, :]
-            fold_partial(acc, out_ptr, rm[:, None] * stride_om + cols, stride_split, y_ptr,
+            tile, part = split_k_tile_and_part()
+            fold_partial(acc, part, tile, out_ptr, rm[:, None] * stride_om + cols, stride_split, y_ptr,
                          rm[:, None] * stride_ym + cols, cols, out_ok, s_ptr, b_ptr, count_ptr, SPLIT, SCALE_BN == 0,
                          HAS_BIAS)
         else:

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.triton_split_k import fold_counters, fold_partial, reduce_partials
+from onebit.kernels.triton_split_k import fold_counters, fold_partial, reduce_partials, split_k_tile_and_part
 
 MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # (BLOCK_N, BLOCK_K, num_warps) tried per shape by the calibration.
@@ -148,8 +148,10 @@ def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_x
         store_rows(acc, b_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_om, HAS_BIAS)
     elif FOLD:
         cols = rm[:, None] * 0 + rn[None, :]
-        fold_partial(acc, out_ptr, rm[:, None] * stride_om + cols, stride_split, y_ptr, rm[:, None] * stride_ym + cols,
-                     cols, m_ok[:, None] & n_ok[None, :], b_ptr, b_ptr, count_ptr, SPLIT, False, HAS_BIAS)
+        tile, part = split_k_tile_and_part()
+        fold_partial(acc, part, tile, out_ptr, rm[:, None] * stride_om + cols, stride_split, y_ptr,
+                     rm[:, None] * stride_ym + cols, cols, m_ok[:, None] & n_ok[None, :], b_ptr, b_ptr, count_ptr, SPLIT,
+                     False, HAS_BIAS)
     else:
         tl.store(out_ptr + pid_k * stride_split + rm[:, None] * stride_om + rn[None, :], acc,
                  mask=m_ok[:, None] & n_ok[None, :])

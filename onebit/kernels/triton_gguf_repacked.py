@@ -44,13 +44,13 @@ import triton.language as tl
 from onebit.kernels import pdl
 from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
 from onebit.kernels.triton_gguf import _store_partial, _sum_splits_kernel  # split-K partials, summed in order
+from onebit.kernels.triton_split_k import fold_counters, fold_partial
 
 MAX_KERNEL_ROWS = 16
 # Mode "int" takes its row tile as the tensor cores' narrow side (any width up to 256), so it also
 # runs 17-64 rows, reading the packed weight once where the dequantized path wrote and read a bf16
-# copy of it (2.4x fewer bytes for Q4_K than bf16 cuBLAS alone; B=64 ran at 0.39x bf16 that way,
-# G26). The activations' share of each program grows with the rows (from L2), so wider weight tiles
-# there. Unmeasured on the device: INT_ABOVE_FEW_ROWS False restores the dequantized path.
+# copy of it: Q4_K_M B=64 in the engine 4,429 tok/s that way, 6,820 through "int" (session 13).
+# INT_ABOVE_FEW_ROWS False restores the dequantized path.
 MAX_INT_ROWS = 64
 INT_ABOVE_FEW_ROWS = True
 QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
@@ -84,29 +84,48 @@ CONFIGS = {
     "int-n64-g1": RepackedConfig("int", 64, 1, programs=512),
     "int-n64-g2": RepackedConfig("int", 64, 2, programs=512),
     "int-n64-g1-s3": RepackedConfig("int", 64, 1, stages=3, programs=512),
+    # 17-64 rows, unmeasured: "dot" weights (code * scale - offset in bf16, the scales applied once
+    # per weight, not to the accumulator per sub-block as "int" does) on 64-row wgmma tiles. "int"
+    # loses ground with the rows (0.84x bf16 at 16, 0.51x at 64): its per-sub-block rescale of the
+    # [rows, BLOCK_N] accumulator grows with them; "dot" costs the same per weight at any row count.
+    "dot-n64-g1": RepackedConfig("dot", 64, 1, programs=512),
+    "dot-n128-g1": RepackedConfig("dot", 128, 1, warps=8, programs=512),
+    # 17-64 rows, unmeasured: fewer programs, so less split-K. The partials are rows x N float32 per
+    # slice: at 64 rows int-n64-g1 splits a 4096-wide product 8 ways and writes and sums 8 MB of
+    # partials for its 9.4 MB of Q4_K weights (and int-n128-g1, 16 ways, one group a program: 0.35x).
+    "int-n64-g1-p256": RepackedConfig("int", 64, 1, programs=256),
+    "int-n64-g1-p128": RepackedConfig("int", 64, 1, programs=128),
+    "int-n128-g1-p128": RepackedConfig("int", 128, 1, warps=8, programs=128),
 }
 # 17 to MAX_INT_ROWS rows. 2026-12-02 sweep, geometric mean over the 8B products and Q4_K/Q6_K/Q8_0 of
 # the speed-up vs bf16 cuBLAS at 32 / 64 rows: int-n64-g1 0.77x / 0.51x, -s3 0.80x / 0.49x, int-n128-g1
 # (the first, unmeasured choice) 0.58x / 0.35x. Q4_K_M B=64 in the engine: 5,064 -> 6,851 tok/s.
 INT_MANY_ROWS_CONFIG = CONFIGS["int-n64-g1"]
 FMA_MAX_ROWS = 4
-# (qtype, rows 1..16) -> config: the device sweep's picks (bench/gpu_gguf_repacked.py writes them as
-# JSON), taken from $ONEBIT_GGUF_REPACKED_TABLE, else from gguf_repacked_table.json beside this file.
-# Types the sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
+# (qtype, rows 1..MAX_INT_ROWS) -> config: the device sweep's picks (bench/gpu_gguf_repacked.py writes
+# them as JSON), taken from $ONEBIT_GGUF_REPACKED_TABLE, else from gguf_repacked_table.json beside this
+# file. Types the sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
 TABLE_ENV = "ONEBIT_GGUF_REPACKED_TABLE"
 TABLE_FILE = Path(__file__).with_name("gguf_repacked_table.json")
-DEFAULT = {(qtype, m): CONFIGS["fma-n32-g2"] if m <= 2 else CONFIGS["int-n64-g1-s3"]
-           for qtype in GROUPING for m in range(1, MAX_KERNEL_ROWS + 1)}
+DEFAULT = {(qtype, m): CONFIGS["fma-n32-g2"] if m <= 2 else CONFIGS["int-n64-g1-s3"] if m <= MAX_KERNEL_ROWS
+           else INT_MANY_ROWS_CONFIG for qtype in GROUPING for m in range(1, MAX_INT_ROWS + 1)}
 
 
 def table_from_json(text: str) -> dict[tuple[str, int], RepackedConfig]:
     """{qtype: {rows: config fields}} (the sweep's file) -> {(qtype, rows): RepackedConfig}, the rows
-    between two measured counts taking the config of the next measured count up."""
+    between two measured counts taking the config of the next measured count up. Up to 16 rows the
+    rows past the last measured count take its config; above 16 (the tensor-core modes only) they
+    are left to the default."""
     table = {}
     for qtype, by_rows in json.loads(text).items():
         measured = sorted((int(m), RepackedConfig(**fields)) for m, fields in by_rows.items())
-        for m in range(1, MAX_KERNEL_ROWS + 1):
-            table[qtype, m] = next((c for rows, c in measured if rows >= m), measured[-1][1])
+        few = [(rows, c) for rows, c in measured if rows <= MAX_KERNEL_ROWS]
+        for m in range(1, MAX_INT_ROWS + 1):
+            chosen = next((c for rows, c in measured if rows >= m), None)
+            if chosen is None and m <= MAX_KERNEL_ROWS and few:
+                chosen = few[-1][1]
+            if chosen is not None:
+                table[qtype, m] = chosen
     return table
 
 
@@ -251,10 +270,12 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
                      stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
                      QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NG: tl.constexpr, USE_DOT: tl.constexpr,
-                     REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False):
+                     REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False,
+                     out_ptr=None, stride_om=0, count_ptr=None):
     pdl.wait_for_previous(PDL)
     # Program (pid_n, pid_k): rows pid_n * BLOCK_N.., groups pid_k * GROUPS_PER_SPLIT.. (a multiple of NG).
-    # REDUCE 0: store into y; 1: the float32 partial into y + pid_k * stride_ysplit; 2: atomic add into y.
+    # REDUCE 0: store into y; 1: the float32 partial into y + pid_k * stride_ysplit; 2: atomic add into y;
+    # 3: as 1, and the tile's last program writes the sum into out (`triton_split_k.fold_partial`).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -302,9 +323,13 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
         if BLOCK_M > 2:
             acc = tl.where(rm[:, None] == 2, tl.sum(tl.sum(acc2, axis=2), axis=1)[None, :], acc)
             acc = tl.where(rm[:, None] == 3, tl.sum(tl.sum(acc3, axis=2), axis=1)[None, :], acc)
-    ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
-    _store_partial(y_ptr, ptrs, acc, ok, pid_k, stride_ysplit, REDUCE)
+    if REDUCE == 3:
+        cols = rm[:, None] * 0 + rn[None, :]
+        fold_partial(acc, pid_k, pid_n, y_ptr, rm[:, None] * stride_ym + cols, stride_ysplit, out_ptr,
+                     rm[:, None] * stride_om + cols, cols, ok, y_ptr, y_ptr, count_ptr, tl.num_programs(1), False, False)
+    else:
+        _store_partial(y_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], acc, ok, pid_k, stride_ysplit, REDUCE)
 
 
 @triton.jit
@@ -398,7 +423,8 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
                          stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
                          QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NG: tl.constexpr, REDUCE: tl.constexpr,
-                         NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False):
+                         NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, out_ptr=None, stride_om=0,
+                         count_ptr=None):
     pdl.wait_for_previous(PDL)
     # Mode "int": per sub-block (plane j of group g: LANES columns with one scale s and offset o per
     # weight row) D = codes @ x.T on the tensor cores with the exact codes, then acc += s * D - o' * xsum,
@@ -444,9 +470,13 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
                         acc -= (160.0 * scale) * xsum
                     else:
                         acc -= (offset + 128.0 * scale) * xsum
-    ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None]
     ok = m_ok[None, :] & n_ok[:, None]
-    _store_partial(y_ptr, ptrs, acc, ok, pid_k, stride_ysplit, REDUCE)
+    if REDUCE == 3:
+        cols = rm[None, :] * 0 + rn[:, None]
+        fold_partial(acc, pid_k, pid_n, y_ptr, rm[None, :] * stride_ym + cols, stride_ysplit, out_ptr,
+                     rm[None, :] * stride_om + cols, cols, ok, y_ptr, y_ptr, count_ptr, tl.num_programs(1), False, False)
+    else:
+        _store_partial(y_ptr, y_ptr + rm[None, :] * stride_ym + rn[:, None], acc, ok, pid_k, stride_ysplit, REDUCE)
 
 
 @triton.jit
@@ -518,8 +548,9 @@ def plan(weight: RepackedMatrix, rows: int, config: RepackedConfig) -> tuple[int
         split = 1
         while row_tiles * split < config.programs and turns % (split * 2) == 0:
             split *= 2
-    # "int": the tensor cores pad a narrow activation tile themselves (Triton takes dots from 1 column).
-    block_m = 16 if config.mode == "dot" else triton.next_power_of_2(rows)
+    # "int": the tensor cores pad a narrow activation tile themselves (Triton takes dots from 1 column);
+    # "dot" pads to 16 rows, and from 64 its tile reaches sm_90's wgmma.
+    block_m = max(16, triton.next_power_of_2(rows)) if config.mode == "dot" else triton.next_power_of_2(rows)
     reduce = 0 if split == 1 else 1 if config.reduce == "sum" else 2
     return ng, split, block_m, reduce
 
@@ -527,13 +558,13 @@ def plan(weight: RepackedMatrix, rows: int, config: RepackedConfig) -> tuple[int
 def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
                     config: RepackedConfig | None = None) -> torch.Tensor:
     """x [M <= 16, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output
-    is fine: unit column stride); mode "int" takes up to MAX_INT_ROWS rows. config None:
-    DEFAULT[qtype, M], INT_MANY_ROWS_CONFIG above 16 rows. Reference: `gguf_repack.repacked_linear_ref`."""
+    is fine: unit column stride); modes "int" and "dot" take up to MAX_INT_ROWS rows. config None:
+    DEFAULT[qtype, M] (the sweep's table; INT_MANY_ROWS_CONFIG above 16 rows where it has none). Reference: `gguf_repack.repacked_linear_ref`."""
     m, k = x.shape
     if k != weight.cols:
         raise ValueError(f"x has {k} columns, the weight {weight.cols}")
-    config = config or (DEFAULT[weight.qtype, m] if m <= MAX_KERNEL_ROWS else INT_MANY_ROWS_CONFIG)
-    most = MAX_INT_ROWS if config.mode == "int" else MAX_KERNEL_ROWS
+    config = config or DEFAULT.get((weight.qtype, m), INT_MANY_ROWS_CONFIG)
+    most = MAX_INT_ROWS if config.mode in ("int", "dot") else MAX_KERNEL_ROWS
     if not 1 <= m <= most:
         raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
     if config.mode not in ("fma", "dot", "int") or config.reduce not in ("sum", "atomic"):
@@ -546,10 +577,13 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     codes, high, scales, d = _operands(weight)
     ng, split, block_m, reduce = plan(weight, m, config)
     groups = weight.cols // GROUPING[weight.qtype][0]
-    target, stride_t, stride_split = out, out.stride(0), 0
+    target, stride_t, stride_split, fold = out, out.stride(0), 0, {}
     if reduce == 1:
         target = torch.empty(split, m, weight.rows, dtype=torch.float32, device=x.device)
         stride_t, stride_split = weight.rows, m * weight.rows
+        counters = fold_counters(x.device, triton.cdiv(weight.rows, config.block_n))
+        if counters is not None:  # the tile's last program sums the partials: no second launch
+            reduce, fold = 3, {"out_ptr": out, "stride_om": out.stride(0), "count_ptr": counters}
     elif reduce == 2:
         out.zero_()
     args = (x, codes, high, scales, d, target, m, weight.rows, groups // split, x.stride(0), codes.stride(0),
@@ -557,12 +591,12 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     grid = (triton.cdiv(weight.rows, config.block_n), split)
     if config.mode == "int":
         _repacked_int_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, REDUCE=reduce,
-                                   NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
+                                   NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight), **fold,
                                    **pdl.options())
     else:
         _repacked_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, USE_DOT=config.mode == "dot",
                                REDUCE=reduce, NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
-                               **pdl.options())
+                               **fold, **pdl.options())
     if reduce == 1:
         total = m * weight.rows
         _sum_splits_kernel[(triton.cdiv(total, 1024),)](target, out, weight.rows, total, split, out.stride(0),

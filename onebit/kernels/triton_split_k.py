@@ -11,6 +11,7 @@ to turn them into the output:
   bias and writes the output, then sets the counter back to zero for the next launch. One launch
   instead of two a product (at one row the reduce was 0.22 ms of a 3.3 ms FP8 step, plus its
   launch gaps; session 10), and the same bits as the reduce kernel: the same sums in the same order.
+  The repacked GGUF kernels (`triton_gguf_repacked`) fold their split-K partials the same way.
 
 The counters are one zeroed int32 buffer per device (`fold_counters`), shared by every folded
 launch: products on a device run one at a time (the engine uses one stream, and graph capture
@@ -22,6 +23,8 @@ read back through L2 (`.cg`), past any stale L1 line.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -30,8 +33,9 @@ from onebit.kernels import pdl
 
 # Fold the partials' sum into the product's last program per tile. Off until a device run has
 # checked it bit for bit against the reduce kernel over many graph replays and timed it
-# (bench/gpu_split_fold.py); unmeasured prediction in docs/perf.md.
-FOLD = False
+# (bench/gpu_split_fold.py); unmeasured prediction in docs/perf.md. ONEBIT_SPLIT_FOLD=1 turns it on
+# in a process (the benches' child engines, a server) for A/B runs.
+FOLD = os.environ.get("ONEBIT_SPLIT_FOLD", "0") == "1"
 # Output tiles one launch may fold (its counters); a launch with more tiles takes the reduce kernel.
 MAX_FOLD_TILES = 1 << 18
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -57,25 +61,30 @@ def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr,
 
 
 @triton.jit
-def fold_partial(acc, p_ptr, p_offs, TOTAL, y_ptr, y_offs, cols, ok, s_ptr, b_ptr, count_ptr,
-                 SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Store this program's partial (slice tl.program_id(2)) at p_offs of its slice; the tile's last
-    program to arrive writes y[y_offs] = (sum of the SPLIT partials in slice order) * scale[cols]
-    + bias[cols], as `_reduce_kernel` computes it. The grid's first two axes name the tile."""
-    tl.store(p_ptr + tl.program_id(2) * TOTAL + p_offs, acc, mask=ok)
+def fold_partial(acc, part, tile, p_ptr, p_offs, TOTAL, y_ptr, y_offs, cols, ok, s_ptr, b_ptr, count_ptr, SPLIT,
+                 HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Store this program's partial (slice `part` of SPLIT, TOTAL values a slice) at p_offs; the last
+    of output tile `tile`'s SPLIT programs to arrive writes y[y_offs] = (the SPLIT partials summed in
+    slice order) * scale[cols] + bias[cols], as `_reduce_kernel` computes it."""
+    tl.store(p_ptr + part * TOTAL + p_offs, acc, mask=ok)
     tl.debug_barrier()  # every thread's partial stores before the ticket
-    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
     arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
     if arrived == SPLIT - 1:
         total = tl.load(p_ptr + p_offs, mask=ok, other=0.0, cache_modifier=".cg")
-        for part in tl.static_range(1, SPLIT):
-            total += tl.load(p_ptr + part * TOTAL + p_offs, mask=ok, other=0.0, cache_modifier=".cg")
+        for other in range(1, SPLIT):
+            total += tl.load(p_ptr + other * TOTAL + p_offs, mask=ok, other=0.0, cache_modifier=".cg")
         if HAS_SCALE:
             total = total * tl.load(s_ptr + cols, mask=ok, other=0.0)
         if HAS_BIAS:
             total += tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + y_offs, total.to(y_ptr.dtype.element_ty), mask=ok)
         tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next launch
+
+
+@triton.jit
+def split_k_tile_and_part():
+    """(tile, part) of a program of a split-K grid (row tiles, column tiles, K slices)."""
+    return tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tl.program_id(2)
 
 
 def fold_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
