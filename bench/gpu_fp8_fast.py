@@ -215,7 +215,7 @@ def engine_decode(batches: list[int], calibration: list[str], shape_name: str = 
                   device: str = "cuda", engines: list[str] | None = None) -> list[str]:
     """Part 4: one table line per engine of `engines` (names of ENGINES), decode tok/s per batch
     size; the last calibrated engine's calibration lines go to `calibration`."""
-    from onebit.bench.offline import run_batch
+    from onebit.bench.offline import decode_speeds
     from onebit.engine.build import build_engine
     from onebit.engine.config import EngineConfig
 
@@ -241,11 +241,7 @@ def engine_decode(batches: list[int], calibration: list[str], shape_name: str = 
                 calibration.append(f"calibration of engine {label}:")
                 calibration.extend(line for line in engine.runner.gemv_report if line.startswith("fp8 "))
                 calibration.extend(chosen_summary())
-            run_batch(engine, 4, PROMPT, 8, seed=999)  # warm-up
-            speeds = []
-            for b in batches:
-                speeds.append(run_batch(engine, b, PROMPT, NEW, seed=b).decode_tokens_per_s)
-                print(f"{label} B={b}: {speeds[-1]:,.0f} tok/s", flush=True)
+            speeds = decode_speeds(engine, batches, PROMPT, NEW, label)
             lines.append(f"| {label} | " + " | ".join(f"{s:,.0f}" for s in speeds) + f" | {built:.0f} |")
             del engine
         except Exception:

@@ -160,7 +160,7 @@ ENGINES = {"bf16": (None, False, False), "bf16-fold": (None, True, False),
 
 def engine_table(batches: list[int], names: list[str]) -> list[str]:
     """Part 3: decode tok/s per engine setting and batch size."""
-    from onebit.bench.offline import run_batch
+    from onebit.bench.offline import decode_speeds
     from onebit.engine.build import build_engine
     from onebit.engine.config import EngineConfig
 
@@ -180,11 +180,7 @@ def engine_table(batches: list[int], names: list[str]) -> list[str]:
             if DEVICE == "cuda":
                 torch.cuda.synchronize()
             built = time.perf_counter() - start
-            run_batch(engine, 4, 128, 8, seed=999)
-            speeds = []
-            for b in batches:
-                speeds.append(run_batch(engine, b, 128, 128, seed=b).decode_tokens_per_s)
-                print(f"{name} B={b}: {speeds[-1]:,.0f} tok/s", flush=True)
+            speeds = decode_speeds(engine, batches, 128, 128, name)
             lines.append(f"| {name} | " + " | ".join(f"{s:,.0f}" for s in speeds) + f" | {built:.0f} |")
             del engine
         except Exception:

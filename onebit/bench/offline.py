@@ -62,6 +62,18 @@ def run_batch(engine: LLMEngine, batch: int, prompt_tokens: int, max_tokens: int
                          prefill_s, decode_s, generated)
 
 
+def decode_speeds(engine: LLMEngine, batches: list[int], prompt_tokens: int, max_tokens: int,
+                  label: str = "") -> list[float]:
+    """Decode tok/s at each batch size (`run_batch`, seeded by the batch size) after a short warm-up
+    batch, each printed as it comes (`label B=b: ...`)."""
+    run_batch(engine, 4, prompt_tokens, 8, seed=999)
+    speeds = []
+    for b in batches:
+        speeds.append(run_batch(engine, b, prompt_tokens, max_tokens, seed=b).decode_tokens_per_s)
+        print(f"{label} B={b}: {speeds[-1]:,.0f} tok/s", flush=True)
+    return speeds
+
+
 def run_offline(model: str, batches: list[int], max_tokens: int, prompt_tokens: int, device: str,
                 dtype: str, print_fn=print, overlap: bool | None = None) -> list[OfflineResult]:
     """Load the model once with enough slots for the largest batch; time each batch size after a warm-up."""
