@@ -79,3 +79,10 @@ def test_split_fold_bench_checks_the_fold_and_builds_each_engine_setting(tmp_pat
     rows = [line.split("|") for line in table.splitlines() if line.startswith(("| bf16 |", "| fp8-fold-fuse |"))]
     assert [r[1].strip() for r in rows] == ["bf16", "fp8-fold-fuse"] and all(float(r[2].replace(",", "")) > 0
                                                                              for r in rows)
+
+
+def test_sass_loop_count_finds_the_k_loop_of_a_repacked_kernel():
+    out = _run(["tools/sass_loop_count.py", "--config", "fma-n32-g2", "--rows", "1", "--top", "3"])
+    head, *ops = out.strip().splitlines()
+    assert head.startswith("fma-n32-g2 Q4_K 1 row(s): ") and float(head.split()[-3]) > 1  # at least a FMA a weight
+    assert len(ops) == 3 and "FFMA" in out  # the multiply-adds are in the loop

@@ -1,0 +1,116 @@
+"""Instructions per weight in the main loop of a repacked GGUF kernel, compiled for the H200 here.
+
+    python3 tools/sass_loop_count.py --config fma-n32-g2 --rows 1 [--qtype Q4_K] [--top 12]
+
+Compiles `triton_gguf_repacked`'s kernel for one `CONFIGS` entry and activation row count to sm_90
+SASS (no GPU needed: Triton's ahead-of-time compiler and its bundled `nvdisasm`), specialized as a
+launch specializes it (pointers and strides divisible by 16: without that the codes load one lane a
+thread and the count nearly doubles), finds the longest backward branch (the K loop) and prints
+its instruction count x threads / weights a turn, then the most frequent opcodes. A proxy for a
+kernel bound by instruction issue (session 13: the 1-row "fma" kernel runs 7.4 a weight); whether
+it is bound by that is for the device to say.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.pop("TRITON_INTERPRET", None)  # the interpreter's `triton.jit` gives no compilable kernels
+
+DIVISIBLE = {"x_ptr", "c_ptr", "h_ptr", "s_ptr", "d_ptr", "y_ptr", "out_ptr", "count_ptr", "N", "stride_xm",
+             "stride_cn", "stride_hn", "stride_sn", "stride_ym", "stride_ysplit", "stride_om"}
+TYPES = {"x_ptr": "*bf16", "c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32",
+         "out_ptr": "*bf16", "count_ptr": "*i32"}
+
+
+def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int]:
+    """(SASS text, warps, weights a loop turn) of the kernel that `matmul_few_rows` launches for this
+    config and row count (split-K partials summed by the reduce kernel)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from onebit.kernels import triton_gguf_repacked as tr
+    from onebit.kernels.gguf_repack import GROUPING
+
+    config = tr.CONFIGS[config_name]
+    group, lanes, _, planes = GROUPING[qtype]
+    block_m = max(16, triton.next_power_of_2(rows)) if config.mode == "dot" else triton.next_power_of_2(rows)
+    fn = tr._repacked_int_kernel if config.mode == "int" else tr._repacked_kernel
+    constexprs = {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes, "BLOCK_M": block_m,
+                  "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": False}
+    if config.mode != "int":
+        constexprs["USE_DOT"] = config.mode == "dot"
+    types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode == "int" else "*i32"}
+    signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]]
+             for name in DIVISIBLE if name in fn.arg_names and name not in constexprs}
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": config.warps})
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return sass, config.warps, config.block_n * config.ng * group
+
+
+def loop_body(sass: str) -> list[str]:
+    """The instructions of the longest loop: from a label to the backward branch that returns to it."""
+    labels, pending, code, best = {}, None, [], (0, -1)
+    for line in sass.splitlines():
+        label = re.match(r"\s*\.L_x_(\d+):", line)
+        if label:
+            pending = label.group(1)
+            continue
+        found = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if not found:
+            continue
+        address = int(found.group(1), 16)
+        code.append((address, found.group(2)))
+        if pending is not None:
+            labels[pending], pending = address, None
+        branch = re.search(r"BRA `\(\.L_x_(\d+)\)", line)
+        if branch and labels.get(branch.group(1), address) < address:
+            start = labels[branch.group(1)]
+            if address - start > best[1] - best[0]:
+                best = (start, address)
+    return [text for address, text in code if best[0] <= address <= best[1]]
+
+
+def opcode(instruction: str) -> str:
+    """`@P0 FFMA.FTZ R1, ...` -> FFMA."""
+    return re.sub(r"^@!?U?P[T\d]+\s+", "", instruction).split()[0].split(".")[0]
+
+
+def main() -> int:
+    """Print the loop's instructions per weight and its most frequent opcodes."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="a triton_gguf_repacked.CONFIGS name")
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--qtype", default="Q4_K", choices=("Q4_K", "Q5_K", "Q6_K", "Q8_0"))
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+    sass, warps, weights = compile_sass(args.config, args.rows, args.qtype)
+    body = loop_body(sass)
+    if not body:
+        print("no loop found", file=sys.stderr)
+        return 1
+    per_weight = warps * 32 / weights
+    print(f"{args.config} {args.qtype} {args.rows} row(s): {len(body)} instructions a thread a loop turn, "
+          f"{len(body) * per_weight:.2f} per weight")
+    for op, count in collections.Counter(map(opcode, body)).most_common(args.top):
+        print(f"  {op:12s} {count:5d}  {count * per_weight:.2f} per weight")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
