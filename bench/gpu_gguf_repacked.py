@@ -43,8 +43,38 @@ import torch
 PRODUCTS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096),
             "down_proj": (4096, 12288), "lm_head": (151936, 4096)}
 TYPES = ("Q4_K", "Q6_K", "Q8_0")
-# --rows sets $ONEBIT_SWEEP_ROWS so that the compile workers sweep the same counts.
+# --rows sets $ONEBIT_SWEEP_ROWS (and --wide $ONEBIT_SWEEP_WIDE) so that the compile workers sweep
+# the same counts and configs.
 ROWS = tuple(int(m) for m in os.environ.get("ONEBIT_SWEEP_ROWS", "1,2,4,8,16").split(","))
+
+
+def wide_configs() -> dict:
+    """--wide: a grid around the measured winners instead of `CONFIGS` (~100 configs): "fma" (1-4
+    rows) over BLOCK_N, NG, stages and programs; "int" over (BLOCK_N, warps), NG, stages and
+    programs (fewer programs: less split-K partial traffic at many rows)."""
+    from onebit.kernels.triton_gguf_repacked import RepackedConfig
+
+    out = {}
+    for bn in (16, 32, 64):
+        for ng in (1, 2, 4):
+            for stages in (2, 3):
+                for programs in (256, 512, 1024):
+                    out[f"fma-n{bn}-g{ng}-s{stages}-p{programs}"] = RepackedConfig("fma", bn, ng, stages=stages,
+                                                                                    programs=programs)
+    for bn, warps in ((32, 4), (64, 4), (64, 8), (128, 8)):
+        for ng in (1, 2):
+            for stages in (2, 3):
+                for programs in (128, 256, 512):
+                    out[f"int-n{bn}-w{warps}-g{ng}-s{stages}-p{programs}"] = RepackedConfig(
+                        "int", bn, ng, warps=warps, stages=stages, programs=programs)
+    return out
+
+
+def sweep_configs() -> dict:
+    """The configs this sweep times: `triton_gguf_repacked.CONFIGS`, or with --wide `wide_configs`."""
+    from onebit.kernels import triton_gguf_repacked as tr
+
+    return wide_configs() if os.environ.get("ONEBIT_SWEEP_WIDE") == "1" else tr.CONFIGS
 
 
 def runs_config(config, rows: int) -> bool:
@@ -74,7 +104,7 @@ def compile_job(job: tuple[str, str]) -> tuple[str, str, float, str]:
     from onebit.kernels import triton_gguf_repacked as tr
 
     qtype, label = job
-    config = tr.CONFIGS[label]
+    config = sweep_configs()[label]
     start = time.perf_counter()
     try:
         for n, k in PRODUCTS.values():
@@ -82,7 +112,7 @@ def compile_job(job: tuple[str, str]) -> tuple[str, str, float, str]:
             for m in ROWS:
                 if runs_config(config, m):
                     tr.matmul_few_rows(torch.zeros(m, k, device="cuda", dtype=torch.bfloat16), w, config=config)
-            if label == next(iter(tr.CONFIGS)):
+            if label == next(iter(sweep_configs())):
                 tr.dequantize(w, torch.float32)
             del w
         torch.cuda.synchronize()
@@ -93,9 +123,7 @@ def compile_job(job: tuple[str, str]) -> tuple[str, str, float, str]:
 
 def precompile(workers: int) -> dict[tuple[str, str], str]:
     """Compile the sweep's kernels in `workers` processes; (qtype, config) -> error ('' when fine)."""
-    from onebit.kernels import triton_gguf_repacked as tr
-
-    jobs = [(qtype, label) for qtype in TYPES for label in tr.CONFIGS]
+    jobs = [(qtype, label) for qtype in TYPES for label in sweep_configs()]
     start = time.perf_counter()
     import multiprocessing
 
@@ -146,7 +174,7 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
                 want = x.float() @ dense.t()
                 rec = {"product": name, "n": n, "k": k, "qtype": qtype, "rows": m, "bytes": w.nbytes,
                        "bf16_us": graph_us(lambda: F.linear(x, dense16)), "us": {}, "rel_err": {}}
-                for label, config in tr.CONFIGS.items():
+                for label, config in sweep_configs().items():
                     if not runs_config(config, m) or errors.get((qtype, label)):
                         continue
                     try:
@@ -178,7 +206,7 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
               f"{sum(exact.values())}/{len(exact)}" + ("" if all(exact.values()) else f" (not: {[k for k, v in exact.items() if not v]})"),
               "", "Per config: geometric mean over products and types of the speed-up vs bf16 cuBLAS", "",
               "| config | " + " | ".join(f"{m} rows" for m in ROWS) + " |", "|---|" + "---:|" * len(ROWS)]
-    for label in tr.CONFIGS:
+    for label in sweep_configs():
         cells = [geomean([r["bf16_us"] / r["us"][label] for r in records if r["rows"] == m and label in r["us"]])
                  for m in ROWS]
         lines.append(f"| {label} | " + " | ".join("n/a" if math.isnan(c) else f"{c:.2f}x" for c in cells) + " |")
@@ -188,11 +216,11 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
         for m in ROWS:
             scores = {label: geomean([r["bf16_us"] / r["us"][label] for r in records
                                       if r["rows"] == m and r["qtype"] == qtype and label in r["us"]])
-                      for label in tr.CONFIGS}
+                      for label in sweep_configs()}
             scores = {label: v for label, v in scores.items() if not math.isnan(v)}
             if scores:
                 label = max(scores, key=scores.get)
-                table.setdefault(qtype, {})[str(m)] = tr.CONFIGS[label]._asdict()
+                table.setdefault(qtype, {})[str(m)] = sweep_configs()[label]._asdict()
                 picks.append(f"{qtype} {m}: {label} ({scores[label]:.2f}x)")
     (out / "gguf_repacked_table.json").write_text(json.dumps(table, indent=1) + "\n")
     lines += ["", "Best config per type and row count (DIR/gguf_repacked_table.json): " + ", ".join(picks)]
@@ -207,8 +235,11 @@ def main() -> int:
     ap.add_argument("--engine", action="store_true", help="then engine decode tok/s with this run's table")
     ap.add_argument("--batches", default="1,8", help="decode batch sizes for --engine")
     ap.add_argument("--work", type=Path, default=None, help="--engine's model files (default: $TMPDIR)")
+    ap.add_argument("--wide", action="store_true", help="time a grid of ~100 configs (wide_configs), not CONFIGS")
     ap.add_argument("--rows", default=None, help="activation row counts (default 1,2,4,8,16; modes int and dot up to 64)")
     args = ap.parse_args()
+    if args.wide:
+        os.environ["ONEBIT_SWEEP_WIDE"] = "1"
     if args.rows:
         global ROWS
         os.environ["ONEBIT_SWEEP_ROWS"] = args.rows
