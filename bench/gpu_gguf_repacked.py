@@ -6,7 +6,7 @@
 Kernels: Q4_K, Q6_K, Q8_0 weights (random bf16 encoded by onebit.testing.gguf_encode, then repacked,
 `gguf_repack.RepackedMatrix`) at the Qwen3-8B products (qkv 6144x4096, o 4096x4096, gate_up 24576x4096,
 down 4096x12288) and the head (151936x4096), 1/2/4/8/16 activation rows (--rows: others, "int" and "dot" up to 64): every
-`triton_gguf_repacked.CONFIGS` entry ("fma" ones up to 4 rows; "dot" and "int" at every count) and bf16 cuBLAS on the dequantized
+`triton_gguf_repacked.CONFIGS` entry (each mode up to its MODE_MAX_ROWS) and bf16 cuBLAS on the dequantized
 weight, each timed inside a CUDA graph (`onebit.kernels.timing.graph_us`); TB/s counts the bytes each
 reads (repacked bytes; bf16: 2 per weight). Each config's result is checked against the float32
 product with the dequantized weight, and the Triton dequantizer against the torch reference bit for
@@ -78,13 +78,10 @@ def sweep_configs() -> dict:
 
 
 def runs_config(config, rows: int) -> bool:
-    """Whether the sweep times `config` at `rows` ("fma" only up to its row limit, the tensor-core
-    modes up to MAX_INT_ROWS)."""
+    """Whether the sweep times `config` at `rows` (up to its mode's MODE_MAX_ROWS)."""
     from onebit.kernels import triton_gguf_repacked as tr
 
-    if config.mode == "fma":
-        return rows <= tr.FMA_MAX_ROWS
-    return rows <= tr.MAX_INT_ROWS
+    return rows <= tr.MODE_MAX_ROWS[config.mode]
 
 
 def empty_repacked(qtype: str, n: int, k: int, device: str):

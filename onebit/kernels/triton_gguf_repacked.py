@@ -102,6 +102,7 @@ CONFIGS = {
 # (the first, unmeasured choice) 0.58x / 0.35x. Q4_K_M B=64 in the engine: 5,064 -> 6,851 tok/s.
 INT_MANY_ROWS_CONFIG = CONFIGS["int-n64-g1"]
 FMA_MAX_ROWS = 4
+MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS}
 # (qtype, rows 1..MAX_INT_ROWS) -> config: the device sweep's picks (bench/gpu_gguf_repacked.py writes
 # them as JSON), taken from $ONEBIT_GGUF_REPACKED_TABLE, else from gguf_repacked_table.json beside this
 # file. Types the sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
@@ -557,20 +558,19 @@ def plan(weight: RepackedMatrix, rows: int, config: RepackedConfig) -> tuple[int
 
 def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
                     config: RepackedConfig | None = None) -> torch.Tensor:
-    """x [M <= 16, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output
-    is fine: unit column stride); modes "int" and "dot" take up to MAX_INT_ROWS rows. config None:
-    DEFAULT[qtype, M] (the sweep's table; INT_MANY_ROWS_CONFIG above 16 rows where it has none). Reference: `gguf_repack.repacked_linear_ref`."""
+    """x [M, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output is
+    fine: unit column stride), M up to the mode's MODE_MAX_ROWS. config None: DEFAULT[qtype, M] (the
+    sweep's table; INT_MANY_ROWS_CONFIG above 16 rows where it has none). Reference:
+    `gguf_repack.repacked_linear_ref`."""
     m, k = x.shape
     if k != weight.cols:
         raise ValueError(f"x has {k} columns, the weight {weight.cols}")
     config = config or DEFAULT.get((weight.qtype, m), INT_MANY_ROWS_CONFIG)
-    most = MAX_INT_ROWS if config.mode in ("int", "dot") else MAX_KERNEL_ROWS
+    most = MODE_MAX_ROWS.get(config.mode)
+    if most is None or config.reduce not in ("sum", "atomic"):
+        raise ValueError(f"unknown config {config}")
     if not 1 <= m <= most:
         raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
-    if config.mode not in ("fma", "dot", "int") or config.reduce not in ("sum", "atomic"):
-        raise ValueError(f"unknown config {config}")
-    if config.mode == "fma" and m > FMA_MAX_ROWS:
-        raise ValueError(f'mode "fma" takes at most {FMA_MAX_ROWS} rows, got {m}')
     if out is None:
         out = torch.empty(m, weight.rows, dtype=x.dtype, device=x.device)
     x = x.contiguous()
