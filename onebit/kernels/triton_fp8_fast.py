@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.triton_split_k import fold_counters, fold_partial, reduce_partials, split_k_tile_and_part
+from onebit.kernels.triton_split_k import fold_launch_args, fold_partial, reduce_partials, split_k_tile_and_part
 
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
@@ -203,13 +203,12 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
                               SPLIT=1, EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    counters = fold_counters(x.device, grid[0] * grid[1])
-    fold = {} if counters is None else {"FOLD": True, "y_ptr": y, "stride_ym": y.stride(0), "count_ptr": counters}
+    fold = fold_launch_args(y, grid[0] * grid[1])
     _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
-                          HAS_BIAS=bias is not None and counters is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                          HAS_BIAS=bias is not None and bool(fold), BLOCK_M=block_m, BLOCK_N=block_n,
                           BLOCK_K=block_k, SPLIT=split, EVEN_K=even_k, num_warps=warps, **blocks, **fold,
                           **pdl.options())
-    if counters is None:
+    if not fold:
         reduce_partials(partial, scale if block is None else None, bias, y)
     return y
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.triton_split_k import fold_counters, fold_partial, reduce_partials, split_k_tile_and_part
+from onebit.kernels.triton_split_k import fold_launch_args, fold_partial, reduce_partials, split_k_tile_and_part
 
 MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # (BLOCK_N, BLOCK_K, num_warps) tried per shape by the calibration.
@@ -177,11 +177,10 @@ def split_k_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                               0, HAS_BIAS=bias is not None, **shape, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    counters = fold_counters(x.device, grid[0] * grid[1])
-    fold = {} if counters is None else {"FOLD": True, "y_ptr": y, "stride_ym": y.stride(0), "count_ptr": counters}
+    fold = fold_launch_args(y, grid[0] * grid[1])
     _split_k_kernel[grid](x, weight, b_arg, partial, m, n, k, k_per_split, x.stride(0), weight.stride(0), n, m * n,
-                          HAS_BIAS=bias is not None and counters is not None, **shape, **fold, **pdl.options())
-    if counters is None:
+                          HAS_BIAS=bias is not None and bool(fold), **shape, **fold, **pdl.options())
+    if not fold:
         reduce_partials(partial, None, bias, y)
     return y
 

@@ -101,6 +101,15 @@ def fold_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     return counters
 
 
+def fold_launch_args(y: torch.Tensor, tiles: int) -> dict:
+    """The split-K kernels' keyword arguments that make a launch of `tiles` output tiles fold its
+    partials into y (FOLD, y_ptr, stride_ym, count_ptr), or {} when it should not (`fold_counters`)."""
+    counters = fold_counters(y.device, tiles)
+    if counters is None:
+        return {}
+    return {"FOLD": True, "y_ptr": y, "stride_ym": y.stride(0), "count_ptr": counters}
+
+
 def reduce_partials(partial: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
                     y: torch.Tensor) -> None:
     """y [M, N] (contiguous) = sum over slices of partial [SPLIT, M, N] in slice order, times scale [N]
