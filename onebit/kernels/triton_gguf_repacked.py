@@ -84,15 +84,16 @@ CONFIGS = {
     "int-n64-g1": RepackedConfig("int", 64, 1, programs=512),
     "int-n64-g2": RepackedConfig("int", 64, 2, programs=512),
     "int-n64-g1-s3": RepackedConfig("int", 64, 1, stages=3, programs=512),
-    # 17-64 rows, unmeasured: "dot" weights (code * scale - offset in bf16, the scales applied once
+    # 17-64 rows, not yet swept (--wide leaves "dot" out): "dot" weights (code * scale - offset in bf16, the scales applied once
     # per weight, not to the accumulator per sub-block as "int" does) on 64-row wgmma tiles. "int"
     # loses ground with the rows (0.84x bf16 at 16, 0.51x at 64): its per-sub-block rescale of the
     # [rows, BLOCK_N] accumulator grows with them; "dot" costs the same per weight at any row count.
     "dot-n64-g1": RepackedConfig("dot", 64, 1, programs=512),
     "dot-n128-g1": RepackedConfig("dot", 128, 1, warps=8, programs=512),
-    # 17-64 rows, unmeasured: fewer programs, so less split-K. The partials are rows x N float32 per
-    # slice: at 64 rows int-n64-g1 splits a 4096-wide product 8 ways and writes and sums 8 MB of
-    # partials for its 9.4 MB of Q4_K weights (and int-n128-g1, 16 ways, one group a program: 0.35x).
+    # 17-64 rows: fewer programs, so less split-K. The partials are rows x N float32 per slice: at 64
+    # rows int-n64-g1 splits a 4096-wide product 8 ways and writes and sums 8 MB of partials for its
+    # 9.4 MB of Q4_K weights. Session 14's --wide sweep: 256 programs won at 32-64 rows by 5-15%
+    # (Q4_K at 64 rows 0.58x bf16 cuBLAS against int-n64-g1's 0.51x); the table holds those picks.
     "int-n64-g1-p256": RepackedConfig("int", 64, 1, programs=256),
     "int-n64-g1-p128": RepackedConfig("int", 64, 1, programs=128),
     "int-n128-g1-p128": RepackedConfig("int", 128, 1, warps=8, programs=128),
