@@ -42,9 +42,9 @@ import torch
 
 PRODUCTS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096),
             "down_proj": (4096, 12288), "lm_head": (151936, 4096)}
-TYPES = ("Q4_K", "Q6_K", "Q8_0")
-# --rows sets $ONEBIT_SWEEP_ROWS (and --wide $ONEBIT_SWEEP_WIDE) so that the compile workers sweep
-# the same counts and configs.
+# --rows, --types, --configs and --wide set $ONEBIT_SWEEP_ROWS, _TYPES, _CONFIGS and _WIDE so that
+# the compile workers sweep the same counts, types and configs.
+TYPES = tuple(os.environ.get("ONEBIT_SWEEP_TYPES", "Q4_K,Q6_K,Q8_0").split(","))
 ROWS = tuple(int(m) for m in os.environ.get("ONEBIT_SWEEP_ROWS", "1,2,4,8,16").split(","))
 
 
@@ -71,17 +71,20 @@ def wide_configs() -> dict:
 
 
 def sweep_configs() -> dict:
-    """The configs this sweep times: `triton_gguf_repacked.CONFIGS`, or with --wide `wide_configs`."""
+    """The configs this sweep times: `triton_gguf_repacked.CONFIGS`, or with --wide `wide_configs`; with
+    --configs only those named."""
     from onebit.kernels import triton_gguf_repacked as tr
 
-    return wide_configs() if os.environ.get("ONEBIT_SWEEP_WIDE") == "1" else tr.CONFIGS
+    configs = wide_configs() if os.environ.get("ONEBIT_SWEEP_WIDE") == "1" else tr.CONFIGS
+    chosen = os.environ.get("ONEBIT_SWEEP_CONFIGS")
+    return {label: c for label, c in configs.items() if label in chosen.split(",")} if chosen else configs
 
 
-def runs_config(config, rows: int) -> bool:
-    """Whether the sweep times `config` at `rows` (up to its mode's MODE_MAX_ROWS)."""
+def runs_config(config, rows: int, qtype: str) -> bool:
+    """Whether the sweep times `config` at `rows` (up to its mode's MODE_MAX_ROWS) for `qtype`."""
     from onebit.kernels import triton_gguf_repacked as tr
 
-    return rows <= tr.MODE_MAX_ROWS[config.mode]
+    return rows <= tr.MODE_MAX_ROWS[config.mode] and (config.mode != "i8" or qtype in tr.I8_TYPES)
 
 
 def empty_repacked(qtype: str, n: int, k: int, device: str):
@@ -107,7 +110,7 @@ def compile_job(job: tuple[str, str]) -> tuple[str, str, float, str]:
         for n, k in PRODUCTS.values():
             w = empty_repacked(qtype, n, k, "cuda")
             for m in ROWS:
-                if runs_config(config, m):
+                if runs_config(config, m, qtype):
                     tr.matmul_few_rows(torch.zeros(m, k, device="cuda", dtype=torch.bfloat16), w, config=config)
             if label == next(iter(sweep_configs())):
                 tr.dequantize(w, torch.float32)
@@ -172,7 +175,7 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
                 rec = {"product": name, "n": n, "k": k, "qtype": qtype, "rows": m, "bytes": w.nbytes,
                        "bf16_us": graph_us(lambda: F.linear(x, dense16)), "us": {}, "rel_err": {}}
                 for label, config in sweep_configs().items():
-                    if not runs_config(config, m) or errors.get((qtype, label)):
+                    if not runs_config(config, m, qtype) or errors.get((qtype, label)):
                         continue
                     try:
                         got = tr.matmul_few_rows(x, w, config=config).float()
@@ -233,10 +236,18 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8", help="decode batch sizes for --engine")
     ap.add_argument("--work", type=Path, default=None, help="--engine's model files (default: $TMPDIR)")
     ap.add_argument("--wide", action="store_true", help="time a grid of ~100 configs (wide_configs), not CONFIGS")
+    ap.add_argument("--configs", default=None, help="comma-separated config names: time only these")
+    ap.add_argument("--types", default=None, help="comma-separated GGUF types (default Q4_K,Q6_K,Q8_0)")
     ap.add_argument("--rows", default=None, help="activation row counts (default 1,2,4,8,16; modes int and dot up to 64)")
     args = ap.parse_args()
     if args.wide:
         os.environ["ONEBIT_SWEEP_WIDE"] = "1"
+    if args.configs:
+        os.environ["ONEBIT_SWEEP_CONFIGS"] = args.configs
+    if args.types:
+        global TYPES
+        os.environ["ONEBIT_SWEEP_TYPES"] = args.types
+        TYPES = tuple(args.types.split(","))
     if args.rows:
         global ROWS
         os.environ["ONEBIT_SWEEP_ROWS"] = args.rows

@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.pop("TRITON_INTERPRET", None)  # the interpreter's `triton.jit` gives no compilable kernels
 
-DIVISIBLE = {"x_ptr", "c_ptr", "h_ptr", "s_ptr", "d_ptr", "y_ptr", "out_ptr", "count_ptr", "N", "stride_xm",
+DIVISIBLE = {"x_ptr", "xq_ptr", "dx_ptr", "xs_ptr", "c_ptr", "h_ptr", "s_ptr", "d_ptr", "y_ptr", "out_ptr", "count_ptr", "N", "stride_xm",
              "stride_cn", "stride_hn", "stride_sn", "stride_ym", "stride_ysplit", "stride_om"}
 TYPES = {"x_ptr": "*bf16", "c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32",
-         "out_ptr": "*bf16", "count_ptr": "*i32"}
+         "out_ptr": "*bf16", "count_ptr": "*i32", "xq_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32"}
 
 
 def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int]:
@@ -44,11 +44,12 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
     config = tr.CONFIGS[config_name]
     group, lanes, _, planes = GROUPING[qtype]
     block_m = max(16, triton.next_power_of_2(rows)) if config.mode == "dot" else triton.next_power_of_2(rows)
-    fn = tr._repacked_int_kernel if config.mode == "int" else tr._repacked_kernel
+    fn = {"int": tr._repacked_int_kernel, "i8": tr._repacked_i8_kernel}.get(config.mode, tr._repacked_kernel)
     constexprs = {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes, "BLOCK_M": block_m,
-                  "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": False}
-    if config.mode != "int":
+                  "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": False, "ASM": True}
+    if config.mode in ("fma", "dot"):
         constexprs["USE_DOT"] = config.mode == "dot"
+    constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode == "int" else "*i32"}
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]]

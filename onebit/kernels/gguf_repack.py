@@ -247,3 +247,31 @@ def repacked_int_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Te
     xs = x.float().reshape(x.shape[0], -1, size)  # [T, S, size]
     dots = torch.einsum("tsk,nsk->tns", xs, q.float().reshape(weight.rows, -1, size))
     return (scale[None] * dots - offset[None] * xs.sum(dim=-1)[:, None, :]).sum(dim=-1).to(x.dtype)
+
+
+def quantize_sub_blocks_i8(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] rounded to int8 per sub-block of `size` columns, as mode "i8" of `triton_gguf_repacked`
+    rounds it: (xq float32 [T, K / size, size] holding integers in -127..127, dx float32 [T, K / size])
+    with dx = max|x| / 127 and xq = floor(x * (127 / max|x|) + 0.5) (all zeros where max|x| is 0)."""
+    xs = x.float().reshape(x.shape[0], -1, size)
+    amax = xs.abs().amax(dim=-1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return torch.floor(xs * inv[..., None] + 0.5), amax / 127.0
+
+
+def repacked_i8_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor:
+    """x [1, K] @ weight.T as mode "i8" of `triton_gguf_repacked` computes it: x rounded to int8 per
+    sub-block (`quantize_sub_blocks_i8`), S = the exact integer dot of the codes (signed for Q8_0 and
+    Q6_K) with xq per sub-block, then y = sum over sub-blocks of scale * (dx * S) - offset * sum(x), in
+    float32. Against `repacked_linear_ref` the error is x's rounding (a half step dx / 2 per value at
+    most), as llama.cpp's int8-activation kernels have it."""
+    scale, offset, size = sub_block_scales(weight)
+    q = weight.codes_unsigned().to(torch.int64)
+    if weight.qtype == "Q8_0":
+        q = q - 128
+    elif weight.qtype == "Q6_K":
+        q = q - 32
+    xq, dx = quantize_sub_blocks_i8(x, size)  # [T, S, size], [T, S]
+    dots = torch.einsum("tsk,nsk->tns", xq.to(torch.int64), q.reshape(weight.rows, -1, size)).float()
+    xsum = x.float().reshape(x.shape[0], -1, size).sum(dim=-1)
+    return (scale[None] * (dx[:, None, :] * dots) - offset[None] * xsum[:, None, :]).sum(dim=-1).to(x.dtype)

@@ -43,6 +43,7 @@ import triton.language as tl
 
 from onebit.kernels import pdl
 from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
+from onebit.kernels.int8_ops import dot4, transpose_bytes
 from onebit.kernels.triton_gguf import _store_partial, _sum_splits_kernel  # split-K partials, summed in order
 from onebit.kernels.triton_split_k import fold_counters, fold_partial
 
@@ -97,13 +98,28 @@ CONFIGS = {
     "int-n64-g1-p256": RepackedConfig("int", 64, 1, programs=256),
     "int-n64-g1-p128": RepackedConfig("int", 64, 1, programs=128),
     "int-n128-g1-p128": RepackedConfig("int", 128, 1, warps=8, programs=128),
+    # 1 row, Q4_K and Q8_0, unmeasured: mode "i8" (`_repacked_i8_kernel`: x rounded to int8 per
+    # sub-block, DP4A on the codes). "fma" spends 7.4 instructions a weight at 1 row (session 13's SASS
+    # count) and its Q4_K products read 1.1-1.7 TB/s: bound by instruction issue.
+    # One (row, group) a thread, so BLOCK_N * NG >= the threads; one stage: pipelined (i8-n64-g2, 2
+    # stages), every small load became an async copy and a shared-memory read, and the kernel ran
+    # 8-13x slower on the H200 (session 14).
+    "i8-n64-g2-s1": RepackedConfig("i8", 64, 2, stages=1, programs=256),
+    "i8-n64-g2-s1-p1024": RepackedConfig("i8", 64, 2, stages=1, programs=1024),
+    "i8-n128-g1-s1": RepackedConfig("i8", 128, 1, stages=1, programs=256),
+    "i8-n128-g1-s1-p1024": RepackedConfig("i8", 128, 1, stages=1, programs=1024),
+    "i8-n32-g4-s1": RepackedConfig("i8", 32, 4, stages=1, programs=512),
+    "i8-n128-g2-w8-s1": RepackedConfig("i8", 128, 2, warps=8, stages=1, programs=256),
+    # "fma" at the tile the session-14 --wide sweep picked at 1 row for Q4_K and Q8_0 (fma-n64-g2-s2-p256).
+    "fma-n64-g2": RepackedConfig("fma", 64, 2, programs=256),
 }
+I8_TYPES = ("Q4_K", "Q8_0")
 # 17 to MAX_INT_ROWS rows. 2026-12-02 sweep, geometric mean over the 8B products and Q4_K/Q6_K/Q8_0 of
 # the speed-up vs bf16 cuBLAS at 32 / 64 rows: int-n64-g1 0.77x / 0.51x, -s3 0.80x / 0.49x, int-n128-g1
 # (the first, unmeasured choice) 0.58x / 0.35x. Q4_K_M B=64 in the engine: 5,064 -> 6,851 tok/s.
 INT_MANY_ROWS_CONFIG = CONFIGS["int-n64-g1"]
 FMA_MAX_ROWS = 4
-MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS}
+MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, "i8": 1}
 # (qtype, rows 1..MAX_INT_ROWS) -> config: the device sweep's picks (bench/gpu_gguf_repacked.py writes
 # them as JSON), taken from $ONEBIT_GGUF_REPACKED_TABLE, else from gguf_repacked_table.json beside this
 # file. Types the sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
@@ -482,6 +498,131 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
 
 
 @triton.jit
+def _quantize_x_i8_kernel(x_ptr, q_ptr, dx_ptr, xs_ptr, GROUP: tl.constexpr, LANES: tl.constexpr,
+                          PLANES: tl.constexpr):
+    # Mode "i8"'s activation row, group g (one program): each sub-block (plane j: LANES columns)
+    # rounded to int8 with its own step dx = max|x| / 127, xq = floor(x * 127 / max|x| + 0.5), packed
+    # four lanes a word in the order the product reads them (word (g, q, j) = lanes 4q..4q+3 of plane
+    # j); dx and the float sum of x per sub-block beside. Reference: `gguf_repack.quantize_sub_blocks_i8`.
+    g = tl.program_id(0)
+    plane = tl.arange(0, PLANES)
+    lane = tl.arange(0, LANES)
+    x = tl.load(x_ptr + g * GROUP + plane[:, None] * LANES + lane[None, :]).to(tl.float32)  # [PLANES, LANES]
+    amax = tl.max(tl.abs(x), axis=1)
+    xq = tl.floor(x * tl.where(amax > 0.0, 127.0 / amax, 0.0)[:, None] + 0.5).to(tl.int32)
+    shifts = 8 * tl.arange(0, 4)
+    words = tl.sum((tl.reshape(xq, (PLANES, LANES // 4, 4)) & 255) << shifts[None, None, :], axis=2)  # bytes: sum = or
+    quad = tl.arange(0, LANES // 4)
+    tl.store(q_ptr + g * (PLANES * LANES // 4) + quad[None, :] * PLANES + plane[:, None], words)
+    tl.store(dx_ptr + g * PLANES + plane, amax / 127.0)
+    tl.store(xs_ptr + g * PLANES + plane, tl.sum(x, axis=1))
+
+
+@triton.jit
+def _split4(t, BLOCK_N: tl.constexpr, NG: tl.constexpr):
+    """[BN, NG, 4] -> its four [BN, NG] slices along the last axis (in registers: one thread holds the 4)."""
+    even, odd = tl.split(tl.reshape(t, (BLOCK_N, NG, 2, 2)))
+    t0, t2 = tl.split(even)
+    t1, t3 = tl.split(odd)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _i8_plane_term(dots, scale, offset, dx_ptr, xs_ptr, g, j: tl.constexpr, PLANES: tl.constexpr,
+                   QTYPE: tl.constexpr):
+    """Plane j's share of the output [BN, NG]: scale * (dx * dots) - offset * sum(x) (Q8_0: no offset,
+    its dots are on the signed codes)."""
+    dx = tl.load(dx_ptr + g * PLANES + j)[None, :]
+    term = scale * (dx * dots.to(tl.float32))
+    if QTYPE != 0:
+        term -= offset * tl.load(xs_ptr + g * PLANES + j)[None, :]
+    return term
+
+
+@triton.jit(do_not_specialize=["GROUPS_PER_SPLIT", "stride_ysplit"])
+def _repacked_i8_kernel(xq_ptr, dx_ptr, xs_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, GROUPS_PER_SPLIT,
+                        stride_cn, stride_sn, stride_dn, stride_ysplit,
+                        QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
+                        BLOCK_N: tl.constexpr, NG: tl.constexpr, REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr,
+                        ASM: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
+    # Mode "i8" (Q4_K, Q8_0; one activation row, rounded to int8 per sub-block by
+    # `_quantize_x_i8_kernel`): integer dot products, four weights an instruction. Each thread owns one
+    # (weight row, group) and walks its codes four words (lanes) at a time: the four words' nibbles
+    # (Q4_K: masked into the bytes of planes 0, 2, 4, 6 and 1, 3, 5, 7) or bytes (Q8_0: planes 0-3)
+    # are transposed (PRMT) so that one word holds four lanes of one plane, then DP4A with the
+    # matching word of xq adds them into that plane's int32 sum, exactly. Once a group: acc += s *
+    # (dx * sum) - o * sum(x) per plane. About 1.3 instructions a Q4_K weight in the walk against
+    # "fma"'s 7.4. Grid and REDUCE as `_repacked_kernel` (0: store, 1: split-K partial, 2: atomic).
+    # Reference: `gguf_repack.repacked_i8_linear_ref`.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn64 = rn.to(tl.int64)
+    n_ok = rn < N
+    gi = tl.arange(0, NG)
+    four = tl.arange(0, 4)
+    acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
+    first = pid_k * GROUPS_PER_SPLIT
+    for g0 in tl.range(first, first + GROUPS_PER_SPLIT, NG, num_stages=NUM_STAGES):
+        g = g0 + gi
+        s0 = tl.zeros((BLOCK_N, NG), dtype=tl.int32)
+        s1 = s0
+        s2 = s0
+        s3 = s0
+        s4 = s0
+        s5 = s0
+        s6 = s0
+        s7 = s0
+        for q in tl.static_range(LANES // 4):
+            chunk = tl.load(c_ptr + rn64[:, None, None] * stride_cn + (g * LANES + 4 * q)[None, :, None] + four[None, None, :],
+                            mask=n_ok[:, None, None], other=0)  # [BN, NG, 4]: lanes 4q..4q+3
+            r0, r1, r2, r3 = _split4(chunk, BLOCK_N, NG)
+            # this quad's xq words of planes 0-3 (and 4-7), in the codes' layout (the same for every row)
+            xw = xq_ptr + (rn * 0)[:, None, None] + (g * (PLANES * LANES // 4) + q * PLANES)[None, :, None] + four[None, None, :]
+            x0, x1, x2, x3 = _split4(tl.load(xw), BLOCK_N, NG)
+            if QTYPE == 0:  # bytes = planes 0-3, signed codes
+                p0, p1, p2, p3 = transpose_bytes(r0, r1, r2, r3, ASM)
+                s0 = dot4(p0, x0, s0, True, ASM)
+                s1 = dot4(p1, x1, s1, True, ASM)
+                s2 = dot4(p2, x2, s2, True, ASM)
+                s3 = dot4(p3, x3, s3, True, ASM)
+            else:  # nibbles: the low ones of each byte are planes 0, 2, 4, 6, the high ones 1, 3, 5, 7
+                x4, x5, x6, x7 = _split4(tl.load(xw + 4), BLOCK_N, NG)
+                p0, p2, p4, p6 = transpose_bytes(r0 & 0x0F0F0F0F, r1 & 0x0F0F0F0F, r2 & 0x0F0F0F0F,
+                                                 r3 & 0x0F0F0F0F, ASM)
+                p1, p3, p5, p7 = transpose_bytes((r0 >> 4) & 0x0F0F0F0F, (r1 >> 4) & 0x0F0F0F0F,
+                                                 (r2 >> 4) & 0x0F0F0F0F, (r3 >> 4) & 0x0F0F0F0F, ASM)
+                s0 = dot4(p0, x0, s0, False, ASM)
+                s1 = dot4(p1, x1, s1, False, ASM)
+                s2 = dot4(p2, x2, s2, False, ASM)
+                s3 = dot4(p3, x3, s3, False, ASM)
+                s4 = dot4(p4, x4, s4, False, ASM)
+                s5 = dot4(p5, x5, s5, False, ASM)
+                s6 = dot4(p6, x6, s6, False, ASM)
+                s7 = dot4(p7, x7, s7, False, ASM)
+        w0, w1, w2, w3, d, dmin = _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g, QTYPE)
+        scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 0, QTYPE)
+        acc += _i8_plane_term(s0, scale, offset, dx_ptr, xs_ptr, g, 0, PLANES, QTYPE)
+        scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 1, QTYPE)
+        acc += _i8_plane_term(s1, scale, offset, dx_ptr, xs_ptr, g, 1, PLANES, QTYPE)
+        scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 2, QTYPE)
+        acc += _i8_plane_term(s2, scale, offset, dx_ptr, xs_ptr, g, 2, PLANES, QTYPE)
+        scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 3, QTYPE)
+        acc += _i8_plane_term(s3, scale, offset, dx_ptr, xs_ptr, g, 3, PLANES, QTYPE)
+        if PLANES > 4:
+            scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 4, QTYPE)
+            acc += _i8_plane_term(s4, scale, offset, dx_ptr, xs_ptr, g, 4, PLANES, QTYPE)
+            scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 5, QTYPE)
+            acc += _i8_plane_term(s5, scale, offset, dx_ptr, xs_ptr, g, 5, PLANES, QTYPE)
+            scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 6, QTYPE)
+            acc += _i8_plane_term(s6, scale, offset, dx_ptr, xs_ptr, g, 6, PLANES, QTYPE)
+            scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 7, QTYPE)
+            acc += _i8_plane_term(s7, scale, offset, dx_ptr, xs_ptr, g, 7, PLANES, QTYPE)
+    _store_partial(y_ptr, y_ptr + rn, tl.sum(acc, axis=1), n_ok, pid_k, stride_ysplit, REDUCE)
+
+
+@triton.jit
 def _dequantize_kernel(c_ptr, h_ptr, s_ptr, d_ptr, w_ptr, N, stride_cn, stride_hn, stride_sn, stride_dn, stride_wn,
                        QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
                        BLOCK_N: tl.constexpr, NG: tl.constexpr):
@@ -557,6 +698,27 @@ def plan(weight: RepackedMatrix, rows: int, config: RepackedConfig) -> tuple[int
     return ng, split, block_m, reduce
 
 
+def quantize_x_i8(x: torch.Tensor, qtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mode "i8"'s activation row x [1, K] for a weight of `qtype`: (xq int32 words, four int8 lanes
+    each, in the product's order; dx float32 and the sum of x float32 per sub-block)."""
+    group, lanes, _, planes = GROUPING[qtype]
+    groups = x.shape[1] // group
+    xq = torch.empty(groups * planes * lanes // 4, dtype=torch.int32, device=x.device)
+    dx = torch.empty(groups * planes, dtype=torch.float32, device=x.device)
+    xs = torch.empty_like(dx)
+    _quantize_x_i8_kernel[(groups,)](x, xq, dx, xs, GROUP=group, LANES=lanes, PLANES=planes, num_warps=4)
+    return xq, dx, xs
+
+
+def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, reduce, config) -> None:
+    codes, _, scales, d = _operands(weight)
+    xq, dx, xs = quantize_x_i8(x, weight.qtype)
+    _repacked_i8_kernel[grid](xq, dx, xs, codes, scales, d, target, weight.rows, groups_per_split, codes.stride(0),
+                              scales.stride(0), d.stride(0), stride_split, BLOCK_N=config.block_n, NG=ng,
+                              REDUCE=reduce, NUM_STAGES=config.stages, ASM=x.device.type == "cuda",
+                              num_warps=config.warps, **_meta(weight), **pdl.options())
+
+
 def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
                     config: RepackedConfig | None = None) -> torch.Tensor:
     """x [M, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output is
@@ -572,6 +734,8 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
         raise ValueError(f"unknown config {config}")
     if not 1 <= m <= most:
         raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
+    if config.mode == "i8" and weight.qtype not in I8_TYPES:
+        raise ValueError(f'mode "i8" takes {", ".join(I8_TYPES)}, not {weight.qtype}')
     if out is None:
         out = torch.empty(m, weight.rows, dtype=x.dtype, device=x.device)
     x = x.contiguous()
@@ -582,7 +746,7 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     if reduce == 1:
         target = torch.empty(split, m, weight.rows, dtype=torch.float32, device=x.device)
         stride_t, stride_split = weight.rows, m * weight.rows
-        counters = fold_counters(x.device, triton.cdiv(weight.rows, config.block_n))
+        counters = fold_counters(x.device, triton.cdiv(weight.rows, config.block_n)) if config.mode != "i8" else None
         if counters is not None:  # the tile's last program sums the partials: no second launch
             reduce, fold = 3, {"out_ptr": out, "stride_om": out.stride(0), "count_ptr": counters}
     elif reduce == 2:
@@ -590,7 +754,9 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     args = (x, codes, high, scales, d, target, m, weight.rows, groups // split, x.stride(0), codes.stride(0),
             high.stride(0), scales.stride(0), d.stride(0), stride_t, stride_split)
     grid = (triton.cdiv(weight.rows, config.block_n), split)
-    if config.mode == "int":
+    if config.mode == "i8":
+        _launch_i8(x, weight, target, grid, ng, groups // split, stride_split, reduce, config)
+    elif config.mode == "int":
         _repacked_int_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, REDUCE=reduce,
                                    NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight), **fold,
                                    **pdl.options())
