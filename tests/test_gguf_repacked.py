@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from onebit.kernels import gguf_quants as gq
-from onebit.kernels.gguf_repack import (REPACKED_TYPES, RepackedMatrix, bytes_per_weight, repacked_int_linear_ref,
-                                       repacked_linear_ref, sub_block_scales)
+from onebit.kernels.gguf_repack import (REPACKED_TYPES, RepackedMatrix, bytes_per_weight, quantize_sub_blocks_i8,
+                                       repacked_i8_linear_ref, repacked_int_linear_ref, repacked_linear_ref,
+                                       sub_block_scales)
 from tests.test_gguf_kernels import random_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -171,13 +172,48 @@ def test_int_mode_reassociation_stays_within_its_float32_bound(qtype):
         assert ((got - exact_b).abs() <= _int_error_bound(xb.float(), w.to("cpu")) + exact_b.abs() * 2.0**-8).all()
 
 
+@pytest.mark.parametrize("qtype", tr.I8_TYPES)
+def test_i8_mode_matches_its_reference_and_stays_within_x_rounding_of_the_exact_product(qtype):
+    """Mode "i8" (x rounded to int8 per sub-block, integer dot products on the codes) against its torch
+    reference (the same rounding; the kernel only reassociates float32 sums), on two launches: split-K
+    summed in order, one program along K (atomic add into the output), row tiles past the weight's
+    end (N = 40).
+    And the reference against the float64 product with the exact GGUF values: off by at most x's
+    rounding, half a step dx per value, times the weights it meets (a sub-block of x all zeros
+    included: step 0, no NaN)."""
+    w = _weight(qtype, 40, 512, seed=21)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(4))
+    x[0, 32:64] = 0.0
+    ref = repacked_i8_linear_ref(x, w.to("cpu"))
+    for config in [tr.RepackedConfig("i8", 32, 1, split=2), tr.RepackedConfig("i8", 64, 2, split=1, reduce="atomic")]:
+        got = tr.matmul_few_rows(x.to(DEVICE), w, config=config).cpu()
+        assert torch.isfinite(got).all() and _close(got, ref) < TOLERANCE, config
+    scale, offset, size = sub_block_scales(w.to("cpu"))
+    codes = w.to("cpu").codes_unsigned().long() - (128 if qtype == "Q8_0" else 0)
+    _, dx = quantize_sub_blocks_i8(x, size)
+    weight_sums = (scale.double().abs() * codes.reshape(40, -1, size).abs().sum(dim=-1).double())  # [N, S]
+    bound = 0.5 * (weight_sums * dx.double()).sum(dim=-1) * 1.001 + 1e-6
+    exact = x.double() @ w.dequantize().double().cpu().t()
+    assert ((ref.double() - exact).abs() <= bound).all()
+    assert (ref.double() - exact).abs().max() > 0  # the rounding is real, not skipped
+
+
+def test_i8_mode_refuses_other_types_and_more_rows():
+    x = torch.randn(2, 512).to(DEVICE)
+    with pytest.raises(ValueError, match="Q4_K, Q8_0"):
+        tr.matmul_few_rows(x[:1], _weight("Q6_K", 16, 512, seed=1), config=tr.RepackedConfig("i8", 16, 2))
+    with pytest.raises(ValueError, match="1 to 1 rows"):
+        tr.matmul_few_rows(x, _weight("Q4_K", 16, 512, seed=1), config=tr.RepackedConfig("i8", 16, 2))
+
+
 def test_the_shipped_table_gives_every_type_and_row_count_a_launch_it_accepts():
     """gguf_repacked_table.json (the device sweep's picks, package data) parses and never sends more
     rows to the CUDA-core mode than it takes, so no row count of a decode step raises at run time."""
     shipped = tr.table_from_json(tr.TABLE_FILE.read_text())
     assert {qtype for qtype, _ in shipped} <= set(REPACKED_TYPES) and shipped
     for (qtype, m), config in {**tr.DEFAULT, **shipped}.items():
-        assert 1 <= m <= tr.MAX_INT_ROWS and config.mode in ("fma", "dot", "int"), (qtype, m, config)
+        assert 1 <= m <= tr.MAX_INT_ROWS and config.mode in tr.MODE_MAX_ROWS, (qtype, m, config)
+        assert m <= tr.MODE_MAX_ROWS[config.mode] and (config.mode != "i8" or qtype in tr.I8_TYPES), (qtype, m)
         assert config.mode != "fma" or m <= tr.FMA_MAX_ROWS, (qtype, m, config)
         assert config.reduce in ("sum", "atomic") and config.block_n > 0 and config.ng > 0, (qtype, m, config)
     assert all((qtype, m) in tr.DEFAULT for qtype in REPACKED_TYPES for m in range(1, tr.MAX_INT_ROWS + 1))

@@ -8,8 +8,9 @@ session 10). These tests compile the decode step's kernels as the device would, 
 process without TRITON_INTERPRET (under the interpreter `triton.jit` gives functions the compiler
 cannot take): the fused write in its every variant, and each PDL kernel with PDL on
 (the FP8 split-K kernel and the split-K reduce also with block-scaled weights, the split-K kernel also on
-e4m3 rows, where its tiles must reach the tensor cores as e4m3), and the repacked GGUF "int" kernel
-at 64 rows for every type.
+e4m3 rows, where its tiles must reach the tensor cores as e4m3), the repacked GGUF "int" kernel
+at 64 rows for every type, and the GGUF "i8" kernel with its PTX (DP4A, PRMT: the interpreter runs
+their plain-integer spelling instead).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ COMPILE = textwrap.dedent("""
               "e4m3-mma", sum(1 for line in ptx.splitlines() if "mma" in line and ".e4m3.e4m3" in line),
               "wgmma", ptx.count("wgmma.mma_async"), "shared", kernel.metadata.shared,
               "acq-rel-atomics", sum(1 for line in ptx.splitlines() if "atom" in line and "acq_rel" in line),
-              "cg-loads", ptx.count("ld.global.cg"), "barriers", ptx.count("bar.sync") + ptx.count("barrier.sync"))
+              "cg-loads", ptx.count("ld.global.cg"), "barriers", ptx.count("bar.sync") + ptx.count("barrier.sync"),
+              "dp4a", ptx.count("dp4a."), "prmt", ptx.count("prmt.b32"))
 
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
@@ -101,6 +103,21 @@ COMPILE = textwrap.dedent("""
                      {"QTYPE": tr.QTYPE_IDS["Q4_K"], "GROUP": group, "LANES": lanes, "PLANES": planes,
                       "BLOCK_M": 64, "BLOCK_N": config.block_n, "NG": config.ng, "USE_DOT": True, "REDUCE": 1,
                       "NUM_STAGES": config.stages}, warps=config.warps)
+    elif which == "gguf-i8":  # mode "i8" (1 row, DP4A) for its types as the sweep's configs launch it, PDL on
+        from onebit.kernels import triton_gguf_repacked as tr
+        from onebit.kernels.gguf_repack import GROUPING
+        config = tr.CONFIGS["i8-n64-g2-s1"]
+        for qtype in tr.I8_TYPES:
+            group, lanes, _, planes = GROUPING[qtype]
+            meta = {"GROUP": group, "LANES": lanes, "PLANES": planes, "PDL": True}
+            compile_sm90(f"gguf-i8-{qtype}", "triton_gguf_repacked", "_repacked_i8_kernel",
+                         {"xq_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32", "c_ptr": "*i32", "s_ptr": "*i32",
+                          "d_ptr": "*i32", "y_ptr": "*fp32"},
+                         {**meta, "QTYPE": tr.QTYPE_IDS[qtype], "BLOCK_N": config.block_n, "NG": config.ng,
+                          "REDUCE": 1, "NUM_STAGES": config.stages, "ASM": True}, warps=config.warps)
+            compile_sm90(f"gguf-i8-quantize-{qtype}", "triton_gguf_repacked", "_quantize_x_i8_kernel",
+                         {"q_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32"},
+                         {key: value for key, value in meta.items() if key != "PDL"})
     elif which == "fold":  # split-K products whose last program per tile sums the partials, PDL on
         fold = {"FOLD": True, "PDL": True}
         for label, module, types, constexprs in [
@@ -243,3 +260,16 @@ def test_gguf_dot_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
     assert fields[0] == "gguf-dot-Q4_K" and int(fields[2]) > 0, fields
     assert int(fields[8]) > 0, fields  # a 64-row tile: wgmma (below 64 rows the older mma)
     assert int(fields[10]) <= 227 * 1024, fields
+
+
+def test_gguf_i8_mode_compiles_for_sm90_with_dp4a_and_prmt():
+    lines = _compile("gguf-i8")
+    assert [line.split()[0] for line in lines] == ["gguf-i8-Q4_K", "gguf-i8-quantize-Q4_K", "gguf-i8-Q8_0",
+                                                   "gguf-i8-quantize-Q8_0"]
+    for line in lines:
+        fields = line.split()
+        assert int(fields[2]) > 0, line  # it stores
+        if "quantize" not in fields[0]:
+            assert int(fields[4]) == 2, line  # PDL's wait and launch
+            # per four lanes: one DP4A a plane, two PRMT stages of 4 x 4 byte transposes
+            assert int(fields[18]) > 0 and int(fields[20]) >= 2 * int(fields[18]), line
