@@ -175,9 +175,9 @@ def test_int_mode_reassociation_stays_within_its_float32_bound(qtype):
 @pytest.mark.parametrize("qtype", tr.I8_TYPES)
 def test_i8_mode_matches_its_reference_and_stays_within_x_rounding_of_the_exact_product(qtype):
     """Mode "i8" (x rounded to int8 per sub-block, integer dot products on the codes) against its torch
-    reference (the same rounding; the kernel only reassociates float32 sums), on two launches: split-K
-    summed in order, one program along K (atomic add into the output), row tiles past the weight's
-    end (N = 40).
+    reference (the same rounding; the kernel only reassociates float32 sums), on four launches: split-K
+    summed in order, one program along K (atomic add into the output), lanes spread over 8 and 4 threads;
+    row tiles past the weight's end (N = 40).
     And the reference against the float64 product with the exact GGUF values: off by at most x's
     rounding, half a step dx per value, times the weights it meets (a sub-block of x all zeros
     included: step 0, no NaN)."""
@@ -185,7 +185,8 @@ def test_i8_mode_matches_its_reference_and_stays_within_x_rounding_of_the_exact_
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(4))
     x[0, 32:64] = 0.0
     ref = repacked_i8_linear_ref(x, w.to("cpu"))
-    for config in [tr.RepackedConfig("i8", 32, 1, split=2), tr.RepackedConfig("i8", 64, 2, split=1, reduce="atomic")]:
+    for config in [tr.RepackedConfig("i8", 32, 1, split=2), tr.RepackedConfig("i8", 64, 2, split=1, reduce="atomic"),
+                   tr.RepackedConfig("i8", 16, 2, split=1, quads=8), tr.RepackedConfig("i8", 32, 1, split=2, quads=4)]:
         got = tr.matmul_few_rows(x.to(DEVICE), w, config=config).cpu()
         assert torch.isfinite(got).all() and _close(got, ref) < TOLERANCE, config
     scale, offset, size = sub_block_scales(w.to("cpu"))

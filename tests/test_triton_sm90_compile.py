@@ -106,15 +106,17 @@ COMPILE = textwrap.dedent("""
     elif which == "gguf-i8":  # mode "i8" (1 row, DP4A) for its types as the sweep's configs launch it, PDL on
         from onebit.kernels import triton_gguf_repacked as tr
         from onebit.kernels.gguf_repack import GROUPING
-        config = tr.CONFIGS["i8-n64-g2-s1"]
         for qtype in tr.I8_TYPES:
             group, lanes, _, planes = GROUPING[qtype]
             meta = {"GROUP": group, "LANES": lanes, "PLANES": planes, "PDL": True}
-            compile_sm90(f"gguf-i8-{qtype}", "triton_gguf_repacked", "_repacked_i8_kernel",
-                         {"xq_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32", "c_ptr": "*i32", "s_ptr": "*i32",
-                          "d_ptr": "*i32", "y_ptr": "*fp32"},
-                         {**meta, "QTYPE": tr.QTYPE_IDS[qtype], "BLOCK_N": config.block_n, "NG": config.ng,
-                          "REDUCE": 1, "NUM_STAGES": config.stages, "ASM": True}, warps=config.warps)
+            for label in ("i8-n32-g4-s1", "i8-n16-g2-q8"):  # a (row, group) a thread; spread over eight
+                config = tr.CONFIGS[label]
+                compile_sm90(f"gguf-{label}-{qtype}", "triton_gguf_repacked", "_repacked_i8_kernel",
+                             {"xq_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32", "c_ptr": "*i32",
+                              "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32"},
+                             {**meta, "QTYPE": tr.QTYPE_IDS[qtype], "BLOCK_N": config.block_n, "NG": config.ng,
+                              "QUADS": config.quads, "REDUCE": 1,
+                              "NUM_STAGES": config.stages, "ASM": True}, warps=config.warps)
             compile_sm90(f"gguf-i8-quantize-{qtype}", "triton_gguf_repacked", "_quantize_x_i8_kernel",
                          {"q_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32"},
                          {key: value for key, value in meta.items() if key != "PDL"})
@@ -264,8 +266,8 @@ def test_gguf_dot_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
 
 def test_gguf_i8_mode_compiles_for_sm90_with_dp4a_and_prmt():
     lines = _compile("gguf-i8")
-    assert [line.split()[0] for line in lines] == ["gguf-i8-Q4_K", "gguf-i8-quantize-Q4_K", "gguf-i8-Q8_0",
-                                                   "gguf-i8-quantize-Q8_0"]
+    assert [line.split()[0] for line in lines] == [name for q in ("Q4_K", "Q8_0") for name in (
+        f"gguf-i8-n32-g4-s1-{q}", f"gguf-i8-n16-g2-q8-{q}", f"gguf-i8-quantize-{q}")]
     for line in lines:
         fields = line.split()
         assert int(fields[2]) > 0, line  # it stores

@@ -46,7 +46,8 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
     block_m = max(16, triton.next_power_of_2(rows)) if config.mode == "dot" else triton.next_power_of_2(rows)
     fn = {"int": tr._repacked_int_kernel, "i8": tr._repacked_i8_kernel}.get(config.mode, tr._repacked_kernel)
     constexprs = {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes, "BLOCK_M": block_m,
-                  "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": False, "ASM": True}
+                  "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": False, "ASM": True,
+                  "QUADS": config.quads}
     if config.mode in ("fma", "dot"):
         constexprs["USE_DOT"] = config.mode == "dot"
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}

@@ -58,9 +58,11 @@ QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
 
 
 class RepackedConfig(NamedTuple):
-    """A launch of `matmul_few_rows`: mode "fma" (CUDA cores, up to 4 rows) or "dot" (tensor cores);
-    BLOCK_N weight rows per program; NG groups per loop turn; split: programs along K (0: enough for
-    about `programs` programs); reduce "sum" or "atomic"; warps; pipeline stages."""
+    """A launch of `matmul_few_rows`: mode "fma" (CUDA cores, up to 4 rows), "dot" or "int" (tensor
+    cores) or "i8" (1 row, int8 x); BLOCK_N weight rows per program; NG groups per loop turn; split:
+    programs along K (0: enough for about `programs` programs); reduce "sum" or "atomic"; warps;
+    pipeline stages; quads (mode "i8"): how many of a (row, group)'s quads of four lanes are read at
+    once, one a thread (1: one thread walks them all; up to LANES / 4)."""
 
     mode: str = "fma"
     block_n: int = 16
@@ -70,6 +72,7 @@ class RepackedConfig(NamedTuple):
     warps: int = 4
     stages: int = 2
     programs: int = 1024
+    quads: int = 1
 
 
 # Candidates bench/gpu_gguf_repacked.py sweeps (named so its table can say which won). Dropped after the
@@ -98,18 +101,22 @@ CONFIGS = {
     "int-n64-g1-p256": RepackedConfig("int", 64, 1, programs=256),
     "int-n64-g1-p128": RepackedConfig("int", 64, 1, programs=128),
     "int-n128-g1-p128": RepackedConfig("int", 128, 1, warps=8, programs=128),
-    # 1 row, Q4_K and Q8_0, unmeasured: mode "i8" (`_repacked_i8_kernel`: x rounded to int8 per
-    # sub-block, DP4A on the codes). "fma" spends 7.4 instructions a weight at 1 row (session 13's SASS
-    # count) and its Q4_K products read 1.1-1.7 TB/s: bound by instruction issue.
-    # One (row, group) a thread, so BLOCK_N * NG >= the threads; one stage: pipelined (i8-n64-g2, 2
-    # stages), every small load became an async copy and a shared-memory read, and the kernel ran
-    # 8-13x slower on the H200 (session 14).
-    "i8-n64-g2-s1": RepackedConfig("i8", 64, 2, stages=1, programs=256),
-    "i8-n64-g2-s1-p1024": RepackedConfig("i8", 64, 2, stages=1, programs=1024),
-    "i8-n128-g1-s1": RepackedConfig("i8", 128, 1, stages=1, programs=256),
-    "i8-n128-g1-s1-p1024": RepackedConfig("i8", 128, 1, stages=1, programs=1024),
+    # 1 row, Q4_K and Q8_0: mode "i8" (`_repacked_i8_kernel`: x rounded to int8 per sub-block, DP4A on
+    # the codes). Session 14 on the H200, geometric mean over the 8B products of Q4_K and Q8_0 of the
+    # speed-up vs bf16 cuBLAS: fma-n64-g2 1.32x; i8-n32-g4-s1 1.15x, i8-n128-g2-w8-s1 1.12x,
+    # i8-n128-g1-s1-p1024 1.07x (best on Q4_K's gate_up / down, 2-8% ahead of fma; behind on Q8_0).
+    # Dropped then: i8-n64-g2 (two stages: every small load an async copy, 8-13x slower) and three
+    # i8-n64/n128 variants at 1.03-1.07x. A thread per (row, group) needs BLOCK_N * NG >= the threads.
     "i8-n32-g4-s1": RepackedConfig("i8", 32, 4, stages=1, programs=512),
     "i8-n128-g2-w8-s1": RepackedConfig("i8", 128, 2, warps=8, stages=1, programs=256),
+    "i8-n128-g1-s1-p1024": RepackedConfig("i8", 128, 1, stages=1, programs=1024),
+    # Unmeasured: a (row, group)'s quads spread over 4 or 8 threads, so that a warp's load covers whole
+    # 32-byte sectors or 128-byte lines, as "fma" reads. The one-thread walk above runs 1.73
+    # instructions a Q4_K weight (fma 7.44) yet gained only ~5% on Q4_K: not issue-bound; its warp
+    # loads touch 32 lines 16 bytes each. These run 2.95 (4 threads) / 4.5 (8) a weight.
+    "i8-n32-g2-q4": RepackedConfig("i8", 32, 2, stages=1, programs=512, quads=4),
+    "i8-n64-g1-q4": RepackedConfig("i8", 64, 1, stages=1, programs=512, quads=4),
+    "i8-n16-g2-q8": RepackedConfig("i8", 16, 2, stages=1, programs=512, quads=8),
     # "fma" at the tile the session-14 --wide sweep picked at 1 row for Q4_K and Q8_0 (fma-n64-g2-s2-p256).
     "fma-n64-g2": RepackedConfig("fma", 64, 2, programs=256),
 }
@@ -519,41 +526,51 @@ def _quantize_x_i8_kernel(x_ptr, q_ptr, dx_ptr, xs_ptr, GROUP: tl.constexpr, LAN
 
 
 @triton.jit
-def _split4(t, BLOCK_N: tl.constexpr, NG: tl.constexpr):
-    """[BN, NG, 4] -> its four [BN, NG] slices along the last axis (in registers: one thread holds the 4)."""
-    even, odd = tl.split(tl.reshape(t, (BLOCK_N, NG, 2, 2)))
+def _split4(t, BLOCK_N: tl.constexpr, NG: tl.constexpr, QUADS: tl.constexpr):
+    """[BN, NG, QUADS, 4] -> its four [BN, NG, QUADS] slices along the last axis (in registers: one thread
+    holds the four)."""
+    even, odd = tl.split(tl.reshape(t, (BLOCK_N, NG, QUADS, 2, 2)))
     t0, t2 = tl.split(even)
     t1, t3 = tl.split(odd)
     return t0, t1, t2, t3
 
 
 @triton.jit
-def _i8_plane_term(dots, scale, offset, dx_ptr, xs_ptr, g, j: tl.constexpr, PLANES: tl.constexpr,
-                   QTYPE: tl.constexpr):
-    """Plane j's share of the output [BN, NG]: scale * (dx * dots) - offset * sum(x) (Q8_0: no offset,
-    its dots are on the signed codes)."""
+def _i8_scaled(sums, w0, w1, w2, w3, d, dmin, dx_ptr, g, j: tl.constexpr, PLANES: tl.constexpr,
+               QTYPE: tl.constexpr):
+    """Plane j's int32 sums [BN, NG, QUADS] times the plane's scale and x step, float32 (the offset is
+    `_i8_offset`'s)."""
+    scale, _ = _plane_scale_int(w0, w1, w2, w3, d, dmin, j, QTYPE)
     dx = tl.load(dx_ptr + g * PLANES + j)[None, :]
-    term = scale * (dx * dots.to(tl.float32))
-    if QTYPE != 0:
-        term -= offset * tl.load(xs_ptr + g * PLANES + j)[None, :]
-    return term
+    return (scale * dx)[:, :, None] * sums.to(tl.float32)
+
+
+@triton.jit
+def _i8_offset(w0, w1, w2, w3, d, dmin, xs_ptr, g, j: tl.constexpr, PLANES: tl.constexpr, QTYPE: tl.constexpr):
+    """Plane j's offset * sum(x) [BN, NG] (Q4_K; Q8_0's sums are on the signed codes: none)."""
+    _, offset = _plane_scale_int(w0, w1, w2, w3, d, dmin, j, QTYPE)
+    return offset * tl.load(xs_ptr + g * PLANES + j)[None, :]
 
 
 @triton.jit(do_not_specialize=["GROUPS_PER_SPLIT", "stride_ysplit"])
 def _repacked_i8_kernel(xq_ptr, dx_ptr, xs_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, GROUPS_PER_SPLIT,
                         stride_cn, stride_sn, stride_dn, stride_ysplit,
                         QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
-                        BLOCK_N: tl.constexpr, NG: tl.constexpr, REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr,
-                        ASM: tl.constexpr, PDL: tl.constexpr = False):
+                        BLOCK_N: tl.constexpr, NG: tl.constexpr, QUADS: tl.constexpr, REDUCE: tl.constexpr,
+                        NUM_STAGES: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     # Mode "i8" (Q4_K, Q8_0; one activation row, rounded to int8 per sub-block by
-    # `_quantize_x_i8_kernel`): integer dot products, four weights an instruction. Each thread owns one
-    # (weight row, group) and walks its codes four words (lanes) at a time: the four words' nibbles
+    # `_quantize_x_i8_kernel`): integer dot products, four weights an instruction. The codes are read
+    # four words (lanes) a thread, QUADS such quads of a (row, group) at once: the four words' nibbles
     # (Q4_K: masked into the bytes of planes 0, 2, 4, 6 and 1, 3, 5, 7) or bytes (Q8_0: planes 0-3)
     # are transposed (PRMT) so that one word holds four lanes of one plane, then DP4A with the
-    # matching word of xq adds them into that plane's int32 sum, exactly. Once a group: acc += s *
-    # (dx * sum) - o * sum(x) per plane. About 1.3 instructions a Q4_K weight in the walk against
-    # "fma"'s 7.4. Grid and REDUCE as `_repacked_kernel` (0: store, 1: split-K partial, 2: atomic).
+    # matching word of xq adds them into that plane's int32 sum, exactly. Per plane and quad once a
+    # group: acc += s * dx * sum, and per plane acc_o -= o * sum(x).
+    # QUADS 1: one thread walks a (row, group)'s eight quads, and a warp's load touches 32 lines 16
+    # bytes each; QUADS 4 / 8: four / eight threads share a (row, group), a quad each a load, so a
+    # warp's load covers whole 32-byte sectors / 128-byte lines (as "fma" reads), and each thread
+    # scales its own quads' sums (the per-plane scale work is repeated by the QUADS threads).
+    # Grid and REDUCE as `_repacked_kernel` (0: store, 1: split-K partial, 2: atomic add).
     # Reference: `gguf_repack.repacked_i8_linear_ref`.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -561,12 +578,14 @@ def _repacked_i8_kernel(xq_ptr, dx_ptr, xs_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, G
     rn64 = rn.to(tl.int64)
     n_ok = rn < N
     gi = tl.arange(0, NG)
+    quad = tl.arange(0, QUADS)
     four = tl.arange(0, 4)
-    acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, NG, QUADS), dtype=tl.float32)
+    acc_o = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
     first = pid_k * GROUPS_PER_SPLIT
     for g0 in tl.range(first, first + GROUPS_PER_SPLIT, NG, num_stages=NUM_STAGES):
         g = g0 + gi
-        s0 = tl.zeros((BLOCK_N, NG), dtype=tl.int32)
+        s0 = tl.zeros((BLOCK_N, NG, QUADS), dtype=tl.int32)
         s1 = s0
         s2 = s0
         s3 = s0
@@ -574,13 +593,15 @@ def _repacked_i8_kernel(xq_ptr, dx_ptr, xs_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, G
         s5 = s0
         s6 = s0
         s7 = s0
-        for q in tl.static_range(LANES // 4):
-            chunk = tl.load(c_ptr + rn64[:, None, None] * stride_cn + (g * LANES + 4 * q)[None, :, None] + four[None, None, :],
-                            mask=n_ok[:, None, None], other=0)  # [BN, NG, 4]: lanes 4q..4q+3
-            r0, r1, r2, r3 = _split4(chunk, BLOCK_N, NG)
-            # this quad's xq words of planes 0-3 (and 4-7), in the codes' layout (the same for every row)
-            xw = xq_ptr + (rn * 0)[:, None, None] + (g * (PLANES * LANES // 4) + q * PLANES)[None, :, None] + four[None, None, :]
-            x0, x1, x2, x3 = _split4(tl.load(xw), BLOCK_N, NG)
+        for q0 in tl.static_range(0, LANES // 4, QUADS):
+            lanes = (g * LANES + 4 * q0)[None, :, None, None] + 4 * quad[None, None, :, None] + four[None, None, None, :]
+            chunk = tl.load(c_ptr + rn64[:, None, None, None] * stride_cn + lanes, mask=n_ok[:, None, None, None],
+                            other=0)  # [BN, NG, QUADS, 4]: lanes 4q..4q+3 of each quad q
+            r0, r1, r2, r3 = _split4(chunk, BLOCK_N, NG, QUADS)
+            # these quads' xq words of planes 0-3 (and 4-7), in the codes' layout (the same for every row)
+            xw = (xq_ptr + (rn * 0)[:, None, None, None] + (g * (PLANES * LANES // 4) + q0 * PLANES)[None, :, None, None]
+                  + (quad * PLANES)[None, None, :, None] + four[None, None, None, :])
+            x0, x1, x2, x3 = _split4(tl.load(xw), BLOCK_N, NG, QUADS)
             if QTYPE == 0:  # bytes = planes 0-3, signed codes
                 p0, p1, p2, p3 = transpose_bytes(r0, r1, r2, r3, ASM)
                 s0 = dot4(p0, x0, s0, True, ASM)
@@ -588,7 +609,7 @@ def _repacked_i8_kernel(xq_ptr, dx_ptr, xs_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, G
                 s2 = dot4(p2, x2, s2, True, ASM)
                 s3 = dot4(p3, x3, s3, True, ASM)
             else:  # nibbles: the low ones of each byte are planes 0, 2, 4, 6, the high ones 1, 3, 5, 7
-                x4, x5, x6, x7 = _split4(tl.load(xw + 4), BLOCK_N, NG)
+                x4, x5, x6, x7 = _split4(tl.load(xw + 4), BLOCK_N, NG, QUADS)
                 p0, p2, p4, p6 = transpose_bytes(r0 & 0x0F0F0F0F, r1 & 0x0F0F0F0F, r2 & 0x0F0F0F0F,
                                                  r3 & 0x0F0F0F0F, ASM)
                 p1, p3, p5, p7 = transpose_bytes((r0 >> 4) & 0x0F0F0F0F, (r1 >> 4) & 0x0F0F0F0F,
@@ -602,24 +623,20 @@ def _repacked_i8_kernel(xq_ptr, dx_ptr, xs_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, G
                 s6 = dot4(p6, x6, s6, False, ASM)
                 s7 = dot4(p7, x7, s7, False, ASM)
         w0, w1, w2, w3, d, dmin = _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g, QTYPE)
-        scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 0, QTYPE)
-        acc += _i8_plane_term(s0, scale, offset, dx_ptr, xs_ptr, g, 0, PLANES, QTYPE)
-        scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 1, QTYPE)
-        acc += _i8_plane_term(s1, scale, offset, dx_ptr, xs_ptr, g, 1, PLANES, QTYPE)
-        scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 2, QTYPE)
-        acc += _i8_plane_term(s2, scale, offset, dx_ptr, xs_ptr, g, 2, PLANES, QTYPE)
-        scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 3, QTYPE)
-        acc += _i8_plane_term(s3, scale, offset, dx_ptr, xs_ptr, g, 3, PLANES, QTYPE)
+        acc += _i8_scaled(s0, w0, w1, w2, w3, d, dmin, dx_ptr, g, 0, PLANES, QTYPE)
+        acc += _i8_scaled(s1, w0, w1, w2, w3, d, dmin, dx_ptr, g, 1, PLANES, QTYPE)
+        acc += _i8_scaled(s2, w0, w1, w2, w3, d, dmin, dx_ptr, g, 2, PLANES, QTYPE)
+        acc += _i8_scaled(s3, w0, w1, w2, w3, d, dmin, dx_ptr, g, 3, PLANES, QTYPE)
         if PLANES > 4:
-            scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 4, QTYPE)
-            acc += _i8_plane_term(s4, scale, offset, dx_ptr, xs_ptr, g, 4, PLANES, QTYPE)
-            scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 5, QTYPE)
-            acc += _i8_plane_term(s5, scale, offset, dx_ptr, xs_ptr, g, 5, PLANES, QTYPE)
-            scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 6, QTYPE)
-            acc += _i8_plane_term(s6, scale, offset, dx_ptr, xs_ptr, g, 6, PLANES, QTYPE)
-            scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, 7, QTYPE)
-            acc += _i8_plane_term(s7, scale, offset, dx_ptr, xs_ptr, g, 7, PLANES, QTYPE)
-    _store_partial(y_ptr, y_ptr + rn, tl.sum(acc, axis=1), n_ok, pid_k, stride_ysplit, REDUCE)
+            acc += _i8_scaled(s4, w0, w1, w2, w3, d, dmin, dx_ptr, g, 4, PLANES, QTYPE)
+            acc += _i8_scaled(s5, w0, w1, w2, w3, d, dmin, dx_ptr, g, 5, PLANES, QTYPE)
+            acc += _i8_scaled(s6, w0, w1, w2, w3, d, dmin, dx_ptr, g, 6, PLANES, QTYPE)
+            acc += _i8_scaled(s7, w0, w1, w2, w3, d, dmin, dx_ptr, g, 7, PLANES, QTYPE)
+        if QTYPE != 0:
+            for j in tl.static_range(PLANES):
+                acc_o += _i8_offset(w0, w1, w2, w3, d, dmin, xs_ptr, g, j, PLANES, QTYPE)
+    total = tl.sum(tl.sum(acc, axis=2), axis=1) - tl.sum(acc_o, axis=1)
+    _store_partial(y_ptr, y_ptr + rn, total, n_ok, pid_k, stride_ysplit, REDUCE)
 
 
 @triton.jit
@@ -715,7 +732,8 @@ def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, redu
     xq, dx, xs = quantize_x_i8(x, weight.qtype)
     _repacked_i8_kernel[grid](xq, dx, xs, codes, scales, d, target, weight.rows, groups_per_split, codes.stride(0),
                               scales.stride(0), d.stride(0), stride_split, BLOCK_N=config.block_n, NG=ng,
-                              REDUCE=reduce, NUM_STAGES=config.stages, ASM=x.device.type == "cuda",
+                              QUADS=config.quads, REDUCE=reduce,
+                              NUM_STAGES=config.stages, ASM=x.device.type == "cuda",
                               num_warps=config.warps, **_meta(weight), **pdl.options())
 
 
@@ -736,6 +754,8 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
         raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
     if config.mode == "i8" and weight.qtype not in I8_TYPES:
         raise ValueError(f'mode "i8" takes {", ".join(I8_TYPES)}, not {weight.qtype}')
+    if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode != "i8"):
+        raise ValueError(f"unknown config {config}")
     if out is None:
         out = torch.empty(m, weight.rows, dtype=x.dtype, device=x.device)
     x = x.contiguous()
