@@ -70,15 +70,13 @@ def test_pdl_bench_builds_off_then_on_and_compares_greedy_tokens(tmp_path):
     assert float(rows[0][3].replace(",", "")) > 0 and float(rows[0][4].replace(",", "")) > 0
 
 
-def test_split_fold_bench_checks_the_fold_and_builds_each_engine_setting(tmp_path):
-    out = _run(["bench/gpu_split_fold.py", "--device", "cpu", "--batches", "1", "--engines", "bf16,fp8-fold-fuse",
-                "--out", str(tmp_path)])
-    assert "folded split-K: PASSED" in out
-    table = (tmp_path / "split_fold.md").read_text()
-    assert table.count("| True | - |") == 14  # seven kernels x two toy products, each equal to its reduce
-    rows = [line.split("|") for line in table.splitlines() if line.startswith(("| bf16 |", "| fp8-fold-fuse |"))]
-    assert [r[1].strip() for r in rows] == ["bf16", "fp8-fold-fuse"] and all(float(r[2].replace(",", "")) > 0
-                                                                             for r in rows)
+def test_fp8_fuse_bench_builds_each_engine_setting(tmp_path):
+    _run(["bench/gpu_fp8_fuse.py", "--device", "cpu", "--batches", "1", "--engines", "bf16,fp8-fuse-all",
+          "--out", str(tmp_path)])
+    table = (tmp_path / "fp8_fuse.md").read_text()
+    rows = [line.split("|") for line in table.splitlines() if line.startswith(("| bf16 |", "| fp8-fuse-all |"))]
+    assert [r[1].strip() for r in rows] == ["bf16", "fp8-fuse-all"] and all(float(r[2].replace(",", "")) > 0
+                                                                            for r in rows)
 
 
 def test_sass_loop_count_finds_the_k_loop_of_a_repacked_kernel():

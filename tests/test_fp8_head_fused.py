@@ -181,14 +181,17 @@ def test_quantizing_the_head_keeps_the_embedding(tie, tiny_models):
 
 def test_fused_producers_feed_the_same_numbers_as_the_separate_quantizer(tiny_model_dir, fp8_flags, monkeypatch):
     """On the CPU emulating the GPU's many-row products: with the norms and SiLU * mul emitting
-    e4m3 rows the logits are bit for bit those of quantizing their outputs separately, and each
-    decoder layer's three producers ran."""
+    e4m3 rows (both fused, as `FUSED_PRODUCERS` may name them) the logits are bit for bit those of
+    quantizing their outputs separately, and each decoder layer's three producers ran."""
     from onebit import LLM
     from onebit.models.quantize import Fp8InputNorm, Fp8SwiGLU, quantized_input_layers
     from tests.model_probe import all_logits
 
+    from onebit.models import quantize
+
     fp8.CPU_EMULATES_GPU = True
     ids = [(7 * i) % 200 + 3 for i in range(80)]  # 80 rows: above MAX_WEIGHT_ONLY_ROWS, `_scaled_mm` on a GPU
+    monkeypatch.setattr(quantize, "FUSED_PRODUCERS", ("norm", "silu"))
     llm = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
     model = llm.engine.runner.model
     layers = llm.engine.model_config.num_layers
@@ -245,3 +248,17 @@ def test_serve_quantizes_the_head_with_the_flag(tiny_model_dir):
     got = reply.choices[0].logprobs.token_logprobs
     assert len(got) == 3
     assert abs(got[0] - want) < 1e-5, (got[0], want, bf_head)
+
+
+def test_by_default_only_the_norms_are_fused_with_the_quantizer(tiny_model_dir, fp8_flags):
+    """`FUSED_PRODUCERS` as shipped: the two RMSNorms of each layer feed their products e4m3 rows,
+    the SwiGLU stays plain (its fused kernel measured slower, session 14) and down quantizes its own."""
+    from onebit import LLM
+    from onebit.models.quantize import Fp8InputNorm, Fp8SwiGLU, quantized_input_layers
+
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
+    model = llm.engine.runner.model
+    layers = llm.engine.model_config.num_layers
+    assert sum(isinstance(m, Fp8InputNorm) for m in model.modules()) == 2 * layers
+    assert not any(isinstance(m, Fp8SwiGLU) for m in model.modules())
+    assert {n.rpartition(".")[2] for n in quantized_input_layers(model)} == {"qkv_proj", "gate_up_proj"}

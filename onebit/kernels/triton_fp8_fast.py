@@ -10,8 +10,7 @@ consecutive bytes), widens them in registers and accumulates in float32, with an
 product and a row sum for one row (BLOCK_M == 1) and `tl.dot` for more. With SPLIT == 1 the
 program scales its columns and writes the result; otherwise it writes an unscaled float32
 partial, and the SPLIT partials of each output are summed in a fixed order (deterministic), the
-column scale applied once and the bias added, by a reduce kernel or by the tile's last program
-(`triton_split_k`). Given e4m3 rows quantized per
+column scale applied once and the bias added, by a reduce kernel (`triton_split_k`). Given e4m3 rows quantized per
 token (`quantize_rows`, their scales beside), the tensor-core tiles multiply e4m3 by e4m3 (w8a8,
 the numbers `_scaled_mm` gives) instead of widening the weight.
 
@@ -28,7 +27,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.triton_split_k import fold_launch_args, fold_partial, reduce_partials, split_k_tile_and_part
+from onebit.kernels.triton_split_k import reduce_partials
 
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
@@ -78,11 +77,9 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
                     SCALE_BN: tl.constexpr = 0, SCALE_BK: tl.constexpr = 0, stride_sn=0,
-                    X_FP8: tl.constexpr = False, xs_ptr=None,
-                    FOLD: tl.constexpr = False, y_ptr=None, stride_ym=0, count_ptr=None):
+                    X_FP8: tl.constexpr = False, xs_ptr=None):
     pdl.wait_for_previous(PDL)
-    # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials; with FOLD the tile's last program
-    # also writes y (`triton_split_k.fold_partial`).
+    # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials (`triton_split_k.reduce_partials` sums them).
     # X_FP8 (tensor-core tiles only, per-column scales): x holds e4m3 rows quantized per token with
     # one scale each at xs_ptr; the tiles multiply e4m3 by e4m3 as loaded (no widening of the
     # weight in registers on the way to the tensor cores) and each row's sum takes its scale at
@@ -122,10 +119,6 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
-        elif FOLD:
-            tile, part = split_k_tile_and_part()
-            fold_partial(acc, part, tile, out_ptr, pid_m * stride_om + rn, stride_split, y_ptr, pid_m * stride_ym + rn,
-                         rn, n_ok, s_ptr, b_ptr, count_ptr, SPLIT, SCALE_BN == 0, HAS_BIAS)
         else:
             tl.store(out + pid_k * stride_split, acc, mask=n_ok)
     else:
@@ -158,12 +151,6 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
-        elif FOLD:
-            cols = rm[:, None] * 0 + rn[None, :]
-            tile, part = split_k_tile_and_part()
-            fold_partial(acc, part, tile, out_ptr, rm[:, None] * stride_om + cols, stride_split, y_ptr,
-                         rm[:, None] * stride_ym + cols, cols, out_ok, s_ptr, b_ptr, count_ptr, SPLIT, SCALE_BN == 0,
-                         HAS_BIAS)
         else:
             tl.store(out + pid_k * stride_split, acc, mask=out_ok)
 
@@ -203,13 +190,10 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
                               SPLIT=1, EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    fold = fold_launch_args(y, grid[0] * grid[1])
     _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
-                          HAS_BIAS=bias is not None and bool(fold), BLOCK_M=block_m, BLOCK_N=block_n,
-                          BLOCK_K=block_k, SPLIT=split, EVEN_K=even_k, num_warps=warps, **blocks, **fold,
-                          **pdl.options())
-    if not fold:
-        reduce_partials(partial, scale if block is None else None, bias, y)
+                          HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
+                          EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
+    reduce_partials(partial, scale if block is None else None, bias, y)
     return y
 
 

@@ -6,8 +6,8 @@ walking K in BLOCK_K tiles with fp32 accumulation:
 - `gemv`, one row: an elementwise product and a row sum (no tensor cores needed);
 - `skinny_matmul`, up to 16 rows: the rows padded to 16 and multiplied with `tl.dot`;
 - `split_k_matmul`, up to 128 rows: row tiles through `tl.dot` and K split over several programs
-  per output tile, their float32 partials summed in a fixed order (`triton_split_k`: a reduce
-  kernel, or the tile's last program, as for the FP8 split-K product).
+  per output tile, their float32 partials summed in a fixed order by a second kernel
+  (`triton_split_k`, which the FP8 split-K product shares).
 Whether any beats cuBLAS for a given shape and row count is measured on the device
 (`onebit.kernels.gemv.calibrate`), never assumed. Reference: `F.linear`.
 """
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.triton_split_k import fold_launch_args, fold_partial, reduce_partials, split_k_tile_and_part
+from onebit.kernels.triton_split_k import reduce_partials
 
 MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # (BLOCK_N, BLOCK_K, num_warps) tried per shape by the calibration.
@@ -123,11 +123,9 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 @triton.jit
 def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False,
-                    FOLD: tl.constexpr = False, y_ptr=None, stride_ym=0, count_ptr=None):
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
-    # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials; with FOLD the tile's last program
-    # also writes y (`triton_split_k.fold_partial`).
+    # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials (`triton_split_k.reduce_partials` sums them).
     # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -146,12 +144,6 @@ def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_x
         acc = tl.dot(x, tl.trans(w), acc)
     if SPLIT == 1:
         store_rows(acc, b_ptr, out_ptr, rm, rn, m_ok, n_ok, stride_om, HAS_BIAS)
-    elif FOLD:
-        cols = rm[:, None] * 0 + rn[None, :]
-        tile, part = split_k_tile_and_part()
-        fold_partial(acc, part, tile, out_ptr, rm[:, None] * stride_om + cols, stride_split, y_ptr,
-                     rm[:, None] * stride_ym + cols, cols, m_ok[:, None] & n_ok[None, :], b_ptr, b_ptr, count_ptr, SPLIT,
-                     False, HAS_BIAS)
     else:
         tl.store(out_ptr + pid_k * stride_split + rm[:, None] * stride_om + rn[None, :], acc,
                  mask=m_ok[:, None] & n_ok[None, :])
@@ -177,11 +169,9 @@ def split_k_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                               0, HAS_BIAS=bias is not None, **shape, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    fold = fold_launch_args(y, grid[0] * grid[1])
     _split_k_kernel[grid](x, weight, b_arg, partial, m, n, k, k_per_split, x.stride(0), weight.stride(0), n, m * n,
-                          HAS_BIAS=bias is not None and bool(fold), **shape, **fold, **pdl.options())
-    if not fold:
-        reduce_partials(partial, None, bias, y)
+                          HAS_BIAS=False, **shape, **pdl.options())
+    reduce_partials(partial, None, bias, y)
     return y
 
 

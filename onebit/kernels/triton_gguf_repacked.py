@@ -45,7 +45,6 @@ from onebit.kernels import pdl
 from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
 from onebit.kernels.int8_ops import dot4, transpose_bytes
 from onebit.kernels.triton_gguf import _store_partial, _sum_splits_kernel  # split-K partials, summed in order
-from onebit.kernels.triton_split_k import fold_counters, fold_partial
 
 MAX_KERNEL_ROWS = 16
 # Mode "int" takes its row tile as the tensor cores' narrow side (any width up to 256), so it also
@@ -295,12 +294,10 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
                      stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
                      QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NG: tl.constexpr, USE_DOT: tl.constexpr,
-                     REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False,
-                     out_ptr=None, stride_om=0, count_ptr=None):
+                     REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     # Program (pid_n, pid_k): rows pid_n * BLOCK_N.., groups pid_k * GROUPS_PER_SPLIT.. (a multiple of NG).
-    # REDUCE 0: store into y; 1: the float32 partial into y + pid_k * stride_ysplit; 2: atomic add into y;
-    # 3: as 1, and the tile's last program writes the sum into out (`triton_split_k.fold_partial`).
+    # REDUCE 0: store into y; 1: the float32 partial into y + pid_k * stride_ysplit; 2: atomic add into y.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -349,12 +346,7 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
             acc = tl.where(rm[:, None] == 2, tl.sum(tl.sum(acc2, axis=2), axis=1)[None, :], acc)
             acc = tl.where(rm[:, None] == 3, tl.sum(tl.sum(acc3, axis=2), axis=1)[None, :], acc)
     ok = m_ok[:, None] & n_ok[None, :]
-    if REDUCE == 3:
-        cols = rm[:, None] * 0 + rn[None, :]
-        fold_partial(acc, pid_k, pid_n, y_ptr, rm[:, None] * stride_ym + cols, stride_ysplit, out_ptr,
-                     rm[:, None] * stride_om + cols, cols, ok, y_ptr, y_ptr, count_ptr, tl.num_programs(1), False, False)
-    else:
-        _store_partial(y_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], acc, ok, pid_k, stride_ysplit, REDUCE)
+    _store_partial(y_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], acc, ok, pid_k, stride_ysplit, REDUCE)
 
 
 @triton.jit
@@ -448,8 +440,7 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
                          stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
                          QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NG: tl.constexpr, REDUCE: tl.constexpr,
-                         NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False, out_ptr=None, stride_om=0,
-                         count_ptr=None):
+                         NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     # Mode "int": per sub-block (plane j of group g: LANES columns with one scale s and offset o per
     # weight row) D = codes @ x.T on the tensor cores with the exact codes, then acc += s * D - o' * xsum,
@@ -496,12 +487,7 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
                     else:
                         acc -= (offset + 128.0 * scale) * xsum
     ok = m_ok[None, :] & n_ok[:, None]
-    if REDUCE == 3:
-        cols = rm[None, :] * 0 + rn[:, None]
-        fold_partial(acc, pid_k, pid_n, y_ptr, rm[None, :] * stride_ym + cols, stride_ysplit, out_ptr,
-                     rm[None, :] * stride_om + cols, cols, ok, y_ptr, y_ptr, count_ptr, tl.num_programs(1), False, False)
-    else:
-        _store_partial(y_ptr, y_ptr + rm[None, :] * stride_ym + rn[:, None], acc, ok, pid_k, stride_ysplit, REDUCE)
+    _store_partial(y_ptr, y_ptr + rm[None, :] * stride_ym + rn[:, None], acc, ok, pid_k, stride_ysplit, REDUCE)
 
 
 @triton.jit
@@ -762,13 +748,10 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     codes, high, scales, d = _operands(weight)
     ng, split, block_m, reduce = plan(weight, m, config)
     groups = weight.cols // GROUPING[weight.qtype][0]
-    target, stride_t, stride_split, fold = out, out.stride(0), 0, {}
+    target, stride_t, stride_split = out, out.stride(0), 0
     if reduce == 1:
         target = torch.empty(split, m, weight.rows, dtype=torch.float32, device=x.device)
         stride_t, stride_split = weight.rows, m * weight.rows
-        counters = fold_counters(x.device, triton.cdiv(weight.rows, config.block_n)) if config.mode != "i8" else None
-        if counters is not None:  # the tile's last program sums the partials: no second launch
-            reduce, fold = 3, {"out_ptr": out, "stride_om": out.stride(0), "count_ptr": counters}
     elif reduce == 2:
         out.zero_()
     args = (x, codes, high, scales, d, target, m, weight.rows, groups // split, x.stride(0), codes.stride(0),
@@ -778,12 +761,12 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
         _launch_i8(x, weight, target, grid, ng, groups // split, stride_split, reduce, config)
     elif config.mode == "int":
         _repacked_int_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, REDUCE=reduce,
-                                   NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight), **fold,
+                                   NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
                                    **pdl.options())
     else:
         _repacked_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, USE_DOT=config.mode == "dot",
                                REDUCE=reduce, NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
-                               **fold, **pdl.options())
+                               **pdl.options())
     if reduce == 1:
         total = m * weight.rows
         _sum_splits_kernel[(triton.cdiv(total, 1024),)](target, out, weight.rows, total, split, out.stride(0),

@@ -7,8 +7,9 @@ way with `head=True` (`--quantize-lm-head`, on by default: its error reaches eve
 costs +0.07-0.14 points of held-out perplexity on the demo model, docs/perf.md). A tied head (the embedding's matrix) gets an e4m3 copy
 of its own: the embedding lookup keeps the run dtype.
 
-With FP8 products, the RMSNorms before the attention's qkv and the MLP's gate_up and the SiLU * mul
-before its down product become their fused forms (`Fp8InputNorm`, `Fp8SwiGLU`): when the product
+With FP8 products, the RMSNorms before the attention's qkv and the MLP's gate_up (and, if
+`FUSED_PRODUCERS` names it, the SiLU * mul before down) become their fused forms (`Fp8InputNorm`,
+`Fp8SwiGLU`): when the product
 takes e4m3 rows for the step's row count (`_scaled_mm` or the w8a8 split-K kernel, with
 `fp8.FUSE_QUANT`), they emit e4m3 rows and scales (`fp8.Fp8Rows`) in the
 same kernel, and no separate quantizer runs.
@@ -24,6 +25,13 @@ from onebit.kernels import ops
 from onebit.models.layers import Linear, RMSNorm, SwiGLU
 
 METHODS = ("fp8",)
+# The producers `fuse_input_quantization` fuses with the quantizer ("norm": the RMSNorms before qkv
+# and gate_up; "silu": SiLU * mul before down). Session 14 on the H200 (G31): add + RMSNorm +
+# quantize in one kernel ran 1.32-1.41x faster than the pair at 1-256 rows, SiLU * mul + quantize
+# 0.74-0.83x (1.02x at 64 rows; a 12,288-value row in one block's registers), and the fp8 engine
+# with both fused gained 2.2% at B=64 and lost 1.2% at B=256. So the norms only (still behind
+# `fp8.FUSE_QUANT`, off until a device run times this choice).
+FUSED_PRODUCERS = ("norm",)
 
 
 class Fp8Linear(nn.Module):
@@ -96,7 +104,8 @@ def quantized_input_layers(model: nn.Module) -> set[str]:
 
 def fuse_input_quantization(model: nn.Module) -> int:
     """Turn each decoder layer's RMSNorms before qkv and gate_up, and its SwiGLU, into the fused
-    forms where the product after them is an `Fp8Linear`; returns how many products it feeds.
+    forms where the product after them is an `Fp8Linear` (those of `FUSED_PRODUCERS`); returns how
+    many products it feeds.
     The modules change class in place (same parameters, same names): `Fp8InputNorm` and
     `Fp8SwiGLU` only add a forward."""
     fed = 0
@@ -105,12 +114,12 @@ def fuse_input_quantization(model: nn.Module) -> int:
         pairs = [(getattr(layer, "input_layernorm", None), getattr(attn, "qkv_proj", None)),
                  (getattr(layer, "post_attention_layernorm", None), getattr(mlp, "gate_up_proj", None))]
         for norm, product in pairs:
-            if type(norm) is RMSNorm and isinstance(product, Fp8Linear):
+            if "norm" in FUSED_PRODUCERS and type(norm) is RMSNorm and isinstance(product, Fp8Linear):
                 norm.__class__ = Fp8InputNorm
                 object.__setattr__(norm, "consumer", product)  # not registered as a second parent of it
                 product.quantized_input = True
                 fed += 1
-        if type(mlp) is SwiGLU and isinstance(mlp.down_proj, Fp8Linear):
+        if "silu" in FUSED_PRODUCERS and type(mlp) is SwiGLU and isinstance(mlp.down_proj, Fp8Linear):
             mlp.__class__ = Fp8SwiGLU
             mlp.down_proj.quantized_input = True
             fed += 1
