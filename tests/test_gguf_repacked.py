@@ -13,7 +13,7 @@ import torch
 from onebit.kernels import gguf_quants as gq
 from onebit.kernels.gguf_repack import (REPACKED_TYPES, RepackedMatrix, bytes_per_weight, quantize_sub_blocks_i8,
                                        repacked_i8_linear_ref, repacked_int_linear_ref, repacked_linear_ref,
-                                       sub_block_scales)
+                                       sub_block_codes, sub_block_scales)
 from tests.test_gguf_kernels import random_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -190,7 +190,7 @@ def test_i8_mode_matches_its_reference_and_stays_within_x_rounding_of_the_exact_
         got = tr.matmul_few_rows(x.to(DEVICE), w, config=config).cpu()
         assert torch.isfinite(got).all() and _close(got, ref) < TOLERANCE, config
     scale, offset, size = sub_block_scales(w.to("cpu"))
-    codes = w.to("cpu").codes_unsigned().long() - (128 if qtype == "Q8_0" else 0)
+    codes = sub_block_codes(w.to("cpu")).long()
     _, dx = quantize_sub_blocks_i8(x, size)
     weight_sums = (scale.double().abs() * codes.reshape(40, -1, size).abs().sum(dim=-1).double())  # [N, S]
     bound = 0.5 * (weight_sums * dx.double()).sum(dim=-1) * 1.001 + 1e-6

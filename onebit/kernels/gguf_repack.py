@@ -230,6 +230,17 @@ def sub_block_scales(weight: RepackedMatrix) -> tuple[torch.Tensor, torch.Tensor
             32)
 
 
+def sub_block_codes(weight: RepackedMatrix) -> torch.Tensor:
+    """Every weight's code as `sub_block_scales` pairs it (value = scale * code - offset): int32
+    [rows, cols], signed for Q8_0 and Q6_K (code - 32), unsigned for Q4_K and Q5_K."""
+    q = weight.codes_unsigned().to(torch.int32)
+    if weight.qtype == "Q8_0":
+        return q - 128
+    if weight.qtype == "Q6_K":
+        return q - 32
+    return q
+
+
 def repacked_int_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor:
     """x [T, K] @ weight.T as mode "int" of `triton_gguf_repacked` computes it, in float32: per sub-block
     (one scale s and offset o per weight row) D = x_sb @ codes_sb.T on the exact integer codes, then
@@ -239,11 +250,7 @@ def repacked_int_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Te
     (signed for Q8_0 and Q6_K); the kernel adds 128 to the unsigned ones and takes 128 * s * sum(x_sb)
     off again, the same value up to float32 rounding."""
     scale, offset, size = sub_block_scales(weight)
-    q = weight.codes_unsigned().to(torch.int16)
-    if weight.qtype == "Q8_0":
-        q = q - 128
-    elif weight.qtype == "Q6_K":
-        q = q - 32
+    q = sub_block_codes(weight)
     xs = x.float().reshape(x.shape[0], -1, size)  # [T, S, size]
     dots = torch.einsum("tsk,nsk->tns", xs, q.float().reshape(weight.rows, -1, size))
     return (scale[None] * dots - offset[None] * xs.sum(dim=-1)[:, None, :]).sum(dim=-1).to(x.dtype)
@@ -266,11 +273,7 @@ def repacked_i8_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Ten
     float32. Against `repacked_linear_ref` the error is x's rounding (a half step dx / 2 per value at
     most), as llama.cpp's int8-activation kernels have it."""
     scale, offset, size = sub_block_scales(weight)
-    q = weight.codes_unsigned().to(torch.int64)
-    if weight.qtype == "Q8_0":
-        q = q - 128
-    elif weight.qtype == "Q6_K":
-        q = q - 32
+    q = sub_block_codes(weight).to(torch.int64)
     xq, dx = quantize_sub_blocks_i8(x, size)  # [T, S, size], [T, S]
     dots = torch.einsum("tsk,nsk->tns", xq.to(torch.int64), q.reshape(weight.rows, -1, size)).float()
     xsum = x.float().reshape(x.shape[0], -1, size).sum(dim=-1)
