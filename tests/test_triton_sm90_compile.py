@@ -164,7 +164,7 @@ COMPILE = textwrap.dedent("""
              {"BLOCK": 16384, "ONE_BLOCK": True}),
             ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}),
             ("triton_gemv", "_skinny_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}),
-            # packed GGUF (repacked Q4_K): mode "int", mode "fma", and the ordered sum of their partials
+            # packed GGUF (repacked Q4_K): mode "int" and mode "fma" (their partials: _reduce_kernel above)
             ("triton_gguf_repacked", "_repacked_int_kernel",
              {"c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32"},
              {"QTYPE": 1, "GROUP": 256, "LANES": 32, "PLANES": 8, "BLOCK_M": 16, "BLOCK_N": 64, "NG": 1,
@@ -173,7 +173,6 @@ COMPILE = textwrap.dedent("""
              {"c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32"},
              {"QTYPE": 1, "GROUP": 256, "LANES": 32, "PLANES": 8, "BLOCK_M": 1, "BLOCK_N": 32, "NG": 2,
               "USE_DOT": False, "REDUCE": 1, "NUM_STAGES": 2}),
-            ("triton_gguf", "_sum_splits_kernel", {"ws_ptr": "*fp32"}, {"BLOCK": 1024}),
             ("triton_gemv", "_split_k_kernel", {"out_ptr": "*fp32"},
              {"HAS_BIAS": False, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT": 2}),
             ("triton_gemv", "_split_k_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT": 1}),
@@ -205,7 +204,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 23
+    assert len(lines) == 22
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line

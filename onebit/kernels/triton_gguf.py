@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from onebit.kernels import pdl
+from onebit.kernels.triton_split_k import reduce_partials
 
 MAX_KERNEL_ROWS = 16  # the 64-row tile ran out of shared memory on the H200 (413,696 > 232,448 bytes)
 QTYPE_IDS = {"Q8_0": 0, "Q4_K": 1, "Q5_K": 2, "Q6_K": 3}
@@ -486,25 +486,13 @@ def _few_rows_kernel(x_ptr, q_ptr, s_ptr, d_ptr, y_ptr, M, N, STEPS_PER_SPLIT, s
 @triton.jit
 def _store_partial(y_ptr, ptrs, acc, ok, pid_k, stride_ysplit, REDUCE: tl.constexpr):
     # A few-row program's float32 result: stored (REDUCE 0), stored as split pid_k's partial for
-    # `_sum_splits_kernel` (1), or added atomically (2).
+    # `triton_split_k.reduce_partials` (1), or added atomically (2).
     if REDUCE == 0:
         tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
     elif REDUCE == 1:
         tl.store(ptrs + pid_k * stride_ysplit, acc, mask=ok)
     else:
         tl.atomic_add(ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok, sem="relaxed")
-
-
-@triton.jit
-def _sum_splits_kernel(ws_ptr, y_ptr, N, TOTAL, SPLIT, stride_ym, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.wait_for_previous(PDL)
-    # y[m, n] = sum over s = 0 .. SPLIT-1, in that order, of ws[s, m, n] (float32 [SPLIT, M, N]).
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < TOTAL
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, SPLIT):
-        acc += tl.load(ws_ptr + s * TOTAL + offs, mask=ok, other=0.0)
-    tl.store(y_ptr + (offs // N) * stride_ym + offs % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def _word_view(t: torch.Tensor) -> torch.Tensor:
@@ -567,8 +555,5 @@ def matmul_few_rows(x: torch.Tensor, weight, out: torch.Tensor | None = None,
         BLOCK_N=config.block_n, SB=sb, USE_DOT=use_dot, REDUCE=reduce, D_WORDS=d_words,
         NUM_STAGES=config.stages, num_warps=config.warps)
     if reduce == 1:
-        total = m * weight.rows
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(total, block),)](target, out, weight.rows, total, split, out.stride(0),
-                                                         BLOCK=block, num_warps=4, **pdl.options())
+        reduce_partials(target, None, None, out)
     return out

@@ -44,7 +44,8 @@ import triton.language as tl
 from onebit.kernels import pdl
 from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
 from onebit.kernels.int8_ops import dot4, transpose_bytes
-from onebit.kernels.triton_gguf import _store_partial, _sum_splits_kernel  # split-K partials, summed in order
+from onebit.kernels.triton_gguf import _store_partial  # split-K partials, summed in order by reduce_partials
+from onebit.kernels.triton_split_k import reduce_partials
 
 MAX_KERNEL_ROWS = 16
 # Mode "int" takes its row tile as the tensor cores' narrow side (any width up to 256), so it also
@@ -768,9 +769,7 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
                                REDUCE=reduce, NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
                                **pdl.options())
     if reduce == 1:
-        total = m * weight.rows
-        _sum_splits_kernel[(triton.cdiv(total, 1024),)](target, out, weight.rows, total, split, out.stride(0),
-                                                        BLOCK=1024, num_warps=4, **pdl.options())
+        reduce_partials(target, None, None, out)
     return out
 
 
