@@ -174,37 +174,49 @@ def test_int_mode_reassociation_stays_within_its_float32_bound(qtype):
 
 @pytest.mark.parametrize("qtype", tr.I8_TYPES)
 def test_i8_mode_matches_its_reference_and_stays_within_x_rounding_of_the_exact_product(qtype):
-    """Mode "i8" (x rounded to int8 per sub-block, integer dot products on the codes) against its torch
-    reference (the same rounding; the kernel only reassociates float32 sums), on four launches: split-K
-    summed in order, one program along K (atomic add into the output), lanes spread over 8 and 4 threads;
-    row tiles past the weight's end (N = 40).
-    And the reference against the float64 product with the exact GGUF values: off by at most x's
-    rounding, half a step dx per value, times the weights it meets (a sub-block of x all zeros
-    included: step 0, no NaN)."""
+    """Mode "i8" (x rounded to int8 per sub-block, integer dot products on the codes), one activation
+    row with a sub-block all zeros (step 0, no NaN):
+    - its x rounding (`quantize_x_i8`) is the reference's (`quantize_sub_blocks_i8`) except, by one
+      step, where x / dx lands on a half (float rounding decides those);
+    - the product on that rounding equals the torch reference's (the kernel only reassociates float32
+      sums), on four launches: split-K summed in order, one program along K (atomic add into the
+      output), lanes spread over 8 and 4 threads; row tiles past the weight's end (N = 40);
+    - the reference is off the float64 product with the exact GGUF values by at most x's rounding,
+      half a step dx per value, times the weights it meets."""
     w = _weight(qtype, 40, 512, seed=21)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(4))
     x[0, 32:64] = 0.0
-    ref = repacked_i8_linear_ref(x, w.to("cpu"))
+    size = sub_block_scales(w.to("cpu"))[2]
+    xq_words, dx_kernel, _ = tr.quantize_x_i8(x.to(DEVICE), qtype)
+    xq_kernel, dx_kernel = tr.unpack_x_i8(xq_words, qtype).cpu(), dx_kernel.cpu().reshape(1, -1)
+    xq_ref, dx_ref = quantize_sub_blocks_i8(x, size)
+    assert torch.allclose(dx_kernel, dx_ref, rtol=1e-6, atol=0)
+    steps = x.reshape(1, -1, size) / torch.where(dx_ref > 0, dx_ref, 1.0)[..., None]
+    near_half = ((steps - steps.floor()) - 0.5).abs() < 1e-3
+    differ = xq_kernel != xq_ref
+    assert ((xq_kernel - xq_ref).abs() <= 1).all() and not (differ & ~near_half).any()
+    ref = repacked_i8_linear_ref(x, w.to("cpu"), rounded=(xq_kernel, dx_kernel))
     for config in [tr.RepackedConfig("i8", 32, 1, split=2), tr.RepackedConfig("i8", 64, 2, split=1, reduce="atomic"),
                    tr.RepackedConfig("i8", 16, 2, split=1, quads=8), tr.RepackedConfig("i8", 32, 1, split=2, quads=4)]:
         got = tr.matmul_few_rows(x.to(DEVICE), w, config=config).cpu()
         assert torch.isfinite(got).all() and _close(got, ref) < TOLERANCE, config
-    scale, offset, size = sub_block_scales(w.to("cpu"))
+    scale, _, _ = sub_block_scales(w.to("cpu"))
     codes = sub_block_codes(w.to("cpu")).long()
-    _, dx = quantize_sub_blocks_i8(x, size)
     weight_sums = (scale.double().abs() * codes.reshape(40, -1, size).abs().sum(dim=-1).double())  # [N, S]
-    bound = 0.5 * (weight_sums * dx.double()).sum(dim=-1) * 1.001 + 1e-6
+    bound = 0.5 * (dx_ref.double()[:, None, :] * weight_sums[None]).sum(dim=-1) * 1.001 + 1e-6  # [T, N]
     exact = x.double() @ w.dequantize().double().cpu().t()
-    assert ((ref.double() - exact).abs() <= bound).all()
-    assert (ref.double() - exact).abs().max() > 0  # the rounding is real, not skipped
+    own = repacked_i8_linear_ref(x, w.to("cpu")).double()
+    assert ((own - exact).abs() <= bound).all()
+    assert (own - exact).abs().max() > 0  # the rounding is real, not skipped
 
 
 def test_i8_mode_refuses_other_types_and_more_rows():
-    x = torch.randn(2, 512).to(DEVICE)
+    x = torch.randn(1, 512).to(DEVICE)
     with pytest.raises(ValueError, match="Q4_K, Q8_0"):
-        tr.matmul_few_rows(x[:1], _weight("Q6_K", 16, 512, seed=1), config=tr.RepackedConfig("i8", 16, 2))
+        tr.matmul_few_rows(x, _weight("Q6_K", 16, 512, seed=1), config=tr.RepackedConfig("i8", 16, 2))
     with pytest.raises(ValueError, match="1 to 1 rows"):
-        tr.matmul_few_rows(x, _weight("Q4_K", 16, 512, seed=1), config=tr.RepackedConfig("i8", 16, 2))
+        tr.matmul_few_rows(torch.randn(2, 512).to(DEVICE), _weight("Q4_K", 16, 512, seed=1),
+                           config=tr.RepackedConfig("i8", 16, 2))
 
 
 def test_the_shipped_table_gives_every_type_and_row_count_a_launch_it_accepts():

@@ -266,15 +266,17 @@ def quantize_sub_blocks_i8(x: torch.Tensor, size: int) -> tuple[torch.Tensor, to
     return torch.floor(xs * inv[..., None] + 0.5), amax / 127.0
 
 
-def repacked_i8_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor:
-    """x [1, K] @ weight.T as mode "i8" of `triton_gguf_repacked` computes it: x rounded to int8 per
-    sub-block (`quantize_sub_blocks_i8`), S = the exact integer dot of the codes (signed for Q8_0 and
-    Q6_K) with xq per sub-block, then y = sum over sub-blocks of scale * (dx * S) - offset * sum(x), in
-    float32. Against `repacked_linear_ref` the error is x's rounding (a half step dx / 2 per value at
-    most), as llama.cpp's int8-activation kernels have it."""
+def repacked_i8_linear_ref(x: torch.Tensor, weight: RepackedMatrix,
+                           rounded: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """x [T, K] @ weight.T as mode "i8" of `triton_gguf_repacked` computes it: x rounded to int8 per
+    sub-block (`quantize_sub_blocks_i8`, or `rounded` = (xq, dx) as given: a kernel's rounding, which
+    may differ by one step where x / dx lands on a half), S = the exact integer dot of the codes
+    (signed for Q8_0 and Q6_K) with xq per sub-block, then y = sum over sub-blocks of
+    scale * (dx * S) - offset * sum(x), in float32. Against `repacked_linear_ref` the error is x's
+    rounding (a half step dx / 2 per value at most), as llama.cpp's int8-activation kernels have it."""
     scale, offset, size = sub_block_scales(weight)
     q = sub_block_codes(weight).to(torch.int64)
-    xq, dx = quantize_sub_blocks_i8(x, size)  # [T, S, size], [T, S]
+    xq, dx = rounded if rounded is not None else quantize_sub_blocks_i8(x, size)  # [T, S, size], [T, S]
     dots = torch.einsum("tsk,nsk->tns", xq.to(torch.int64), q.reshape(weight.rows, -1, size)).float()
     xsum = x.float().reshape(x.shape[0], -1, size).sum(dim=-1)
     return (scale[None] * (dx[:, None, :] * dots) - offset[None] * xsum[:, None, :]).sum(dim=-1).to(x.dtype)

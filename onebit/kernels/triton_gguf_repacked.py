@@ -714,6 +714,15 @@ def quantize_x_i8(x: torch.Tensor, qtype: str) -> tuple[torch.Tensor, torch.Tens
     return xq, dx, xs
 
 
+def unpack_x_i8(xq: torch.Tensor, qtype: str) -> torch.Tensor:
+    """`quantize_x_i8`'s words back to the int8 values, float32 [1, sub-blocks, LANES] in column order
+    (the layout `gguf_repack.quantize_sub_blocks_i8` returns), for checking."""
+    _, lanes, _, planes = GROUPING[qtype]
+    b = torch.stack([(xq.long().reshape(1, -1) >> (8 * k)) & 255 for k in range(4)], dim=-1)
+    b = torch.where(b > 127, b - 256, b).reshape(1, -1, lanes // 4, planes, 4)  # [1, group, quad, plane, 4]
+    return b.permute(0, 1, 3, 2, 4).reshape(1, -1, lanes).float()
+
+
 def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, reduce, config) -> None:
     codes, _, scales, d = _operands(weight)
     xq, dx, xs = quantize_x_i8(x, weight.qtype)
