@@ -77,7 +77,12 @@ def sweep_configs() -> dict:
 
     configs = wide_configs() if os.environ.get("ONEBIT_SWEEP_WIDE") == "1" else tr.CONFIGS
     chosen = os.environ.get("ONEBIT_SWEEP_CONFIGS")
-    return {label: c for label, c in configs.items() if label in chosen.split(",")} if chosen else configs
+    if not chosen:
+        return configs
+    unknown = [label for label in chosen.split(",") if label not in configs]
+    if unknown:
+        raise SystemExit(f"--configs: no such config {', '.join(unknown)} (names: {', '.join(configs)})")
+    return {label: configs[label] for label in chosen.split(",")}
 
 
 def runs_config(config, rows: int, qtype: str) -> bool:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from onebit.models.default_model import default_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,3 +86,26 @@ def test_sass_loop_count_finds_the_k_loop_of_a_repacked_kernel():
     head, *ops = out.strip().splitlines()
     assert head.startswith("fma-n32-g2 Q4_K 1 row(s): ") and float(head.split()[-3]) > 1  # at least a FMA a weight
     assert len(ops) == 3 and "FFMA" in out  # the multiply-adds are in the loop
+
+
+def test_the_quant_checks_name_configs_the_sweep_and_the_stalls_script_know(monkeypatch):
+    """bench/gpu_quant_checks.sh's config names (part A's sweep, part B's ncu launches) are
+    `triton_gguf_repacked.CONFIGS` entries the sweep accepts; an unknown name stops the sweep."""
+    import re
+
+    from onebit.kernels import triton_gguf_repacked as tr
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_gguf_repacked
+    finally:
+        sys.path.pop(0)
+    script = (ROOT / "bench" / "gpu_quant_checks.sh").read_text()
+    sweep = re.search(r"CONFIGS=\$\{CONFIGS:-([^}]+)\}", script).group(1).split(",")
+    stalls = [pair.split(":")[1] for pair in re.search(r'--configs "(Q[^"]+)"', script).group(1).split(",")]
+    assert set(sweep + stalls) <= set(tr.CONFIGS) and len(sweep) == 5
+    monkeypatch.setenv("ONEBIT_SWEEP_CONFIGS", ",".join(sweep))
+    assert list(gpu_gguf_repacked.sweep_configs()) == sweep
+    monkeypatch.setenv("ONEBIT_SWEEP_CONFIGS", "fma-n64-g2,no-such-config")
+    with pytest.raises(SystemExit, match="no-such-config"):
+        gpu_gguf_repacked.sweep_configs()

@@ -25,8 +25,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 LIB = REPO / "bench" / "device_lib.sh"
-PLAIN_SCRIPTS = ["gpu_deterministic.sh", "gpu_host_overhead.sh", "gpu_serve.sh", "gpu_serve64.sh",
-                 "gpu_spec.sh", "gpu_tables.sh"]
+PLAIN_SCRIPTS = ["gpu_deterministic.sh", "gpu_host_overhead.sh", "gpu_quant_checks.sh", "gpu_serve.sh",
+                 "gpu_serve64.sh", "gpu_spec.sh", "gpu_tables.sh"]
 PY = sys.executable
 
 
