@@ -30,11 +30,9 @@ One device call, no wheels. Four parts, the tables printed last:
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -215,7 +213,7 @@ def engine_decode(batches: list[int], calibration: list[str], shape_name: str = 
                   device: str = "cuda", engines: list[str] | None = None) -> list[str]:
     """Part 4: one table line per engine of `engines` (names of ENGINES), decode tok/s per batch
     size; the last calibrated engine's calibration lines go to `calibration`."""
-    from onebit.bench.offline import decode_speeds
+    from onebit.bench.offline import engine_speed_row
     from onebit.engine.build import build_engine
     from onebit.engine.config import EngineConfig
 
@@ -227,29 +225,19 @@ def engine_decode(batches: list[int], calibration: list[str], shape_name: str = 
         quantize, fast, head, fuse, fast_accum = ENGINES[label]
         fp8.FAST, fp8.FUSE_QUANT, fp8.FAST_ACCUM = fast, fuse, fast_accum
         fp8.reset()
-        try:
-            start = time.perf_counter()
-            engine = build_engine(EngineConfig(
-                model=str(shape), device=device, dtype="bfloat16", parallel=max(batches),
-                ctx_size=PROMPT + NEW + 16, max_batch_tokens=8192, enable_prefix_caching=False,
-                load_format="dummy", cuda_graphs=True, overlap=True, quantize=quantize, quantize_lm_head=head))
-            if device == "cuda":
-                torch.cuda.synchronize()
-            built = time.perf_counter() - start
-            if quantize and fast:
-                calibration.clear()
-                calibration.append(f"calibration of engine {label}:")
-                calibration.extend(line for line in engine.runner.gemv_report if line.startswith("fp8 "))
-                calibration.extend(chosen_summary())
-            speeds = decode_speeds(engine, batches, PROMPT, NEW, label)
-            lines.append(f"| {label} | " + " | ".join(f"{s:,.0f}" for s in speeds) + f" | {built:.0f} |")
-            del engine
-        except Exception:
-            traceback.print_exc()
-            lines.append(f"| {label} | FAILED (traceback above) |")
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        config = EngineConfig(
+            model=str(shape), device=device, dtype="bfloat16", parallel=max(batches),
+            ctx_size=PROMPT + NEW + 16, max_batch_tokens=8192, enable_prefix_caching=False,
+            load_format="dummy", cuda_graphs=True, overlap=True, quantize=quantize, quantize_lm_head=head)
+
+        def report_calibration(engine, label=label):
+            calibration.clear()
+            calibration.append(f"calibration of engine {label}:")
+            calibration.extend(line for line in engine.runner.gemv_report if line.startswith("fp8 "))
+            calibration.extend(chosen_summary())
+
+        lines.append(engine_speed_row(label, lambda config=config: build_engine(config), batches, PROMPT, NEW,
+                                      report_calibration if quantize and fast else None))
     fp8.FAST, fp8.FUSE_QUANT, fp8.FAST_ACCUM = defaults
     return lines
 

@@ -18,10 +18,8 @@ first measured (G31): folding the split-K sum into each tile's last program (cor
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -62,7 +60,7 @@ ENGINES = {"bf16": (None, False, model_quantize.FUSED_PRODUCERS),
 
 def engine_table(batches: list[int], names: list[str]) -> list[str]:
     """Part 2: decode tok/s per engine setting and batch size."""
-    from onebit.bench.offline import decode_speeds
+    from onebit.bench.offline import engine_speed_row
     from onebit.engine.build import build_engine
     from onebit.engine.config import EngineConfig
 
@@ -74,24 +72,12 @@ def engine_table(batches: list[int], names: list[str]) -> list[str]:
         quantize, fuse, producers = ENGINES[name]
         fp8.FUSE_QUANT, model_quantize.FUSED_PRODUCERS = fuse, producers
         fp8.reset()
-        try:
-            start = time.perf_counter()
-            engine = build_engine(EngineConfig(
-                model=str(shape), device=DEVICE, dtype="bfloat16" if DEVICE == "cuda" else "float32", parallel=max(batches), ctx_size=128 + 128 + 16,
-                max_batch_tokens=8192, enable_prefix_caching=False, load_format="dummy",
-                cuda_graphs=DEVICE == "cuda", overlap=DEVICE == "cuda", quantize=quantize, quantize_lm_head=quantize is not None))
-            if DEVICE == "cuda":
-                torch.cuda.synchronize()
-            built = time.perf_counter() - start
-            speeds = decode_speeds(engine, batches, 128, 128, name)
-            lines.append(f"| {name} | " + " | ".join(f"{s:,.0f}" for s in speeds) + f" | {built:.0f} |")
-            del engine
-        except Exception:
-            traceback.print_exc()
-            lines.append(f"| {name} | FAILED (traceback above) |")
-        gc.collect()
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+        config = EngineConfig(
+            model=str(shape), device=DEVICE, dtype="bfloat16" if DEVICE == "cuda" else "float32",
+            parallel=max(batches), ctx_size=128 + 128 + 16, max_batch_tokens=8192, enable_prefix_caching=False,
+            load_format="dummy", cuda_graphs=DEVICE == "cuda", overlap=DEVICE == "cuda", quantize=quantize,
+            quantize_lm_head=quantize is not None)
+        lines.append(engine_speed_row(name, lambda config=config: build_engine(config), batches, 128, 128))
     fp8.FUSE_QUANT, model_quantize.FUSED_PRODUCERS = shipped
     return lines
 

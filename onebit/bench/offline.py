@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import time
+import traceback
 from dataclasses import dataclass
+from typing import Callable
+
+import torch
 
 from onebit.engine.config import EngineConfig
 from onebit.engine.build import build_engine
@@ -72,6 +77,32 @@ def decode_speeds(engine: LLMEngine, batches: list[int], prompt_tokens: int, max
         speeds.append(run_batch(engine, b, prompt_tokens, max_tokens, seed=b).decode_tokens_per_s)
         print(f"{label} B={b}: {speeds[-1]:,.0f} tok/s", flush=True)
     return speeds
+
+
+def engine_speed_row(label: str, build: Callable[[], LLMEngine], batches: list[int], prompt_tokens: int,
+                     max_tokens: int, inspect: Callable[[LLMEngine], None] | None = None) -> str:
+    """One markdown row `| label | tok/s at each batch | build s |` for the engine `build()` makes:
+    its build timed, `inspect(engine)` run after it when given, its decode speeds measured
+    (`decode_speeds`), then the engine freed. A failure prints its traceback and gives a FAILED row,
+    so a bench comparing several engines goes on to the next."""
+    try:
+        start = time.perf_counter()
+        engine = build()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        built = time.perf_counter() - start
+        if inspect is not None:
+            inspect(engine)
+        speeds = decode_speeds(engine, batches, prompt_tokens, max_tokens, label)
+        row = f"| {label} | " + " | ".join(f"{s:,.0f}" for s in speeds) + f" | {built:.0f} |"
+        del engine
+    except Exception:
+        traceback.print_exc()
+        row = f"| {label} | FAILED (traceback above) |"
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return row
 
 
 def run_offline(model: str, batches: list[int], max_tokens: int, prompt_tokens: int, device: str,
