@@ -109,7 +109,8 @@ def compile_job(job: tuple[str, str]) -> tuple[str, str, float, str]:
     from onebit.kernels import triton_gguf_repacked as tr
 
     qtype, label = job
-    config = sweep_configs()[label]
+    configs = sweep_configs()
+    config = configs[label]
     start = time.perf_counter()
     try:
         for n, k in PRODUCTS.values():
@@ -117,7 +118,7 @@ def compile_job(job: tuple[str, str]) -> tuple[str, str, float, str]:
             for m in ROWS:
                 if runs_config(config, m, qtype):
                     tr.matmul_few_rows(torch.zeros(m, k, device="cuda", dtype=torch.bfloat16), w, config=config)
-            if label == next(iter(sweep_configs())):
+            if label == next(iter(configs)):
                 tr.dequantize(w, torch.float32)
             del w
         torch.cuda.synchronize()
@@ -163,6 +164,7 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
 
     dev = torch.device(device)
     graph_us = timer or graph_us
+    configs = sweep_configs()
     records, exact = [], {}
     lines = ["| product | type | rows | best us (TB/s) | best config | bf16 cuBLAS us (TB/s) | best vs bf16 | "
              "fma-n16-g2 us | dot-n32-g2 us | int-n64-g1 us | worst rel err (config) |",
@@ -179,7 +181,7 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
                 want = x.float() @ dense.t()
                 rec = {"product": name, "n": n, "k": k, "qtype": qtype, "rows": m, "bytes": w.nbytes,
                        "bf16_us": graph_us(lambda: F.linear(x, dense16)), "us": {}, "rel_err": {}}
-                for label, config in sweep_configs().items():
+                for label, config in configs.items():
                     if not runs_config(config, m, qtype) or errors.get((qtype, label)):
                         continue
                     try:
@@ -211,7 +213,7 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
               f"{sum(exact.values())}/{len(exact)}" + ("" if all(exact.values()) else f" (not: {[k for k, v in exact.items() if not v]})"),
               "", "Per config: geometric mean over products and types of the speed-up vs bf16 cuBLAS", "",
               "| config | " + " | ".join(f"{m} rows" for m in ROWS) + " |", "|---|" + "---:|" * len(ROWS)]
-    for label in sweep_configs():
+    for label in configs:
         cells = [geomean([r["bf16_us"] / r["us"][label] for r in records if r["rows"] == m and label in r["us"]])
                  for m in ROWS]
         lines.append(f"| {label} | " + " | ".join("n/a" if math.isnan(c) else f"{c:.2f}x" for c in cells) + " |")
@@ -221,11 +223,11 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
         for m in ROWS:
             scores = {label: geomean([r["bf16_us"] / r["us"][label] for r in records
                                       if r["rows"] == m and r["qtype"] == qtype and label in r["us"]])
-                      for label in sweep_configs()}
+                      for label in configs}
             scores = {label: v for label, v in scores.items() if not math.isnan(v)}
             if scores:
                 label = max(scores, key=scores.get)
-                table.setdefault(qtype, {})[str(m)] = sweep_configs()[label]._asdict()
+                table.setdefault(qtype, {})[str(m)] = configs[label]._asdict()
                 picks.append(f"{qtype} {m}: {label} ({scores[label]:.2f}x)")
     (out / "gguf_repacked_table.json").write_text(json.dumps(table, indent=1) + "\n")
     lines += ["", "Best config per type and row count (DIR/gguf_repacked_table.json): " + ", ".join(picks)]

@@ -56,8 +56,9 @@ FAST_ACCUM = True
 # Let an RMSNorm / SiLU * mul feeding an FP8 product emit its e4m3 rows (see `takes_quantized_rows`).
 # Session 9 timed it with `_scaled_mm` only (nothing gained: at 8-64 rows the weight-only kernels
 # ran, which take no e4m3 rows). Since session 12's w8a8 split-K won 24-128 rows, whose separate
-# quantizer is 0.46 ms of a 4.87 ms fp8 B=64 step (session 13), the producers feed that kernel too;
-# off until a device run times it (bench/gpu_split_fold.py).
+# quantizer is 0.46 ms of a 4.87 ms fp8 B=64 step (session 13), the producers feed that kernel too.
+# Session 14 (G31) with the norms and SiLU * mul fused: fp8 B=64 +2.2%, B=256 -1.2%; now only the
+# norms fuse (`models.quantize.FUSED_PRODUCERS`). Off until bench/gpu_fp8_fuse.py times that.
 FUSE_QUANT = False
 # The kinds that take e4m3 rows from a fusing producer (`Fp8Rows`) instead of quantizing their own.
 QUANTIZED_INPUT_KINDS = ("scaled_mm", "split_k_w8a8")

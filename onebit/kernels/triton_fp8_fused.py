@@ -15,7 +15,9 @@ twice in blocks (amax, then quantize; the second read comes from the cache, as i
 `triton_fp8_fast._quantize_rows_kernel`), IEEE division (`div_rn`) and the exact e4m3 rounding
 of `triton_fp8_fast._round_to_e4m3`. Both wait for the previous kernel under PDL, as the kernels
 around them do. Session 9 timed the SiLU kernel walking the row in blocks at 0.82-0.99x the
-unfused pair (64 programs streaming one block after another at 64 rows); one block is unmeasured.
+unfused pair (64 programs streaming one block after another at 64 rows), session 14 the one-block
+form at 0.74-0.83x (1.02x at 64 rows; separate runs, so not a clean A/B of the two forms): the
+model fuses only the norms (`models.quantize.FUSED_PRODUCERS`).
 References: `onebit.kernels.fp8.add_rms_norm_quantize_ref` and `fp8.silu_mul_quantize_ref`.
 """
 

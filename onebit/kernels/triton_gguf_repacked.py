@@ -88,10 +88,11 @@ CONFIGS = {
     "int-n64-g1": RepackedConfig("int", 64, 1, programs=512),
     "int-n64-g2": RepackedConfig("int", 64, 2, programs=512),
     "int-n64-g1-s3": RepackedConfig("int", 64, 1, stages=3, programs=512),
-    # 17-64 rows, not yet swept (--wide leaves "dot" out): "dot" weights (code * scale - offset in bf16, the scales applied once
-    # per weight, not to the accumulator per sub-block as "int" does) on 64-row wgmma tiles. "int"
-    # loses ground with the rows (0.84x bf16 at 16, 0.51x at 64): its per-sub-block rescale of the
-    # [rows, BLOCK_N] accumulator grows with them; "dot" costs the same per weight at any row count.
+    # 17-64 rows, not yet swept (--wide leaves "dot" out): "dot" weights (code * scale - offset in
+    # bf16, the scales applied once per weight, not to the accumulator per sub-block as "int" does) on
+    # 64-row wgmma tiles. "int" loses ground with the rows (0.84x bf16 at 16, 0.51x at 64): its
+    # per-sub-block rescale of the [rows, BLOCK_N] accumulator grows with them; "dot" costs the same
+    # per weight at any row count.
     "dot-n64-g1": RepackedConfig("dot", 64, 1, programs=512),
     "dot-n128-g1": RepackedConfig("dot", 128, 1, warps=8, programs=512),
     # 17-64 rows: fewer programs, so less split-K. The partials are rows x N float32 per slice: at 64
@@ -728,9 +729,8 @@ def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, redu
     xq, dx, xs = quantize_x_i8(x, weight.qtype)
     _repacked_i8_kernel[grid](xq, dx, xs, codes, scales, d, target, weight.rows, groups_per_split, codes.stride(0),
                               scales.stride(0), d.stride(0), stride_split, BLOCK_N=config.block_n, NG=ng,
-                              QUADS=config.quads, REDUCE=reduce,
-                              NUM_STAGES=config.stages, ASM=x.device.type == "cuda",
-                              num_warps=config.warps, **_meta(weight), **pdl.options())
+                              QUADS=config.quads, REDUCE=reduce, NUM_STAGES=config.stages,
+                              ASM=x.device.type == "cuda", num_warps=config.warps, **_meta(weight), **pdl.options())
 
 
 def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
