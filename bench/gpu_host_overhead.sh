@@ -6,19 +6,20 @@
 # Qwen3-8B shape (random bf16 weights, --fill-vocab), closed loop of C=64 streams, REQUESTS requests
 # of 128 random prompt tokens + 128 new (a fixed count, not a duration: all three run the same
 # requests, ramp-up and tail included). Overlap is on (the CUDA default) in all three.
-# Run from the repo root with .whl carried:  OUT=DIR [REQUESTS=512] [PROFILE=1] bash bench/gpu_host_overhead.sh
+# Run from the repo root with .whl carried:  OUT=DIR [REQUESTS=512] [PROFILE=1] [QUANTIZE=fp8] bash bench/gpu_host_overhead.sh
 set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 REQUESTS=${REQUESTS:-512}
+QUANT_ARGS=${QUANTIZE:+--quantize $QUANTIZE}
 mkdir -p "$OUT"
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 python3 bench/make_shape_model.py /tmp/qwen3-8b-shape --fill-vocab > /dev/null || exit 1
 python3 bench/host_profile.py -m /tmp/qwen3-8b-shape --load-format dummy --device cuda --concurrency 64 \
-  --requests "$REQUESTS" --prompt-tokens 128 --max-tokens 128 --ctx-size 1024 --max-batch-tokens 8192 \
+  --requests "$REQUESTS" --prompt-tokens 128 --max-tokens 128 --ctx-size 1024 --max-batch-tokens 8192 $QUANT_ARGS \
   --json "$OUT/host_profile.json" > "$OUT/host_profile.log" 2>&1
-SERVE="-m /tmp/qwen3-8b-shape --load-format dummy --device cuda --parallel 64 --ctx-size 1024 --max-batch-tokens 8192"
+SERVE="-m /tmp/qwen3-8b-shape --load-format dummy --device cuda --parallel 64 --ctx-size 1024 --max-batch-tokens 8192 $QUANT_ARGS"
 python3 bench/front_cpu.py --serve "$SERVE" --concurrency 64 --requests "$REQUESTS" --max-tokens 128 \
   --prompts random:128 --out "$OUT/server" > "$OUT/server.log" 2>&1
 # The front's CPU per SSE event on this host's CPU, with no model and no sockets (a few seconds).

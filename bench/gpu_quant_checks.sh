@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Session 14's unmeasured quantized-weight changes in one device call (~7 min on an H200; carry .whl,
-# tools/device_wheels.sh):
+# The 1-row packed GGUF and FP8-handoff checks in one device call (~5 min on an H200; carry .whl,
+# tools/device_wheels.sh); session 15 ran it as G33 (docs/perf-history.md):
 #   A. packed GGUF at 1 row (bench/gpu_gguf_repacked.py --rows 1): fma-n64-g2 (the table's pick)
-#      against mode "i8" one thread a (row, group) and spread over 4 / 8 threads, Q4_K and Q8_0;
+#      against the mode "i8" candidates, Q4_K and Q8_0;
 #   B. Nsight Compute on those 1-row launches at the head (bench/gpu_gguf_stalls.py): what fma and
 #      i8 wait on (throughput, warp stalls, memory); skipped with a line if ncu is missing or fails;
 #   C. the FP8 producers' e4m3 handoff (bench/gpu_fp8_fuse.py): fused kernels alone, and engine
@@ -14,7 +14,7 @@ set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 PARTS=${PARTS:-ABC}
-CONFIGS=${CONFIGS:-fma-n64-g2,i8-n32-g4-s1,i8-n32-g2-q4,i8-n64-g1-q4,i8-n16-g2-q8}
+CONFIGS=${CONFIGS:-fma-n64-g2,i8-n32-g4-s1,i8-n128-g2-w8-s1,i8-n128-g1-s1-p1024}
 mkdir -p "$OUT"
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
@@ -28,7 +28,7 @@ if [[ $PARTS == *B* ]]; then
     if command -v ncu > /dev/null; then
         timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
             --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
-            python3 bench/gpu_gguf_stalls.py --configs "Q4_K:fma-n64-g2,Q4_K:i8-n32-g4-s1,Q4_K:i8-n32-g2-q4,Q8_0:fma-n64-g2" \
+            python3 bench/gpu_gguf_stalls.py --configs "Q4_K:fma-n64-g2,Q4_K:i8-n32-g4-s1,Q8_0:fma-n64-g2" \
             > "$OUT/ncu.txt" 2>&1 || echo "part B: rc $? (log: ncu.txt)"
     else
         echo "part B: no ncu on this machine"

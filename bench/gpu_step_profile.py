@@ -72,6 +72,21 @@ def weight_bytes(engine) -> int:
     return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 
 
+def gguf_file(shape: Path, recipe: str, device: str) -> Path:
+    """The shape model's random weights written as a GGUF file of `recipe` (Q4_K_M or Q8_0; needs the
+    gguf package: carry .whl), beside it."""
+    from bench.gpu_gguf_quant import write_quantized
+    from bench.make_shape_model import fill_vocab
+    from onebit.models.loader import load_model
+
+    fill_vocab(shape)
+    model, _ = load_model(shape, torch.device(device), torch.bfloat16, "dummy")
+    path = write_quantized(model, shape, shape.parent / f"model-{recipe}.gguf", recipe)
+    del model
+    gc.collect()
+    return path
+
+
 def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 0) -> dict:
     """Prefill `batch` requests, then profile `steps` decode steps. With `turnover` N > 0, every N
     steps the oldest request ends and a new one arrives, whose 128-token prompt rides along with
@@ -131,7 +146,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--batches", default="1,8,64")
-    ap.add_argument("--engines", default="bf16,fp8")
+    ap.add_argument("--engines", default="bf16,fp8", help="bf16, fp8 (--quantize fp8), Q4_K_M or Q8_0 (a GGUF "
+                    "file of the random weights, kept packed)")
     ap.add_argument("--shape", default="qwen3-8b")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda")
@@ -149,11 +165,13 @@ def main() -> None:
              + " | ".join(kinds) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
     tops = []
     for label in args.engines.split(","):
+        gguf = label in ("Q4_K_M", "Q8_0")
         engine = build_engine(EngineConfig(
-            model=str(shape), device=args.device, dtype="bfloat16" if args.device == "cuda" else "float32",
+            model=str(gguf_file(shape, label, args.device) if gguf else shape), device=args.device,
+            dtype="bfloat16" if args.device == "cuda" else "float32",
             parallel=max(batches), ctx_size=PROMPT + args.steps + 64, max_batch_tokens=8192,
-            enable_prefix_caching=False, load_format="dummy", cuda_graphs=args.device == "cuda",
-            overlap=True, quantize="fp8" if label == "fp8" else None))
+            enable_prefix_caching=False, load_format="auto" if gguf else "dummy", cuda_graphs=args.device == "cuda",
+            overlap=True, quantize="fp8" if label == "fp8" else None, gguf_keep_packed=True if gguf else None))
         floor = weight_bytes(engine) / COPY_BANDWIDTH
         runs = [(b, 0) for b in batches] + ([(max(batches), args.turnover)] if args.turnover else [])
         for b, turnover in runs:

@@ -227,6 +227,7 @@ def main() -> None:
     ap.add_argument("--ctx-size", type=int, default=None, help="default: prompt + twice max tokens + 16")
     ap.add_argument("--load-format", default="auto", help="dummy: random weights (a bench/make_shape_model.py shape)")
     ap.add_argument("--max-batch-tokens", type=int, default=2048)
+    ap.add_argument("--quantize", default=None, choices=["fp8"], help="as `1bit serve --quantize`")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     model = args.model
@@ -235,7 +236,8 @@ def main() -> None:
         model = str(default_model_dir())
     config = EngineConfig(model=model, device=args.device, parallel=args.concurrency,
                           ctx_size=args.ctx_size or args.prompt_tokens + args.max_tokens * 2 + 16,
-                          load_format=args.load_format, max_batch_tokens=args.max_batch_tokens)
+                          load_format=args.load_format, max_batch_tokens=args.max_batch_tokens,
+                          quantize=args.quantize)
     parts = args.parts.split(",")
     print(f"model {model}, device {args.device}, C={args.concurrency}, {args.requests} requests of "
           f"{args.prompt_tokens}+{args.max_tokens} tokens{' (staggered)' if args.stagger else ''}")

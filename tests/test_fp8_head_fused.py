@@ -108,7 +108,7 @@ def test_producers_emit_e4m3_only_where_the_product_runs_scaled_mm(fp8_flags):
     fp8.CPU_EMULATES_GPU = False
     assert not fp8.takes_quantized_rows(512, 64, 64, False, cpu)  # the CPU's weight-only reference
     fp8.CPU_EMULATES_GPU = True
-    fp8.FUSE_QUANT = True  # off by default until a device run has timed the fused kernels
+    fp8.FUSE_QUANT = True  # the default since session 15; the fixture restores whatever it was
     assert [fp8.takes_quantized_rows(m, 64, 64, False, cpu) for m in (1, 16, 64, 65, 512)] == \
         [False, False, False, True, True]  # above MAX_WEIGHT_ONLY_ROWS, as the uncalibrated GPU rule
     assert not fp8.takes_quantized_rows(512, 60, 64, False, cpu)  # a shape `_scaled_mm` does not take

@@ -125,6 +125,20 @@ def test_the_sweeps_table_sets_the_defaults_by_type_and_rows():
     assert ("Q4_K", 17) not in table  # past 16 rows, only what a measured count above covers
     table = tr.table_from_json('{"Q4_K": {"16": {"mode": "int", "block_n": 64}, "32": {"mode": "int", "block_n": 128}}}')
     assert table["Q4_K", 17] == table["Q4_K", 32] == tr.RepackedConfig("int", 128) and ("Q4_K", 33) not in table
+    table = tr.table_from_json('{"Q4_K": {"1": {"mode": "i8", "block_n": 128, "ng": 4}}}')
+    assert table == {("Q4_K", 1): tr.RepackedConfig("i8", 128, 4)}  # a 1-row mode is not carried to 2-16 rows
+
+
+def test_a_table_in_the_environment_replaces_only_the_counts_it_names(monkeypatch, tmp_path):
+    sweep = tmp_path / "one_row.json"
+    sweep.write_text('{"Q8_0": {"1": {"mode": "i8", "block_n": 64, "ng": 4}}}')
+    shipped = tr.table_from_json(tr.TABLE_FILE.read_text())
+    monkeypatch.setattr(tr, "DEFAULT", {})
+    monkeypatch.setenv(tr.TABLE_ENV, str(sweep))
+    tr._load_table()
+    assert tr.DEFAULT[("Q8_0", 1)] == tr.RepackedConfig("i8", 64, 4)
+    assert {key: c for key, c in tr.DEFAULT.items() if key != ("Q8_0", 1)} == \
+        {key: c for key, c in shipped.items() if key != ("Q8_0", 1)}
     with pytest.raises(ValueError, match='1 to 4 rows in mode "fma"'):
         tr.matmul_few_rows(torch.zeros(5, 256), _weight("Q4_K", 16, 256, 0).to("cpu"), config=tr.RepackedConfig("fma"))
     with pytest.raises(ValueError, match=f'1 to {tr.MAX_INT_ROWS} rows in mode "dot"'):

@@ -58,8 +58,10 @@ FAST_ACCUM = True
 # ran, which take no e4m3 rows). Since session 12's w8a8 split-K won 24-128 rows, whose separate
 # quantizer is 0.46 ms of a 4.87 ms fp8 B=64 step (session 13), the producers feed that kernel too.
 # Session 14 (G31) with the norms and SiLU * mul fused: fp8 B=64 +2.2%, B=256 -1.2%; now only the
-# norms fuse (`models.quantize.FUSED_PRODUCERS`). Off until bench/gpu_fp8_fuse.py times that.
-FUSE_QUANT = False
+# norms fuse (`models.quantize.FUSED_PRODUCERS`). Session 15 (G33 part C, bench/gpu_fp8_fuse.py):
+# norms only, fp8 B=1/8/64/256 354 / 2,032 / 15,214 / 32,510 against 355 / 2,031 / 14,926 / 32,401
+# unfused, so on.
+FUSE_QUANT = True
 # The kinds that take e4m3 rows from a fusing producer (`Fp8Rows`) instead of quantizing their own.
 QUANTIZED_INPUT_KINDS = ("scaled_mm", "split_k_w8a8")
 # On the CPU, run the products the GPU sends to `_scaled_mm` without calibration (more than

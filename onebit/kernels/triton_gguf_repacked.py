@@ -88,13 +88,12 @@ CONFIGS = {
     "int-n64-g1": RepackedConfig("int", 64, 1, programs=512),
     "int-n64-g2": RepackedConfig("int", 64, 2, programs=512),
     "int-n64-g1-s3": RepackedConfig("int", 64, 1, stages=3, programs=512),
-    # 17-64 rows, not yet swept (--wide leaves "dot" out): "dot" weights (code * scale - offset in
-    # bf16, the scales applied once per weight, not to the accumulator per sub-block as "int" does) on
-    # 64-row wgmma tiles. "int" loses ground with the rows (0.84x bf16 at 16, 0.51x at 64): its
-    # per-sub-block rescale of the [rows, BLOCK_N] accumulator grows with them; "dot" costs the same
-    # per weight at any row count.
+    # 17-64 rows (--wide leaves "dot" out): "dot" weights (code * scale - offset in bf16) on 64-row wgmma
+    # tiles, against "int"'s per-sub-block rescale of the accumulator. Session 15 (geometric mean over
+    # the 8B products, Q4_K / Q6_K / Q8_0, speed-up vs bf16 cuBLAS at 32 / 64 rows): dot-n64-g1 0.55x /
+    # 0.47x, dot-n128-g1 0.50x / 0.26x (dropped), int-n64-g1-p256 0.75x / 0.52x; dot-n64-g1 won only
+    # Q6_K's o_proj and down_proj (and its head at 64 rows), by 5-20%.
     "dot-n64-g1": RepackedConfig("dot", 64, 1, programs=512),
-    "dot-n128-g1": RepackedConfig("dot", 128, 1, warps=8, programs=512),
     # 17-64 rows: fewer programs, so less split-K. The partials are rows x N float32 per slice: at 64
     # rows int-n64-g1 splits a 4096-wide product 8 ways and writes and sums 8 MB of partials for its
     # 9.4 MB of Q4_K weights. Session 14's --wide sweep: 256 programs won at 32-64 rows by 5-15%
@@ -111,13 +110,14 @@ CONFIGS = {
     "i8-n32-g4-s1": RepackedConfig("i8", 32, 4, stages=1, programs=512),
     "i8-n128-g2-w8-s1": RepackedConfig("i8", 128, 2, warps=8, stages=1, programs=256),
     "i8-n128-g1-s1-p1024": RepackedConfig("i8", 128, 1, stages=1, programs=1024),
-    # Unmeasured: a (row, group)'s quads spread over 4 or 8 threads, so that a warp's load covers whole
-    # 32-byte sectors or 128-byte lines, as "fma" reads. The one-thread walk above runs 1.73
-    # instructions a Q4_K weight (fma 7.44) yet gained only ~5% on Q4_K: not issue-bound; its warp
-    # loads touch 32 lines 16 bytes each. These run 2.95 (4 threads) / 4.5 (8) a weight.
-    "i8-n32-g2-q4": RepackedConfig("i8", 32, 2, stages=1, programs=512, quads=4),
-    "i8-n64-g1-q4": RepackedConfig("i8", 64, 1, stages=1, programs=512, quads=4),
-    "i8-n16-g2-q8": RepackedConfig("i8", 16, 2, stages=1, programs=512, quads=8),
+    # Session 15 (G33 and a sweep after it, Q4_K at 1 row, speed-up over fma-n64-g2 per 8B product): a
+    # (row, group)'s quads spread over 4 or 8 threads (`quads`, so that warp loads cover whole sectors
+    # as fma's do; i8-n32-g2-q4, i8-n64-g1-q4, i8-n16-g2-q8) 0.73-1.00x, prediction 1.3-1.6x; 2, 4 or 8
+    # rows a thread sharing one load of x (i8-n64-g4-s1, i8-n128-g4-s1, i8-n256-g4-s1, i8-n128-g2-s1;
+    # SASS LDG 0.18 -> 0.07-0.11 a weight) lost too but on the head (169 us against fma's 181). Nsight
+    # Compute on the head: i8-n32-g4-s1 is bound by L1 (90% of L1/TEX throughput; 22 of its 31 cycles
+    # between issues wait on L1), fma-n64-g2 by issue (71% SM throughput at 18% occupancy). All
+    # dropped; the kernel keeps `quads` (1 in every candidate).
     # "fma" at the tile the session-14 --wide sweep picked at 1 row for Q4_K and Q8_0 (fma-n64-g2-s2-p256).
     "fma-n64-g2": RepackedConfig("fma", 64, 2, programs=256),
 }
@@ -129,8 +129,8 @@ INT_MANY_ROWS_CONFIG = CONFIGS["int-n64-g1"]
 FMA_MAX_ROWS = 4
 MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, "i8": 1}
 # (qtype, rows 1..MAX_INT_ROWS) -> config: the device sweep's picks (bench/gpu_gguf_repacked.py writes
-# them as JSON), taken from $ONEBIT_GGUF_REPACKED_TABLE, else from gguf_repacked_table.json beside this
-# file. Types the sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
+# them as JSON), taken from gguf_repacked_table.json beside this file, then from
+# $ONEBIT_GGUF_REPACKED_TABLE over it (a sweep of a few row counts replaces just those). Types the sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
 TABLE_ENV = "ONEBIT_GGUF_REPACKED_TABLE"
 TABLE_FILE = Path(__file__).with_name("gguf_repacked_table.json")
 DEFAULT = {(qtype, m): CONFIGS["fma-n32-g2"] if m <= 2 else CONFIGS["int-n64-g1-s3"] if m <= MAX_KERNEL_ROWS
@@ -150,15 +150,15 @@ def table_from_json(text: str) -> dict[tuple[str, int], RepackedConfig]:
             chosen = next((c for rows, c in measured if rows >= m), None)
             if chosen is None and m <= MAX_KERNEL_ROWS and few:
                 chosen = few[-1][1]
-            if chosen is not None:
+            if chosen is not None and m <= MODE_MAX_ROWS[chosen.mode]:  # a 1-row "i8" pick stays at 1 row
                 table[qtype, m] = chosen
     return table
 
 
 def _load_table() -> None:
-    path = os.environ.get(TABLE_ENV) or (TABLE_FILE if TABLE_FILE.exists() else None)
-    if path:
-        DEFAULT.update(table_from_json(Path(path).read_text()))
+    for path in (TABLE_FILE if TABLE_FILE.exists() else None, os.environ.get(TABLE_ENV)):
+        if path:
+            DEFAULT.update(table_from_json(Path(path).read_text()))
 
 
 _load_table()
