@@ -107,6 +107,23 @@ class TimedConn:
             self.clock.stop("poll")
 
 
+def time_collections(clock: Clock) -> None:
+    """Count the garbage collector's passes into `clock` as "gc: generation N" (they run inside
+    whatever part allocated last, whose time includes them too)."""
+    started = []
+
+    def callback(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            row = clock.table[f"gc: generation {info['generation']}"]
+            seconds = time.perf_counter() - started.pop()
+            row[0] += seconds
+            row[1] += seconds
+
+    gc.callbacks.append(callback)
+
+
 def timed_worker_main(config: EngineConfig, conn, parent_pid: int) -> None:
     """`worker_main` with timers (and, if asked, cProfile) around the serve loop's parts."""
     from onebit.backends import native_worker
@@ -114,6 +131,7 @@ def timed_worker_main(config: EngineConfig, conn, parent_pid: int) -> None:
     native_worker.die_with_parent(parent_pid)
     engine = native_worker.load_engine(config)
     clock = Clock()
+    time_collections(clock)
     proxy = TimedConn(conn, clock)
     steps = [0]
     step = engine.step
@@ -153,6 +171,8 @@ def engine_part(args, config: EngineConfig) -> dict:
     from onebit.backends.native_worker import load_engine
 
     engine = load_engine(config)  # as the worker loads it (the same torch threads on the CPU)
+    clock = Clock()
+    time_collections(clock)
     rng = random.Random(0)
     sent = tokens = steps = 0
     while sent < min(args.concurrency, args.requests):
@@ -169,12 +189,14 @@ def engine_part(args, config: EngineConfig) -> dict:
         steps += 1
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu
+    gc.callbacks.clear()
     del engine
     gc.collect()
     if config.device != "cpu":
         import torch
         torch.cuda.empty_cache()  # the worker of part 2 sizes its KV pool from the free memory
-    return {"wall": wall, "steps": steps, "tokens": tokens, "cpu": cpu}
+    return {"wall": wall, "steps": steps, "tokens": tokens, "cpu": cpu,
+            "gc": {name: row[0] for name, row in clock.table.items()}}
 
 
 async def backend_part(args, config: EngineConfig, times_path: str) -> dict:
@@ -247,7 +269,9 @@ def main() -> None:
         ms = e["wall"] / e["steps"] * 1e3
         figures["engine"] = {**e, "tok_s": e["tokens"] / e["wall"]}
         print(f"engine alone: {e['tokens'] / e['wall']:,.0f} tok/s, {e['steps']} steps, {ms:.2f} ms/step "
-              f"({e['cpu'] / e['steps'] * 1e3:.2f} ms CPU)")
+              f"({e['cpu'] / e['steps'] * 1e3:.2f} ms CPU); garbage collection: "
+              + (", ".join(f"{name[4:]} {sec / e['steps'] * 1e3:.3f} ms/step" for name, sec in sorted(e["gc"].items()))
+                 or "none"))
     if "backend" in parts:
         times_path = os.path.join(tempfile.mkdtemp(), "times.json")
         os.environ[TIMES_ENV] = times_path

@@ -64,6 +64,10 @@ def test_prompt_checks():
         check_prompt([], 100, 10)
     with pytest.raises(InvalidRequest):
         check_prompt([1, BIG], None, None)
+    for bad in (True, 1.0, "7", -1, 100, None):  # the first bad id is named, whatever the rest
+        with pytest.raises(InvalidRequest, match=f"token id {bad!r} is outside"):
+            check_prompt([5, bad, 200, "x"], 100, None)
+    assert check_prompt([0, 99], 100, None) == [0, 99]
     with pytest.raises(ContextOverflow) as info:
         check_prompt([1] * 10, 100, 10, "messages")
     assert (info.value.n_prompt_tokens, info.value.n_ctx, info.value.param) == (10, 10, "messages")
