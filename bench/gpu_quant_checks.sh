@@ -14,7 +14,7 @@ set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 PARTS=${PARTS:-ABC}
-CONFIGS=${CONFIGS:-fma-n64-g2,i8-n32-g4-s1,i8-n128-g2-w8-s1,i8-n128-g1-s1-p1024}
+CONFIGS=${CONFIGS:-fma-n64-g2,i8-n32-g4-s1,i8-n128-g1-q4,i8-n64-g2-q4,i8-n128-g1-q2}
 mkdir -p "$OUT"
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
@@ -28,7 +28,7 @@ if [[ $PARTS == *B* ]]; then
     if command -v ncu > /dev/null; then
         timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
             --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
-            python3 bench/gpu_gguf_stalls.py --configs "Q4_K:fma-n64-g2,Q4_K:i8-n32-g4-s1,Q8_0:fma-n64-g2" \
+            python3 bench/gpu_gguf_stalls.py --configs "Q4_K:fma-n64-g2,Q4_K:i8-n32-g4-s1,Q4_K:i8-n128-g1-q4,Q8_0:fma-n64-g2" \
             > "$OUT/ncu.txt" 2>&1 || echo "part B: rc $? (log: ncu.txt)"
     else
         echo "part B: no ncu on this machine"

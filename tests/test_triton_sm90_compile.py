@@ -107,7 +107,7 @@ COMPILE = textwrap.dedent("""
         for qtype in tr.I8_TYPES:
             group, lanes, _, planes = GROUPING[qtype]
             meta = {"GROUP": group, "LANES": lanes, "PLANES": planes, "PDL": True}
-            for label in ("i8-n32-g4-s1", "i8-n16-g2-q8"):  # a (row, group) a thread; spread over eight
+            for label in ("i8-n32-g4-s1", "i8-n128-g1-q4"):  # a (row, group) a thread; over four, 4 rows each
                 config = tr.CONFIGS[label]
                 compile_sm90(f"gguf-{label}-{qtype}", "triton_gguf_repacked", "_repacked_i8_kernel",
                              {"xq_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32", "c_ptr": "*i32",
@@ -232,7 +232,7 @@ def test_gguf_dot_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
 def test_gguf_i8_mode_compiles_for_sm90_with_dp4a_and_prmt():
     lines = _compile("gguf-i8")
     assert [line.split()[0] for line in lines] == [name for q in ("Q4_K", "Q8_0") for name in (
-        f"gguf-i8-n32-g4-s1-{q}", f"gguf-i8-n16-g2-q8-{q}", f"gguf-i8-quantize-{q}")]
+        f"gguf-i8-n32-g4-s1-{q}", f"gguf-i8-n128-g1-q4-{q}", f"gguf-i8-quantize-{q}")]
     for line in lines:
         fields = line.split()
         assert int(fields[2]) > 0, line  # it stores

@@ -117,7 +117,12 @@ CONFIGS = {
     # SASS LDG 0.18 -> 0.07-0.11 a weight) lost too but on the head (169 us against fma's 181). Nsight
     # Compute on the head: i8-n32-g4-s1 is bound by L1 (90% of L1/TEX throughput; 22 of its 31 cycles
     # between issues wait on L1), fma-n64-g2 by issue (71% SM throughput at 18% occupancy). All
-    # dropped; the kernel keeps `quads` (1 in every candidate).
+    # dropped. Unmeasured: both at once, a group's quads over 4 (2) threads and 4 rows a thread, so
+    # that x is loaded once for 4 rows and a 4096-row product still has 512 programs (the rows-a-thread
+    # forms above had 64-128 there). SASS, Q4_K: 2.07-2.21 instructions and 0.13-0.14 LDG a weight.
+    "i8-n128-g1-q4": RepackedConfig("i8", 128, 1, stages=1, programs=512, quads=4),
+    "i8-n64-g2-q4": RepackedConfig("i8", 64, 2, stages=1, programs=512, quads=4),
+    "i8-n128-g1-q2": RepackedConfig("i8", 128, 1, stages=1, programs=512, quads=2),
     # "fma" at the tile the session-14 --wide sweep picked at 1 row for Q4_K and Q8_0 (fma-n64-g2-s2-p256).
     "fma-n64-g2": RepackedConfig("fma", 64, 2, programs=256),
 }
