@@ -89,7 +89,7 @@ def test_sass_loop_count_finds_the_k_loop_of_a_repacked_kernel():
 
 
 def test_the_quant_checks_name_configs_the_sweep_and_the_stalls_script_know(monkeypatch):
-    """bench/gpu_quant_checks.sh's config names (part A's sweep, part B's ncu launches) are
+    """bench/gpu_quant_checks.sh's config names (part A's sweep, parts B and D's ncu launches) are
     `triton_gguf_repacked.CONFIGS` entries the sweep accepts; an unknown name stops the sweep."""
     import re
 
@@ -102,8 +102,8 @@ def test_the_quant_checks_name_configs_the_sweep_and_the_stalls_script_know(monk
         sys.path.pop(0)
     script = (ROOT / "bench" / "gpu_quant_checks.sh").read_text()
     sweep = re.search(r"CONFIGS=\$\{CONFIGS:-([^}]+)\}", script).group(1).split(",")
-    stalls = [pair.split(":")[1] for pair in re.search(r'--configs "(Q[^"]+)"', script).group(1).split(",")]
-    assert set(sweep + stalls) <= set(tr.CONFIGS) and len(sweep) == 5
+    stalls = [pair.split(":")[1] for pairs in re.findall(r'--configs "(Q[^"]+)"', script) for pair in pairs.split(",")]
+    assert set(sweep + stalls) <= set(tr.CONFIGS) and len(sweep) == 5 and len(stalls) == 7
     monkeypatch.setenv("ONEBIT_SWEEP_CONFIGS", ",".join(sweep))
     assert list(gpu_gguf_repacked.sweep_configs()) == sweep
     monkeypatch.setenv("ONEBIT_SWEEP_CONFIGS", "fma-n64-g2,no-such-config")
