@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The 1-row packed GGUF and FP8-handoff checks in one device call (~5 min on an H200; carry .whl,
 # tools/device_wheels.sh); session 15 ran it as G33 (docs/perf-history.md):
-#   A. packed GGUF at 1 row (bench/gpu_gguf_repacked.py --rows 1): fma-n64-g2 (the table's pick)
-#      against the mode "i8" candidates, Q4_K and Q8_0;
+#   A. packed GGUF at 1 row (bench/gpu_gguf_repacked.py --rows 1): the table's picks (fma-n64-g2 for
+#      Q4_K, fma-n64-g2-p512 for Q8_0) against the mode "i8" candidates; then
+#      tools/merge_repacked_table.py on it (printed; --write here if a pick wins by 15%);
 #   B. Nsight Compute on those 1-row launches at the head (bench/gpu_gguf_stalls.py): what fma and
 #      i8 wait on (throughput, warp stalls, memory); skipped with a line if ncu is missing or fails;
 #   C. the FP8 producers' e4m3 handoff (bench/gpu_fp8_fuse.py): fused kernels alone, and engine
@@ -15,7 +16,7 @@ set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 PARTS=${PARTS:-ABC}
-CONFIGS=${CONFIGS:-fma-n64-g2,i8-n32-g4-s1,i8-n128-g1-q4,i8-n64-g2-q4,i8-n128-g1-q2}
+CONFIGS=${CONFIGS:-fma-n64-g2,fma-n64-g2-p512,i8-n32-g4-s1,i8-n128-g1-q4,i8-n64-g2-q4,i8-n128-g1-q2}
 mkdir -p "$OUT"
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
@@ -23,6 +24,7 @@ if [[ $PARTS == *A* ]]; then
     say "A: 1-row sweep"
     timeout 150 python3 bench/gpu_gguf_repacked.py --out "$OUT/one_row" --rows 1 --types Q4_K,Q8_0 \
         --configs "$CONFIGS" > "$OUT/one_row.log" 2>&1 || echo "part A: rc $? (log: one_row.log)"
+    python3 tools/merge_repacked_table.py "$OUT/one_row" > "$OUT/one_row_merge.md" 2>&1
 fi
 # ncu_stalls FILE ARGS...: bench/gpu_gguf_stalls.py ARGS under Nsight Compute into $OUT/FILE
 ncu_stalls() {
@@ -55,6 +57,7 @@ fi
 say "done"
 echo "== A: 1-row packed GGUF (us per product; geometric means last)"
 grep -E "^\| " "$OUT/one_row/gguf_repacked.md" 2>/dev/null | tail -24
+cat "$OUT/one_row_merge.md" 2>/dev/null
 for file in ncu.txt ncu_rows8.txt ncu_rows64.txt; do
     [[ -f $OUT/$file ]] || continue
     echo "== B/D: $file (kernel, duration, throughputs, occupancy, the main stall)"

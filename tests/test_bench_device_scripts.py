@@ -103,7 +103,7 @@ def test_the_quant_checks_name_configs_the_sweep_and_the_stalls_script_know(monk
     script = (ROOT / "bench" / "gpu_quant_checks.sh").read_text()
     sweep = re.search(r"CONFIGS=\$\{CONFIGS:-([^}]+)\}", script).group(1).split(",")
     stalls = [pair.split(":")[1] for pairs in re.findall(r'--configs "(Q[^"]+)"', script) for pair in pairs.split(",")]
-    assert set(sweep + stalls) <= set(tr.CONFIGS) and len(sweep) == 5 and len(stalls) == 7
+    assert set(sweep + stalls) <= set(tr.CONFIGS) and len(sweep) == 6 and len(stalls) == 7
     monkeypatch.setenv("ONEBIT_SWEEP_CONFIGS", ",".join(sweep))
     assert list(gpu_gguf_repacked.sweep_configs()) == sweep
     monkeypatch.setenv("ONEBIT_SWEEP_CONFIGS", "fma-n64-g2,no-such-config")

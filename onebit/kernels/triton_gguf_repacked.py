@@ -123,8 +123,9 @@ CONFIGS = {
     "i8-n128-g1-q4": RepackedConfig("i8", 128, 1, stages=1, programs=512, quads=4),
     "i8-n64-g2-q4": RepackedConfig("i8", 64, 2, stages=1, programs=512, quads=4),
     "i8-n128-g1-q2": RepackedConfig("i8", 128, 1, stages=1, programs=512, quads=2),
-    # "fma" at the tile the session-14 --wide sweep picked at 1 row for Q4_K and Q8_0 (fma-n64-g2-s2-p256).
+    # "fma" at the tiles the session-14 --wide sweep picked at 1 row for Q4_K (fma-n64-g2-s2-p256) ...
     "fma-n64-g2": RepackedConfig("fma", 64, 2, programs=256),
+    "fma-n64-g2-p512": RepackedConfig("fma", 64, 2, programs=512),  # ... and for Q8_0
 }
 I8_TYPES = ("Q4_K", "Q8_0")
 # 17 to MAX_INT_ROWS rows. 2026-12-02 sweep, geometric mean over the 8B products and Q4_K/Q6_K/Q8_0 of

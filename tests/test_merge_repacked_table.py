@@ -1,0 +1,50 @@
+"""tools/merge_repacked_table.py: a sweep's winner replaces the shipped pick only when it beat that
+pick, timed in the same sweep, by the margin."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from onebit.kernels import triton_gguf_repacked as tr
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _record(qtype: str, rows: int, product: str, us: dict[str, float], error: float = 0.01) -> dict:
+    return {"product": product, "qtype": qtype, "rows": rows, "bf16_us": 30.0, "us": us,
+            "rel_err": {label: error for label in us}}
+
+
+def test_a_winner_is_merged_only_past_the_margin_and_only_against_the_shipped_config(tmp_path):
+    fields = {name: tr.CONFIGS[name]._asdict() for name in ("fma-n64-g2", "fma-n16-g2", "int-n64-g1-p256")}
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"Q4_K": {"1": fields["fma-n64-g2"], "64": fields["int-n64-g1-p256"]},
+                                 "Q8_0": {"1": fields["fma-n64-g2"]}, "Q6_K": {"1": fields["fma-n16-g2"]}}))
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    records = [
+        _record("Q4_K", 1, "qkv", {"fma-n64-g2": 10.0, "i8-n32-g4-s1": 8.0}),  # 1.25x on both products
+        _record("Q4_K", 1, "head", {"fma-n64-g2": 20.0, "i8-n32-g4-s1": 16.0}),
+        _record("Q8_0", 1, "qkv", {"fma-n64-g2": 10.0, "i8-n32-g4-s1": 9.5}),  # 1.05x: under the margin
+        _record("Q6_K", 1, "qkv", {"fma-n64-g2": 10.0}),  # the shipped fma-n16-g2 was not timed
+        _record("Q4_K", 64, "qkv", {"int-n64-g1-p256": 20.0, "dot-n64-g1": 10.0}, error=0.05),  # fast, wrong
+    ]
+    (sweep / "gguf_repacked.json").write_text(json.dumps({"records": records}))
+    before = table.read_text()
+    dry = subprocess.run([sys.executable, "tools/merge_repacked_table.py", str(sweep), "--table", str(table)],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "1 pick(s) would be merged" in dry.stdout and table.read_text() == before  # without --write
+    run = subprocess.run([sys.executable, "tools/merge_repacked_table.py", str(sweep), "--table", str(table),
+                          "--write"], cwd=ROOT, capture_output=True, text=True, check=True)
+    lines = {" ".join(line.split(" | ")[:2]).strip("| "): line for line in run.stdout.splitlines()
+             if line.startswith("| Q")}
+    assert "| 1.25x | yes |" in lines["Q4_K 1"] and "| 1.05x | no |" in lines["Q8_0 1"]
+    assert "not in this sweep" in lines["Q6_K 1"] and "wrote 1 pick(s)" in run.stdout
+    assert lines["Q4_K 64"].endswith("| dot-n64-g1 | 2.00x | no | gain 2.00x >= 1.15x; relative error 5.0e-02 > 3.0e-02 |")
+    merged = json.loads(table.read_text())
+    assert merged["Q4_K"]["1"] == tr.CONFIGS["i8-n32-g4-s1"]._asdict()
+    assert merged["Q4_K"]["64"] == fields["int-n64-g1-p256"]  # counts the sweep did not time stay
+    assert merged["Q8_0"]["1"] == fields["fma-n64-g2"] and merged["Q6_K"]["1"] == fields["fma-n16-g2"]
