@@ -43,7 +43,8 @@ def test_a_winner_is_merged_only_past_the_margin_and_only_against_the_shipped_co
              if line.startswith("| Q")}
     assert "| 1.25x | yes |" in lines["Q4_K 1"] and "| 1.05x | no |" in lines["Q8_0 1"]
     assert "not in this sweep" in lines["Q6_K 1"] and "wrote 1 pick(s)" in run.stdout
-    assert lines["Q4_K 64"].endswith("| dot-n64-g1 | 2.00x | no | gain 2.00x >= 1.15x; relative error 5.0e-02 > 3.0e-02 |")
+    assert lines["Q4_K 64"].endswith(
+        "| dot-n64-g1 | 2.00x | no | gain 2.00x >= 1.15x; relative error 5.0e-02 > 3.0e-02 |")
     merged = json.loads(table.read_text())
     assert merged["Q4_K"]["1"] == tr.CONFIGS["i8-n32-g4-s1"]._asdict()
     assert merged["Q4_K"]["64"] == fields["int-n64-g1-p256"]  # counts the sweep did not time stay

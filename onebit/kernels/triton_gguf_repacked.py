@@ -136,7 +136,8 @@ FMA_MAX_ROWS = 4
 MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, "i8": 1}
 # (qtype, rows 1..MAX_INT_ROWS) -> config: the device sweep's picks (bench/gpu_gguf_repacked.py writes
 # them as JSON), taken from gguf_repacked_table.json beside this file, then from
-# $ONEBIT_GGUF_REPACKED_TABLE over it (a sweep of a few row counts replaces just those). Types the sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
+# $ONEBIT_GGUF_REPACKED_TABLE over it (a sweep of a few row counts replaces just those). Types the
+# sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
 TABLE_ENV = "ONEBIT_GGUF_REPACKED_TABLE"
 TABLE_FILE = Path(__file__).with_name("gguf_repacked_table.json")
 DEFAULT = {(qtype, m): CONFIGS["fma-n32-g2"] if m <= 2 else CONFIGS["int-n64-g1-s3"] if m <= MAX_KERNEL_ROWS
