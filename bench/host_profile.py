@@ -107,9 +107,9 @@ class TimedConn:
             self.clock.stop("poll")
 
 
-def time_collections(clock: Clock) -> None:
+def time_collections(clock: Clock):
     """Count the garbage collector's passes into `clock` as "gc: generation N" (they run inside
-    whatever part allocated last, whose time includes them too)."""
+    whatever part allocated last, whose time includes them too); returns the gc callback."""
     started = []
 
     def callback(phase, info):
@@ -122,6 +122,7 @@ def time_collections(clock: Clock) -> None:
             row[1] += seconds
 
     gc.callbacks.append(callback)
+    return callback
 
 
 def timed_worker_main(config: EngineConfig, conn, parent_pid: int) -> None:
@@ -172,7 +173,7 @@ def engine_part(args, config: EngineConfig) -> dict:
 
     engine = load_engine(config)  # as the worker loads it (the same torch threads on the CPU)
     clock = Clock()
-    time_collections(clock)
+    counting = time_collections(clock)
     rng = random.Random(0)
     sent = tokens = steps = 0
     while sent < min(args.concurrency, args.requests):
@@ -189,7 +190,7 @@ def engine_part(args, config: EngineConfig) -> dict:
         steps += 1
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu
-    gc.callbacks.clear()
+    gc.callbacks.remove(counting)
     del engine
     gc.collect()
     if config.device != "cpu":
