@@ -2,7 +2,8 @@
 # The 1-row packed GGUF and FP8-handoff checks in one device call (~5 min on an H200; carry .whl,
 # tools/device_wheels.sh); session 15 ran it as G33 (docs/perf-history.md):
 #   A. packed GGUF at 1 row (bench/gpu_gguf_repacked.py --rows 1): the table's picks (fma-n64-g2 for
-#      Q4_K, fma-n64-g2-p512 for Q8_0) against the mode "i8" candidates; then
+#      Q4_K, fma-n64-g2-p512 for Q8_0, fma-n16-g2-s3-p256 for Q6_K) against the folded-offset "fma"
+#      and the mode "i8" candidates; then
 #      tools/merge_repacked_table.py on it (printed; --write here if a pick wins by 15%);
 #   B. Nsight Compute on those 1-row launches at the head (bench/gpu_gguf_stalls.py): what fma and
 #      i8 wait on (throughput, warp stalls, memory); skipped with a line if ncu is missing or fails;
@@ -16,13 +17,13 @@ set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 PARTS=${PARTS:-ABC}
-CONFIGS=${CONFIGS:-fma-n64-g2,fma-n64-g2-p512,i8-n32-g4-s1,i8-n128-g1-q4,i8-n64-g2-q4,i8-n128-g1-q2}
+CONFIGS=${CONFIGS:-fma-n64-g2,fma-n64-g2-p512,fma-n16-g2-s3-p256,fma-n64-g2-fold,fma-n64-g2-p512-fold,i8-n32-g4-s1,i8-n128-g1-q4,i8-n64-g2-q4,i8-n128-g1-q2}
 mkdir -p "$OUT"
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 if [[ $PARTS == *A* ]]; then
     say "A: 1-row sweep"
-    timeout 150 python3 bench/gpu_gguf_repacked.py --out "$OUT/one_row" --rows 1 --types Q4_K,Q8_0 \
+    timeout 150 python3 bench/gpu_gguf_repacked.py --out "$OUT/one_row" --rows 1 --types Q4_K,Q8_0,Q6_K \
         --configs "$CONFIGS" > "$OUT/one_row.log" 2>&1 || echo "part A: rc $? (log: one_row.log)"
     python3 tools/merge_repacked_table.py "$OUT/one_row" > "$OUT/one_row_merge.md" 2>&1
 fi
@@ -56,7 +57,7 @@ if [[ $PARTS == *C* ]]; then
 fi
 say "done"
 echo "== A: 1-row packed GGUF (us per product; geometric means last)"
-grep -E "^\| " "$OUT/one_row/gguf_repacked.md" 2>/dev/null | tail -24
+grep -E "^\| " "$OUT/one_row/gguf_repacked.md" 2>/dev/null | tail -40
 cat "$OUT/one_row_merge.md" 2>/dev/null
 for file in ncu.txt ncu_rows8.txt ncu_rows64.txt; do
     [[ -f $OUT/$file ]] || continue
