@@ -154,6 +154,17 @@ def random_repacked(qtype: str, n: int, k: int, device: torch.device):
     return RepackedMatrix.from_packed(PackedMatrix.from_blocks(ENCODERS[qtype](w), qtype, k))
 
 
+def geomean(values: list[float]) -> float:
+    """Geometric mean (nan for no values)."""
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def speedup_vs_bf16(records: list[dict], label: str) -> float:
+    """A config's speed-up over bf16 cuBLAS across sweep records (`gguf_repacked.json`'s): the
+    geometric mean of bf16 us / its us over the records that timed it (nan for none)."""
+    return geomean([r["bf16_us"] / r["us"][label] for r in records if label in r["us"]])
+
+
 def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[list[str], dict]:
     """Time every config and bf16 at every product, type and row count; markdown lines and the table.
     (device and timer only for a CPU smoke run in Triton's interpreter, at small PRODUCTS.)"""
@@ -205,25 +216,19 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
             del w, dense, dense16
             torch.cuda.empty_cache()
     (out / "gguf_repacked.json").write_text(json.dumps({"records": records, "dequantize_exact": exact}, indent=1))
-
-    def geomean(values):
-        return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
-
     lines += ["", f"Triton dequantizer equal to the torch reference bit for bit: "
               f"{sum(exact.values())}/{len(exact)}" + ("" if all(exact.values()) else f" (not: {[k for k, v in exact.items() if not v]})"),
               "", "Per config: geometric mean over products and types of the speed-up vs bf16 cuBLAS", "",
               "| config | " + " | ".join(f"{m} rows" for m in ROWS) + " |", "|---|" + "---:|" * len(ROWS)]
     for label in configs:
-        cells = [geomean([r["bf16_us"] / r["us"][label] for r in records if r["rows"] == m and label in r["us"]])
-                 for m in ROWS]
+        cells = [speedup_vs_bf16([r for r in records if r["rows"] == m], label) for m in ROWS]
         lines.append(f"| {label} | " + " | ".join("n/a" if math.isnan(c) else f"{c:.2f}x" for c in cells) + " |")
     # Best config per (type, rows): the geometric mean over the products of bf16 us / config us.
     table, picks = {}, []
     for qtype in TYPES:
         for m in ROWS:
-            scores = {label: geomean([r["bf16_us"] / r["us"][label] for r in records
-                                      if r["rows"] == m and r["qtype"] == qtype and label in r["us"]])
-                      for label in configs}
+            group = [r for r in records if r["rows"] == m and r["qtype"] == qtype]
+            scores = {label: speedup_vs_bf16(group, label) for label in configs}
             scores = {label: v for label, v in scores.items() if not math.isnan(v)}
             if scores:
                 label = max(scores, key=scores.get)

@@ -22,10 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def geomean(values: list[float]) -> float:
-    """Geometric mean (nan for no values)."""
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+from bench.gpu_gguf_repacked import geomean, speedup_vs_bf16  # noqa: E402
 
 
 def decide(records: list[dict], shipped: dict, configs: dict, min_gain: float, max_rel_err: float) -> list[dict]:
@@ -43,7 +40,7 @@ def decide(records: list[dict], shipped: dict, configs: dict, min_gain: float, m
         if not timed:
             decisions.append({**row, "why": "no config timed at every product"})
             continue
-        best = max(timed, key=lambda label: geomean([r["bf16_us"] / r["us"][label] for r in group]))
+        best = max(timed, key=lambda label: speedup_vs_bf16(group, label))
         row["best"] = best
         if not names:
             decisions.append({**row, "why": "the shipped config was not in this sweep"})
@@ -71,9 +68,9 @@ def main() -> int:
     ap.add_argument("--write", action="store_true", help="write the merged table (else only print)")
     args = ap.parse_args()
     records = json.loads((args.sweep / "gguf_repacked.json").read_text())["records"]
-    raw = json.loads(args.table.read_text())
-    decisions = decide(records, tr.table_from_json(args.table.read_text()), tr.CONFIGS, args.min_gain,
-                       args.max_rel_err)
+    text = args.table.read_text()
+    raw = json.loads(text)
+    decisions = decide(records, tr.table_from_json(text), tr.CONFIGS, args.min_gain, args.max_rel_err)
     print("| type | rows | shipped | sweep's best | gain | merged | why |\n|---|---:|---|---|---:|---|---|")
     for d in decisions:
         print(f"| {d['qtype']} | {d['rows']} | {d['shipped'] or '-'} | {d['best'] or '-'} | "
