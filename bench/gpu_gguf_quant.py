@@ -202,6 +202,19 @@ def write_quantized(model, shape_dir: Path, out: Path, recipe: str) -> Path:
     return write_model_gguf(model, shape_dir, out, {"Q4_K_M": 15, "Q8_0": 7}[recipe], matrix)
 
 
+def write_gguf_files(shape_dir: Path, out_dir: Path, recipes: list[str], device: str) -> dict[str, Path]:
+    """The shape model's random weights (load format "dummy") written once per recipe as
+    out_dir/model-RECIPE.gguf (`write_quantized`); {recipe: path}."""
+    from onebit.models.loader import load_model
+
+    model, _ = load_model(shape_dir, torch.device(device), torch.bfloat16, "dummy")
+    files = {recipe: write_quantized(model, shape_dir, out_dir / f"model-{recipe}.gguf", recipe) for recipe in recipes}
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return files
+
+
 def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: str, batches: list[int]) -> None:
     """In a fresh process: load, record logits of PROBE and decode tok/s at each batch size."""
     from bench.gpu_gguf import decode_tok_s
@@ -231,7 +244,6 @@ def run_child(model: Path, keep_packed: bool, logits: Path, dummy: bool, device:
 def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: list[int]) -> list[str]:
     """Write the files (under work_root), serve each in a child, compare logits (under out); markdown lines."""
     from bench.make_shape_model import fill_vocab, make_shape_model
-    from onebit.models.loader import load_model
 
     work = work_root / "model"
     shutil.rmtree(work, ignore_errors=True)
@@ -239,11 +251,7 @@ def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: l
     make_shape_model(work, shape)
     fill_vocab(work)
     start = time.perf_counter()
-    model, _ = load_model(work, torch.device(device), torch.bfloat16, "dummy")
-    files = {recipe: write_quantized(model, work, work_root / f"model-{recipe}.gguf", recipe) for recipe in ("Q4_K_M", "Q8_0")}
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    files = write_gguf_files(work, work_root, ["Q4_K_M", "Q8_0"], device)
     print(f"wrote the GGUF files in {time.perf_counter() - start:.0f} s", flush=True)
     runs = {"bf16 (original weights)": (work, False, True), "Q4_K_M packed": (files["Q4_K_M"], True, False),
             "Q4_K_M dequantized to bf16": (files["Q4_K_M"], False, False), "Q8_0 packed": (files["Q8_0"], True, False)}

@@ -75,16 +75,11 @@ def weight_bytes(engine) -> int:
 def gguf_file(shape: Path, recipe: str, device: str) -> Path:
     """The shape model's random weights written as a GGUF file of `recipe` (Q4_K_M or Q8_0; needs the
     gguf package: carry .whl), beside it."""
-    from bench.gpu_gguf_quant import write_quantized
+    from bench.gpu_gguf_quant import write_gguf_files
     from bench.make_shape_model import fill_vocab
-    from onebit.models.loader import load_model
 
     fill_vocab(shape)
-    model, _ = load_model(shape, torch.device(device), torch.bfloat16, "dummy")
-    path = write_quantized(model, shape, shape.parent / f"model-{recipe}.gguf", recipe)
-    del model
-    gc.collect()
-    return path
+    return write_gguf_files(shape, shape.parent, [recipe], device)[recipe]
 
 
 def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 0) -> dict:
