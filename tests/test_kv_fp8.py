@@ -81,6 +81,32 @@ def test_triton_decode_reads_fp8_like_the_reference(heads, kv_heads, head_dim, b
     assert 0 < _rel(ref, exact) < 0.15
 
 
+def test_triton_decode_with_bf16_queries_runs_fp8_products_in_float16():
+    """bf16 queries over an e4m3 cache take the float16 products (`FP8_DOT_F16`). The bound is
+    loose on purpose: the bf16 output alone rounds by 1.5e-3 here, and the interpreter's float16
+    product rounds its result to float16 where the GPU accumulates in float32."""
+    assert triton_decode.FP8_DOT_F16
+    q, kq, vq, ks, vs, tables, ctx, _ = _fp8_case(8, 2, 32, 16, [1, 40, 300, 129], seed=5)
+    q = q.bfloat16()
+    scale = 32 ** -0.5
+    ours = triton_decode.paged_decode_attention(q, kq, vq, tables, ctx, scale, None, 320, ks, vs)
+    assert ours.dtype == torch.bfloat16
+    assert _rel(ours, decode_attention_ref(q.float(), kq, vq, tables.long(), ctx.long(), scale, ks, vs)) < 1e-2
+
+
+@pytest.mark.parametrize("name", sorted(triton_decode.CANDIDATES))
+def test_every_decode_launch_candidate_matches_the_reference(name):
+    """The tile, warps and stages a bench may pick change the walk, not the answer: with splits
+    chosen by the adaptive rule, contexts shorter and longer than a tile, e4m3 and float caches."""
+    launch = triton_decode.CANDIDATES[name]
+    q, kq, vq, ks, vs, tables, ctx, (k, v) = _fp8_case(8, 2, 32, 16, [1, 40, 300, 129], seed=5)
+    scale = 32 ** -0.5
+    ours = triton_decode.paged_decode_attention(q, kq, vq, tables, ctx, scale, None, 320, ks, vs, launch=launch)
+    assert _rel(ours, decode_attention_ref(q, kq, vq, tables.long(), ctx.long(), scale, ks, vs)) < TOLERANCE
+    ours = triton_decode.paged_decode_attention(q, k, v, tables, ctx, scale, None, 320, launch=launch)
+    assert _rel(ours, decode_attention_ref(q, k, v, tables.long(), ctx.long(), scale)) < TOLERANCE
+
+
 @pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,chunks", [
     (4, 2, 16, 4, [(5, 5), (3, 20), (1, 9)]),
     (8, 1, 32, 16, [(70, 70), (17, 150)]),

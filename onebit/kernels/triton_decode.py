@@ -20,6 +20,7 @@ Before, the split length was fixed per engine (ceil(ctx_size / splits)): with --
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -37,7 +38,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
-    PDL: tl.constexpr = False,
+    DOT_F16: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
@@ -58,6 +59,8 @@ def _decode_split_kernel(
                 mask=row_ok[:, None], other=0.0)
     if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
         scale = scale * tl.load(k_scale_ptr + kv_head)
+    if DOT_F16:  # e4m3 -> float16 is one conversion per two values; -> bfloat16 goes through more
+        q = q.to(tl.float16)
 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
@@ -178,11 +181,39 @@ def pick_num_splits(max_context: int, split_target: int = 512, max_splits: int =
     return max(1, min(max_splits, -(-max_context // split_target)))
 
 
+class DecodeLaunch(NamedTuple):
+    """How the split kernel walks a context: `tile` keys a loop turn, `warps` a program, `stages`
+    of software pipelining (0: Triton's default)."""
+
+    tile: int = 64
+    warps: int = 4
+    stages: int = 0
+
+
+# The launch per cache dtype at head_dim <= 128 (above, 32-key tiles). An e4m3 tile of 64 keys
+# is half the bytes of a bf16 one, so fewer bytes are in flight per program. Session 16 (H200, one
+# layer of the 8B shape, 8 points from 1 x 2k to 256 x 1k, bench/gpu_decode_fp8.py; geometric mean
+# of the speed-up over t64-w4, bf16 / e4m3 with bf16 products): t128-w4 0.99 / 1.17x, t128-w8 0.94 /
+# 0.77x, t64-w8 0.88 / 1.00x, t32-w4 0.87 / 0.94x, t256-w8 0.80 / 0.81x (those four dropped);
+# stages 3-4 change nothing at 64 keys. The e4m3 kernel reached only 1.5-2.2 TB/s of e4m3 bytes
+# (bf16: 3.4-4.3) and was no faster than bf16 anywhere: hence its float16 products (FP8_DOT_F16).
+LAUNCH = {"bf16": DecodeLaunch(), "fp8": DecodeLaunch()}
+# With an e4m3 cache and bf16 queries, the products run in float16 (q, the converted keys and
+# values, the probabilities; float32 accumulation): Triton converts e4m3 to float16 in one
+# instruction per two values and to bfloat16 through more. False: bfloat16, as before (benches).
+FP8_DOT_F16 = True
+CANDIDATES = {
+    "t64-w4": DecodeLaunch(64, 4), "t64-w4-s3": DecodeLaunch(64, 4, 3), "t64-w2": DecodeLaunch(64, 2),
+    "t128-w4": DecodeLaunch(128, 4), "t128-w4-s3": DecodeLaunch(128, 4, 3), "t128-w4-s4": DecodeLaunch(128, 4, 4),
+    "t128-w2": DecodeLaunch(128, 2),
+}
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            num_splits: int | None = 1, max_context: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           min_split: int | None = None) -> torch.Tensor:
+                           min_split: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
     """Attention of q [B, heads, head_dim] over cached contexts; caches [blocks, block_size, kv_heads, head_dim]
     (e4m3 caches with their per-KV-head scales k_scale, v_scale [kv_heads] float32).
 
@@ -192,6 +223,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sequence then splits its own context evenly (see the module doc). An explicit num_splits
     without min_split is the fixed rule: every split covers ceil(max_context / num_splits)
     tokens. All launch parameters depend on shapes only, so the call can be captured in a CUDA graph.
+    `launch` overrides the kernel's tile, warps and stages (`LAUNCH` by cache dtype; benches).
     """
     batch, num_heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
@@ -204,7 +236,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits = choose_num_splits(batch, kv_heads, max_context, sm_count(q.device), min_split)
     elif min_split is None:
         min_split = -(-max_context // num_splits)
-    tile = 64 if head_dim <= 128 else 32
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    launch = launch or LAUNCH["fp8" if fp8 else "bf16"]
+    tile = launch.tile if head_dim <= 128 else 32
+    tuning = {"num_warps": launch.warps} | ({"num_stages": launch.stages} if launch.stages else {})
     out = torch.empty_like(q)
     if num_splits > 1:
         part_acc = torch.empty((batch, kv_heads, num_splits, group_pad, head_dim), dtype=torch.float32,
@@ -212,7 +247,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_ml = torch.empty((batch, kv_heads, num_splits, group_pad, 2), dtype=torch.float32, device=q.device)
     else:  # unused by the kernel: the output is written directly
         part_acc = part_ml = out
-    fp8 = k_cache.dtype == torch.float8_e4m3fn
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml,
         k_scale if fp8 else part_ml, v_scale if fp8 else part_ml, out,
@@ -220,7 +254,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
-        NUM_SPLITS=num_splits, KV_FP8=fp8, **pdl.options())
+        NUM_SPLITS=num_splits, KV_FP8=fp8, DOT_F16=fp8 and FP8_DOT_F16 and q.dtype == torch.bfloat16,
+        **tuning, **pdl.options())
     if num_splits > 1:
         _decode_merge_kernel[(batch, kv_heads)](
             part_acc, part_ml, out, out.stride(0), out.stride(1),
