@@ -15,8 +15,8 @@ one table last and writes it to DIR/decode_fp8.md.
 With --engine, then the engine (random bf16 weights, `load_format="dummy"`, CUDA graphs, 12 GiB
 of KV): decode tok/s at B = 64 and 256 with 128 + 128 tokens and at B = 32 with 1,024 + 128, for
 the bf16 cache and the e4m3 cache with bfloat16 products (before), float16 products, and float16
-products on `--fp8-launch`; each engine built after setting the kernel's switches, so its graphs
-hold that launch.
+products on `--fp8-launch`, then `--quantize fp8` weights with each cache; each engine built after
+setting the kernel's switches, so its graphs hold that launch (--quick: four of those rows).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def point(rows: int, ctx: int, launches: dict, gen: torch.Generator) -> dict:
     return results
 
 
-def engine_rows(fp8_launch: str) -> list[str]:
+def engine_rows(fp8_launch: str, quick: bool = False) -> list[str]:
     """Decode tok/s of the engine per KV cache setting (see the module doc); table lines."""
     from make_shape_model import make_shape_model
 
@@ -111,18 +111,23 @@ def engine_rows(fp8_launch: str) -> list[str]:
     from onebit.engine.config import EngineConfig
 
     shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", "qwen3-8b")
-    settings = [("bf16 cache", "auto", True, "t64-w4"), ("e4m3, bf16 products", "fp8", False, "t64-w4"),
-                ("e4m3, f16 products", "fp8", True, "t64-w4"), (f"e4m3, f16 products, {fp8_launch}", "fp8", True, fp8_launch)]
+    settings = [("bf16 cache", "auto", True, "t64-w4", None), ("e4m3, bf16 products", "fp8", False, "t64-w4", None),
+                ("e4m3, f16 products", "fp8", True, "t64-w4", None),
+                (f"e4m3, f16 products, {fp8_launch}", "fp8", True, fp8_launch, None),
+                ("fp8 weights, bf16 cache", "auto", True, "t64-w4", "fp8"),
+                (f"fp8 weights, e4m3 cache ({fp8_launch})", "fp8", True, fp8_launch, "fp8")]
+    if quick:
+        settings = [settings[0], settings[3], settings[4], settings[5]]
     points = [(64, 128), (256, 128), (32, 1024)]
     lines = ["| KV cache | " + " | ".join(f"B={b}, {p}+128" for b, p in points) + " | KV blocks |",
              "|---|" + "---:|" * (len(points) + 1)]
-    for label, kv, f16, launch in settings:
+    for label, kv, f16, launch, quantize in settings:
         triton_decode.FP8_DOT_F16 = f16
-        triton_decode.LAUNCH["fp8"] = triton_decode.CANDIDATES[launch]
+        triton_decode.LAUNCH["fp8"] = triton_decode.CANDIDATES[launch]  # the bf16 cache's stays
         engine = build_engine(EngineConfig(
             model=str(shape), device="cuda", dtype="bfloat16", parallel=256, ctx_size=1024 + 128 + 16,
             max_batch_tokens=8192, enable_prefix_caching=False, kv_cache_memory=12 * 2**30,
-            load_format="dummy", kv_cache_dtype=kv))
+            load_format="dummy", kv_cache_dtype=kv, quantize=quantize))
         run_batch(engine, 4, 128, 8, seed=999)  # warm-up
         speeds = []
         for batch, prompt in points:
@@ -144,13 +149,14 @@ def main() -> int:
     ap.add_argument("--engine", action="store_true", help="then the engine table (~3 min)")
     ap.add_argument("--fp8-launch", default="t128-w4", help="the e4m3 launch of the engine's last row")
     ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="engine rows: bf16 cache, e4m3 on --fp8-launch, and both with fp8 weights")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     launches = {name: triton_decode.CANDIDATES[name] for name in args.launches.split(",")}
     defaults = {dtype: next((n for n, c in launches.items() if c == triton_decode.LAUNCH[dtype[:4].rstrip("-")]), None)
                 for dtype in DTYPES}
     if args.skip_kernels:
-        text = "\n".join(engine_rows(args.fp8_launch))
+        text = "\n".join(engine_rows(args.fp8_launch, args.quick))
         (args.out / "decode_fp8_engine.md").write_text(text + "\n")
         print(text)
         return 0
@@ -189,7 +195,7 @@ def main() -> int:
               "e4m3 against bf16 output: " + ", ".join(f"{r}x{c} {res['fp8 vs bf16']:.1e}"
                                                        for (r, c), res in table.items())]
     if args.engine:
-        lines += ["", "Engine decode tok/s (12 GiB of KV):", ""] + engine_rows(args.fp8_launch)
+        lines += ["", "Engine decode tok/s (12 GiB of KV):", ""] + engine_rows(args.fp8_launch, args.quick)
     text = "\n".join(lines)
     (args.out / "decode_fp8.md").write_text(text + "\n")
     print(text)

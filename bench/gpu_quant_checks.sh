@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The 1-row packed GGUF and FP8-handoff checks in one device call (~5 min on an H200; carry .whl,
-# tools/device_wheels.sh); session 15 ran it as G33 (docs/perf-history.md):
+# tools/device_wheels.sh); sessions 15 and 16 ran it as G33 (docs/perf-history.md):
 #   A. packed GGUF at 1 row (bench/gpu_gguf_repacked.py --rows 1): the table's picks (fma-n64-g2 for
-#      Q4_K, fma-n64-g2-p512 for Q8_0, fma-n16-g2-s3-p256 for Q6_K) against the folded-offset "fma"
-#      and the mode "i8" candidates; then
+#      Q4_K, fma-n64-g2-p512 for Q8_0, fma-n16-g2-s3-p256 for Q6_K) against mode "i8"'s
+#      i8-n32-g4-s1 (session 16 dropped the folded offsets and the i8 quads); then
 #      tools/merge_repacked_table.py on it (printed; --write here if a pick wins by 15%);
 #   B. Nsight Compute on those 1-row launches at the head (bench/gpu_gguf_stalls.py): what fma and
 #      i8 wait on (throughput, warp stalls, memory); skipped with a line if ncu is missing or fails;
@@ -17,7 +17,7 @@ set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 PARTS=${PARTS:-ABC}
-CONFIGS=${CONFIGS:-fma-n64-g2,fma-n64-g2-p512,fma-n16-g2-s3-p256,fma-n64-g2-fold,fma-n64-g2-p512-fold,i8-n32-g4-s1,i8-n128-g1-q4,i8-n64-g2-q4,i8-n128-g1-q2}
+CONFIGS=${CONFIGS:-fma-n64-g2,fma-n64-g2-p512,fma-n16-g2-s3-p256,i8-n32-g4-s1}
 mkdir -p "$OUT"
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
@@ -41,7 +41,7 @@ ncu_stalls() {
 }
 if [[ $PARTS == *B* ]]; then
     say "B: ncu at 1 row"
-    ncu_stalls ncu.txt --configs "Q4_K:fma-n64-g2,Q4_K:i8-n32-g4-s1,Q4_K:i8-n128-g1-q4,Q8_0:fma-n64-g2"
+    ncu_stalls ncu.txt --configs "Q4_K:fma-n64-g2,Q4_K:i8-n32-g4-s1,Q6_K:fma-n16-g2-s3-p256,Q8_0:fma-n64-g2"
 fi
 if [[ $PARTS == *D* ]]; then
     # Q4_K_M B=8 / B=64 spend 4.49 / 7.51 ms a step in mode "int" (session 15's G23), ~1 TB/s: what

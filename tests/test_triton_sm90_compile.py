@@ -107,8 +107,10 @@ COMPILE = textwrap.dedent("""
         for qtype in tr.I8_TYPES:
             group, lanes, _, planes = GROUPING[qtype]
             meta = {"GROUP": group, "LANES": lanes, "PLANES": planes, "PDL": True}
-            for label in ("i8-n32-g4-s1", "i8-n128-g1-q4"):  # a (row, group) a thread; over four, 4 rows each
-                config = tr.CONFIGS[label]
+            # a (row, group) a thread (a sweep candidate); over four threads, 4 rows each (session 16's
+            # dropped candidate i8-n128-g1-q4: the kernel keeps `quads`)
+            for label, config in (("i8-n32-g4-s1", tr.CONFIGS["i8-n32-g4-s1"]),
+                                  ("i8-n128-g1-q4", tr.RepackedConfig("i8", 128, 1, stages=1, programs=512, quads=4))):
                 compile_sm90(f"gguf-{label}-{qtype}", "triton_gguf_repacked", "_repacked_i8_kernel",
                              {"xq_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32", "c_ptr": "*i32",
                               "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32"},
@@ -130,7 +132,7 @@ COMPILE = textwrap.dedent("""
              {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"},
              {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": True, "KV_FP8": False}),
             ("triton_decode", "_decode_split_kernel", decode,
-             {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True}),
+             {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True}),
             ("triton_decode", "_decode_merge_kernel", decode, heads),
             ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32", "out_ptr": "*fp32"},
              {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT": 4, "EVEN_K": True}),

@@ -50,7 +50,6 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
                   "QUADS": config.quads}
     if config.mode in ("fma", "dot"):
         constexprs["USE_DOT"] = config.mode == "dot"
-        constexprs["FOLD"] = config.fold
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode == "int" else "*i32"}
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}

@@ -62,8 +62,7 @@ class RepackedConfig(NamedTuple):
     cores) or "i8" (1 row, int8 x); BLOCK_N weight rows per program; NG groups per loop turn; split:
     programs along K (0: enough for about `programs` programs); reduce "sum" or "atomic"; warps;
     pipeline stages; quads (mode "i8"): how many of a (row, group)'s quads of four lanes are read at
-    once, one a thread (1: one thread walks them all; up to LANES / 4); fold (mode "fma"): the
-    sub-blocks' offsets applied once per (row, group, plane) to the sum of x, not to every weight."""
+    once, one a thread (1: one thread walks them all; up to LANES / 4)."""
 
     mode: str = "fma"
     block_n: int = 16
@@ -74,7 +73,6 @@ class RepackedConfig(NamedTuple):
     stages: int = 2
     programs: int = 1024
     quads: int = 1
-    fold: bool = False
 
 
 # Candidates bench/gpu_gguf_repacked.py sweeps (named so its table can say which won). Dropped after the
@@ -119,22 +117,18 @@ CONFIGS = {
     # SASS LDG 0.18 -> 0.07-0.11 a weight) lost too but on the head (169 us against fma's 181). Nsight
     # Compute on the head: i8-n32-g4-s1 is bound by L1 (90% of L1/TEX throughput; 22 of its 31 cycles
     # between issues wait on L1), fma-n64-g2 by issue (71% SM throughput at 18% occupancy). All
-    # dropped. Unmeasured: both at once, a group's quads over 4 (2) threads and 4 rows a thread, so
-    # that x is loaded once for 4 rows and a 4096-row product still has 512 programs (the rows-a-thread
-    # forms above had 64-128 there). SASS, Q4_K: 2.07-2.21 instructions and 0.13-0.14 LDG a weight.
-    "i8-n128-g1-q4": RepackedConfig("i8", 128, 1, stages=1, programs=512, quads=4),
-    "i8-n64-g2-q4": RepackedConfig("i8", 64, 2, stages=1, programs=512, quads=4),
-    "i8-n128-g1-q2": RepackedConfig("i8", 128, 1, stages=1, programs=512, quads=2),
+    # dropped. Session 16 (G33): both at once, a group's quads over 4 (2) threads and 4 rows a thread
+    # (i8-n128-g1-q4, i8-n64-g2-q4, i8-n128-g1-q2; SASS 2.07-2.21 instructions a weight) 1.06-1.13x bf16
+    # against fma-n64-g2's 1.16x and i8-n32-g4-s1's 1.21x (prediction 1.15-1.4x over fma); ncu on the
+    # head: still 94% of L1/TEX throughput. Dropped.
     # "fma" at the tiles the session-14 --wide sweep picked at 1 row for Q4_K (fma-n64-g2-s2-p256) ...
     "fma-n64-g2": RepackedConfig("fma", 64, 2, programs=256),
     "fma-n64-g2-p512": RepackedConfig("fma", 64, 2, programs=512),  # ... and for Q8_0
     "fma-n16-g2-s3-p256": RepackedConfig("fma", 16, 2, stages=3, programs=256),  # ... and for Q6_K
-    # Unmeasured (session 15): the 64-row tiles with the offsets folded (`fold`; a 1-row form: at 4 rows
-    # it costs more than it saves, 12.15 against 10.59 instructions a weight, and on 16-row tiles too,
-    # where fewer rows share each sum of x). Prediction: 1-row products 5-10% faster on Q4_K (fma is
-    # issue-bound, ncu, and this is 10% fewer instructions), 2-5% on Q6_K and Q8_0.
-    "fma-n64-g2-fold": RepackedConfig("fma", 64, 2, programs=256, fold=True),
-    "fma-n64-g2-p512-fold": RepackedConfig("fma", 64, 2, programs=512, fold=True),
+    # Session 16 (G33): the offsets folded out of the per-weight work (acc += (scale * code) * x, the
+    # offset once per (row, group, plane) on the sum of x; SASS at 1 row, Q4_K 6.48 -> 5.84 instructions
+    # a weight) ran 0.94x bf16 against the unfolded tile's 1.16x (prediction 5-10% faster): the sums of
+    # x cost a cross-lane reduction and registers in a kernel held to 18% occupancy by registers. Removed.
 }
 I8_TYPES = ("Q4_K", "Q8_0")
 # 17 to MAX_INT_ROWS rows. 2026-12-02 sweep, geometric mean over the 8B products and Q4_K/Q6_K/Q8_0 of
@@ -253,10 +247,8 @@ def _plane_scale(w0, w1, w2, w3, d, dmin, j: tl.constexpr, QTYPE: tl.constexpr):
 
 
 @triton.jit
-def _plane_weights(words, upper, high, scale, offset, j: tl.constexpr, QTYPE: tl.constexpr,
-                   SUBTRACT: tl.constexpr = True):
-    """Plane j's weights scale * code - offset [BN, NG, LANES], float32, exact as the GGUF reference
-    (SUBTRACT False: scale * code, the offset left to the caller).
+def _plane_weights(words, upper, high, scale, offset, j: tl.constexpr, QTYPE: tl.constexpr):
+    """Plane j's weights scale * code - offset [BN, NG, LANES], float32, exact as the GGUF reference.
 
     The code is not shifted down: masked in place (bits B*jj.., jj = j % (PLANES / 2), in `words` for
     the lower half of the planes, else in `upper` = words >> 16) and given the exponent of 2**E,
@@ -290,8 +282,6 @@ def _plane_weights(words, upper, high, scale, offset, j: tl.constexpr, QTYPE: tl
     f = bits.to(tl.float32, bitcast=True)
     s = scale[:, :, None]
     t = tl.fma(f, s, -(1 << e) * s)
-    if not SUBTRACT:
-        return t
     return t - offset[:, :, None]
 
 
@@ -316,8 +306,7 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
                      stride_xm, stride_cn, stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit,
                      QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, PLANES: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NG: tl.constexpr, USE_DOT: tl.constexpr,
-                     REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False,
-                     FOLD: tl.constexpr = False):
+                     REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     # Program (pid_n, pid_k): rows pid_n * BLOCK_N.., groups pid_k * GROUPS_PER_SPLIT.. (a multiple of NG).
     # REDUCE 0: store into y; 1: the float32 partial into y + pid_k * stride_ysplit; 2: atomic add into y.
@@ -336,14 +325,6 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
     acc1 = acc0
     acc2 = acc0
     acc3 = acc0
-    # FOLD ("fma"): acc_m += (scale * code) * x and, once per (row, group, plane), off_m += offset *
-    # sum(x over the plane's lanes), subtracted at the end: one FADD a weight fewer (SASS, 1 row:
-    # Q4_K 6.48 -> 5.84 instructions a weight, Q6_K 9.56 -> 9.21, Q8_0 6.59 -> 6.23); a reassociation
-    # like mode "int"'s, held to `repacked_linear_ref` within the same float32 tolerance in the tests.
-    off0 = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
-    off1 = off0
-    off2 = off0
-    off3 = off0
     first = pid_k * GROUPS_PER_SPLIT
     for g0 in tl.range(first, first + GROUPS_PER_SPLIT, NG, num_stages=NUM_STAGES):
         words, high = _load_group_codes(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g0, NG, LANES, QTYPE)
@@ -351,7 +332,7 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
         upper = words >> 16
         for j in tl.static_range(PLANES):
             scale, offset = _plane_scale(w0, w1, w2, w3, d, dmin, j, QTYPE)
-            w = _plane_weights(words, upper, high, scale, offset, j, QTYPE, not FOLD)  # [BN, NG, LANES]
+            w = _plane_weights(words, upper, high, scale, offset, j, QTYPE)  # [BN, NG, LANES]
             cols = (g0 + gi)[:, None] * GROUP + j * LANES + lane[None, :]  # [NG, LANES]
             if USE_DOT:
                 x = tl.load(x_ptr + rm[:, None, None] * stride_xm + cols[None, :, :], mask=m_ok[:, None, None],
@@ -363,42 +344,21 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
                 else:
                     acc = tl.dot(x2, tl.trans(w2d), acc)
             else:
-                x0 = tl.load(x_ptr + cols).to(tl.float32)
-                acc0 += w * x0[None, :, :]
-                if FOLD:
-                    off0 += offset * tl.sum(x0, axis=1)[None, :]
+                acc0 += w * tl.load(x_ptr + cols).to(tl.float32)[None, :, :]
                 if BLOCK_M > 1:
-                    x1 = tl.load(x_ptr + stride_xm + cols, mask=cols * 0 + M > 1, other=0.0).to(tl.float32)
-                    acc1 += w * x1[None, :, :]
-                    if FOLD:
-                        off1 += offset * tl.sum(x1, axis=1)[None, :]
+                    acc1 += w * tl.load(x_ptr + stride_xm + cols, mask=cols * 0 + M > 1, other=0.0).to(tl.float32)[None, :, :]
                 if BLOCK_M > 2:
-                    x2 = tl.load(x_ptr + 2 * stride_xm + cols, mask=cols * 0 + M > 2, other=0.0).to(tl.float32)
-                    x3 = tl.load(x_ptr + 3 * stride_xm + cols, mask=cols * 0 + M > 3, other=0.0).to(tl.float32)
-                    acc2 += w * x2[None, :, :]
-                    acc3 += w * x3[None, :, :]
-                    if FOLD:
-                        off2 += offset * tl.sum(x2, axis=1)[None, :]
-                        off3 += offset * tl.sum(x3, axis=1)[None, :]
+                    acc2 += w * tl.load(x_ptr + 2 * stride_xm + cols, mask=cols * 0 + M > 2, other=0.0).to(tl.float32)[None, :, :]
+                    acc3 += w * tl.load(x_ptr + 3 * stride_xm + cols, mask=cols * 0 + M > 3, other=0.0).to(tl.float32)[None, :, :]
     if not USE_DOT:
-        acc = tl.where(rm[:, None] == 0, _row_total(acc0, off0, FOLD)[None, :], acc)
+        acc = tl.where(rm[:, None] == 0, tl.sum(tl.sum(acc0, axis=2), axis=1)[None, :], acc)
         if BLOCK_M > 1:
-            acc = tl.where(rm[:, None] == 1, _row_total(acc1, off1, FOLD)[None, :], acc)
+            acc = tl.where(rm[:, None] == 1, tl.sum(tl.sum(acc1, axis=2), axis=1)[None, :], acc)
         if BLOCK_M > 2:
-            acc = tl.where(rm[:, None] == 2, _row_total(acc2, off2, FOLD)[None, :], acc)
-            acc = tl.where(rm[:, None] == 3, _row_total(acc3, off3, FOLD)[None, :], acc)
+            acc = tl.where(rm[:, None] == 2, tl.sum(tl.sum(acc2, axis=2), axis=1)[None, :], acc)
+            acc = tl.where(rm[:, None] == 3, tl.sum(tl.sum(acc3, axis=2), axis=1)[None, :], acc)
     ok = m_ok[:, None] & n_ok[None, :]
     _store_partial(y_ptr, y_ptr + rm[:, None] * stride_ym + rn[None, :], acc, ok, pid_k, stride_ysplit, REDUCE)
-
-
-@triton.jit
-def _row_total(acc, off, FOLD: tl.constexpr):
-    """One activation row's [BN] result from its [BN, NG, LANES] products (and, with FOLD, minus its
-    [BN, NG] offset terms)."""
-    total = tl.sum(tl.sum(acc, axis=2), axis=1)
-    if FOLD:
-        total -= tl.sum(off, axis=1)
-    return total
 
 
 @triton.jit
@@ -800,8 +760,7 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
         raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
     if config.mode == "i8" and weight.qtype not in I8_TYPES:
         raise ValueError(f'mode "i8" takes {", ".join(I8_TYPES)}, not {weight.qtype}')
-    if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode != "i8") or \
-            (config.fold and config.mode != "fma"):
+    if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode != "i8"):
         raise ValueError(f"unknown config {config}")
     if out is None:
         out = torch.empty(m, weight.rows, dtype=x.dtype, device=x.device)
@@ -826,8 +785,7 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
                                    **pdl.options())
     else:
         _repacked_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, USE_DOT=config.mode == "dot",
-                               REDUCE=reduce, NUM_STAGES=config.stages, FOLD=config.fold, num_warps=config.warps,
-                               **_meta(weight),
+                               REDUCE=reduce, NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
                                **pdl.options())
     if reduce == 1:
         reduce_partials(target, None, None, out)
