@@ -12,6 +12,10 @@ with the adaptive split rule (context bound = the context). Outputs are checked 
 default launch of the same dtype (relative L2) and the e4m3 one against bf16 for scale. Prints
 one table last and writes it to DIR/decode_fp8.md.
 
+With --prefill, then the flash prefill kernel (one layer, its default launch) over the bf16 cache
+and the e4m3 cache with bfloat16 and float16 products (`triton_prefill.FP8_DOT_F16`, off until this
+says): a 2k prompt, an 8k one, four 2k ones, a 512-token chunk at the end of 8k.
+
 With --engine, then the engine (random bf16 weights, `load_format="dummy"`, CUDA graphs, 12 GiB
 of KV): decode tok/s at B = 64 and 256 with 128 + 128 tokens and at B = 32 with 1,024 + 128, for
 the bf16 cache and the e4m3 cache with bfloat16 products (before), float16 products, and float16
@@ -32,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from onebit.kernels import kv_fp8, triton_decode  # noqa: E402
+from onebit.kernels import kv_fp8, triton_decode, triton_prefill, triton_prefill_flash  # noqa: E402
 from onebit.kernels.timing import graph_us  # noqa: E402
 
 HEADS, KV_HEADS, DIM, BLOCK = 32, 8, 128, 16
@@ -102,6 +106,49 @@ def point(rows: int, ctx: int, launches: dict, gen: torch.Generator) -> dict:
     return results
 
 
+PREFILL_CASES = [("2k prompt", [2048], [2048]), ("8k prompt", [8192], [8192]),
+                 ("4 x 2k prompts", [2048] * 4, [2048] * 4), ("512 chunk at 8k", [512], [8192])]
+
+
+def prefill_rows(gen: torch.Generator) -> list[str]:
+    """Flash prefill attention of one layer (its default launch), ms: the bf16 cache, the e4m3 cache
+    with bfloat16 products and with float16 products (`triton_prefill.FP8_DOT_F16`); table lines."""
+    lines = ["| prefill | bf16 cache ms | e4m3, bf16 products | e4m3, f16 products | f16 vs bf16 products | rel err f16 vs bf16 products |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, qlens, ctxs in PREFILL_CASES:
+        blocks = [-(-c // BLOCK) for c in ctxs]
+        layer = Layer(1, sum(blocks) * BLOCK, gen)  # one pool of blocks, cut into the sequences' tables
+        tables = torch.zeros(len(ctxs), max(blocks), dtype=torch.int32, device="cuda")
+        flat = layer.tables.flatten()
+        for i, n in enumerate(blocks):
+            tables[i, :n] = flat[sum(blocks[:i]):sum(blocks[:i]) + n]
+        q = torch.randn(sum(qlens), HEADS, DIM, device="cuda", generator=gen).bfloat16()
+        starts = [sum(qlens[:i]) for i in range(len(qlens))]
+        plan = triton_prefill_flash.plan_tiles(starts, qlens, ctxs, HEADS, KV_HEADS, q.device,
+                                               triton_prefill_flash.DEFAULT_LAUNCH)
+
+        def run(fp8: bool, f16: bool):
+            triton_prefill.FP8_DOT_F16 = f16
+            k, v = (layer.k8, layer.v8) if fp8 else (layer.k, layer.v)
+            scales = {"k_scale": layer.k_scale, "v_scale": layer.v_scale} if fp8 else {}
+            out = triton_prefill_flash.paged_prefill_attention(q, k, v, starts, qlens, ctxs, tables, DIM ** -0.5,
+                                                                plan=plan, **scales)
+            us = graph_us(lambda: triton_prefill_flash.paged_prefill_attention(
+                q, k, v, starts, qlens, ctxs, tables, DIM ** -0.5, plan=plan, **scales))
+            return us / 1000, out
+
+        bf16_ms, _ = run(False, False)
+        before_ms, before = run(True, False)
+        after_ms, after = run(True, True)
+        triton_prefill.FP8_DOT_F16 = False
+        lines.append(f"| {name} | {bf16_ms:.3f} | {before_ms:.3f} | {after_ms:.3f} | {before_ms / after_ms:.2f}x | "
+                     f"{rel(after, before):.1e} |")
+        print(lines[-1], flush=True)
+        del layer
+        torch.cuda.empty_cache()
+    return lines
+
+
 def engine_rows(fp8_launch: str, quick: bool = False) -> list[str]:
     """Decode tok/s of the engine per KV cache setting (see the module doc); table lines."""
     from make_shape_model import make_shape_model
@@ -149,6 +196,7 @@ def main() -> int:
     ap.add_argument("--engine", action="store_true", help="then the engine table (~3 min)")
     ap.add_argument("--fp8-launch", default="t128-w4", help="the e4m3 launch of the engine's last row")
     ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--prefill", action="store_true", help="then the flash prefill kernel over each cache (~30 s)")
     ap.add_argument("--quick", action="store_true", help="engine rows: bf16 cache, e4m3 on --fp8-launch, and both with fp8 weights")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -194,6 +242,8 @@ def main() -> int:
     lines += ["", f"Worst relative error of a launch against the default of its dtype: {worst:.1e}; "
               "e4m3 against bf16 output: " + ", ".join(f"{r}x{c} {res['fp8 vs bf16']:.1e}"
                                                        for (r, c), res in table.items())]
+    if args.prefill:
+        lines += ["", "Flash prefill attention, one layer, default launch:", ""] + prefill_rows(gen)
     if args.engine:
         lines += ["", "Engine decode tok/s (12 GiB of KV):", ""] + engine_rows(args.fp8_launch, args.quick)
     text = "\n".join(lines)

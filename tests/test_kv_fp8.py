@@ -123,6 +123,25 @@ def test_triton_prefill_reads_fp8_like_the_reference(heads, kv_heads, head_dim, 
         assert _rel(out[start:start + n], ref) < TOLERANCE
 
 
+@pytest.mark.parametrize("flash", [False, True])
+def test_prefill_float16_products_over_fp8_match_the_reference(monkeypatch, flash):
+    """`triton_prefill.FP8_DOT_F16` (off until measured): bf16 queries over an e4m3 cache in float16,
+    in both prefill kernels; the bound as the decode kernel's float16 test."""
+    from onebit.kernels import triton_prefill_flash
+
+    monkeypatch.setattr(triton_prefill, "FP8_DOT_F16", True)
+    qlens, ctxs = [70, 17], [70, 150]
+    _, kq, vq, ks, vs, tables, _, _ = _fp8_case(8, 2, 32, 16, ctxs, seed=7)
+    q = torch.randn(sum(qlens), 8, 32, generator=torch.Generator().manual_seed(3)).to(DEVICE).bfloat16()
+    assert triton_prefill.fp8_dot_f16(True, q) and not triton_prefill.fp8_dot_f16(True, q.float())
+    starts = [0, qlens[0]]
+    kernel = triton_prefill_flash if flash else triton_prefill
+    out = kernel.paged_prefill_attention(q, kq, vq, starts, qlens, ctxs, tables, 32 ** -0.5, k_scale=ks, v_scale=vs)
+    for i, (start, n, ctx) in enumerate(zip(starts, qlens, ctxs)):
+        ref = prefill_attention_ref(q[start:start + n].float(), kq, vq, ctx, tables[i].long(), 32 ** -0.5, ks, vs)
+        assert _rel(out[start:start + n], ref) < 1e-2
+
+
 def test_fused_write_quantizes_like_the_reference():
     from onebit.models.config import ModelConfig
     from onebit.models.rope import rope_cos_sin

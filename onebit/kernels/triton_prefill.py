@@ -18,10 +18,11 @@ import triton.language as tl
 @triton.jit
 def _query_tile(q_ptr, k_scale_ptr, scale, q0, start, qlen, ctx, kv_head, stride_qt, stride_qh,
                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, TQ: tl.constexpr, HEAD_DIM: tl.constexpr,
-                KV_FP8: tl.constexpr):
+                KV_FP8: tl.constexpr, DOT_F16: tl.constexpr = False):
     """A tile's rows (TQ tokens from q0 x the KV head's GROUP query heads): their token offsets, head
     indices, validity, absolute positions, the head dims, the loaded queries and the score scale
-    (K's head scale folded in for an e4m3 cache)."""
+    (K's head scale folded in for an e4m3 cache). DOT_F16: the queries in float16, so that
+    `_key_step` converts e4m3 keys and values to float16 (see `triton_decode.FP8_DOT_F16`)."""
     rows = tl.arange(0, TQ * GROUP_PAD)
     tok = q0 + rows // GROUP_PAD
     g = rows % GROUP_PAD
@@ -32,6 +33,8 @@ def _query_tile(q_ptr, k_scale_ptr, scale, q0, start, qlen, ctx, kv_head, stride
     q = tl.load(q_ptr + q_off[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
     if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
         scale = scale * tl.load(k_scale_ptr + kv_head)
+    if DOT_F16:
+        q = q.to(tl.float16)
     return tok, g, row_ok, pos, dims, q, scale
 
 
@@ -84,7 +87,7 @@ def _prefill_kernel(
     tables_ptr, k_scale_ptr, v_scale_ptr, scale, max_blocks,
     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_ot, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, TQ: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE_K: tl.constexpr, KV_FP8: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_K: tl.constexpr, KV_FP8: tl.constexpr, DOT_F16: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -95,7 +98,8 @@ def _prefill_kernel(
     ctx = tl.load(seq_ctx_ptr + seq)
 
     tok, g, row_ok, pos, dims, q, scale = _query_tile(q_ptr, k_scale_ptr, scale, q0, start, qlen, ctx, kv_head,
-                                                      stride_qt, stride_qh, GROUP, GROUP_PAD, TQ, HEAD_DIM, KV_FP8)
+                                                      stride_qt, stride_qh, GROUP, GROUP_PAD, TQ, HEAD_DIM, KV_FP8,
+                                                      DOT_F16)
 
     m = tl.full([TQ * GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([TQ * GROUP_PAD], tl.float32)
@@ -122,6 +126,18 @@ def prefill_tiles(query_lens: list[int], tq: int) -> tuple[list[int], list[int]]
             seqs.append(i)
             starts.append(q0)
     return seqs, starts
+
+
+# An e4m3 cache's products in float16, as the decode kernel's (`triton_decode.FP8_DOT_F16`, which
+# session 16 measured at 1.2-1.45x there). Off here until measured: a prefill tile spreads each
+# key's conversion over TQ x the group's query rows, not the group's 4. Prediction: an e4m3 cache's
+# prefill attention 0-10% faster (G27's prefill section with an e4m3 cache; perf.md, next).
+FP8_DOT_F16 = False
+
+
+def fp8_dot_f16(fp8: bool, q: torch.Tensor) -> bool:
+    """Whether a prefill launch over an e4m3 (`fp8`) cache with queries `q` takes float16 products."""
+    return fp8 and FP8_DOT_F16 and q.dtype == torch.bfloat16
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -152,6 +168,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), TQ=tq, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, TILE_K=64 if head_dim <= 128 else 32, KV_FP8=fp8,
+        BLOCK_SIZE=block_size, TILE_K=64 if head_dim <= 128 else 32, KV_FP8=fp8, DOT_F16=fp8_dot_f16(fp8, q),
     )
     return out

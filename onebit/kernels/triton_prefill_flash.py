@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels.triton_decode import sm_count
+from onebit.kernels import triton_prefill
 from onebit.kernels.triton_prefill import _key_step, _query_tile, _write_tile
 
 # The engine's switch: False routes prefill chunks to the older `triton_prefill` kernel (benches
@@ -64,7 +65,7 @@ def _flash_prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, tiles_ptr, seqs_ptr, tables_ptr, k_scale_ptr, v_scale_ptr, scale, max_blocks,
     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_ot, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, TQ: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE_K: tl.constexpr, KV_FP8: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_K: tl.constexpr, KV_FP8: tl.constexpr, DOT_F16: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -75,7 +76,8 @@ def _flash_prefill_kernel(
     ctx = tl.load(seqs_ptr + seq * 3 + 2)
 
     tok, g, row_ok, pos, dims, q, scale = _query_tile(q_ptr, k_scale_ptr, scale, q0, start, qlen, ctx, kv_head,
-                                                      stride_qt, stride_qh, GROUP, GROUP_PAD, TQ, HEAD_DIM, KV_FP8)
+                                                      stride_qt, stride_qh, GROUP, GROUP_PAD, TQ, HEAD_DIM, KV_FP8,
+                                                      DOT_F16)
 
     m = tl.full([TQ * GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([TQ * GROUP_PAD], tl.float32)
@@ -167,6 +169,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), TQ=plan.tq, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, TILE_K=tile_k, KV_FP8=fp8, num_warps=launch.warps, num_stages=launch.stages,
+        BLOCK_SIZE=block_size, TILE_K=tile_k, KV_FP8=fp8, DOT_F16=triton_prefill.fp8_dot_f16(fp8, q),
+        num_warps=launch.warps, num_stages=launch.stages,
     )
     return out
