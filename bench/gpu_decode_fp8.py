@@ -36,19 +36,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpu_attention_long import BLOCK, DIM, HEADS, KV_HEADS, rel  # noqa: E402  (bench/ is the script directory)
+
 from onebit.kernels import kv_fp8, triton_decode, triton_prefill, triton_prefill_flash  # noqa: E402
 from onebit.kernels.timing import graph_us  # noqa: E402
 
-HEADS, KV_HEADS, DIM, BLOCK = 32, 8, 128, 16
 POINTS = [(1, 2048), (1, 8192), (8, 2048), (32, 2048), (64, 256), (64, 2048), (256, 192), (256, 1024)]
 MIN_READ_BYTES = 400 * 2**20
-# bf16 cache; e4m3 with float16 products (the default); e4m3 with bfloat16 products (FP8_DOT_F16 off)
-DTYPES = ("bf16", "fp8", "fp8-bf16dot")
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Relative L2 difference."""
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+# row name -> (the cache's `triton_decode.LAUNCH` key, FP8_DOT_F16): the bf16 cache; e4m3 with
+# float16 products (the default); e4m3 with bfloat16 products (as before session 16)
+DTYPES = {"bf16": ("bf16", True), "fp8": ("fp8", True), "fp8-bf16dot": ("fp8", False)}
 
 
 class Layer:
@@ -85,9 +82,9 @@ def point(rows: int, ctx: int, launches: dict, gen: torch.Generator) -> dict:
                                                     num_splits=None, max_context=ctx, launch=launch)
 
     outs = {}
-    for dtype in DTYPES:
-        fp8 = dtype != "bf16"
-        triton_decode.FP8_DOT_F16 = dtype == "fp8"
+    for dtype, (cache, f16) in DTYPES.items():
+        fp8 = cache == "fp8"
+        triton_decode.FP8_DOT_F16 = f16
         base = call(layers[0], fp8, None)
         outs[dtype] = base
         for name, launch in launches.items():
@@ -201,8 +198,8 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     launches = {name: triton_decode.CANDIDATES[name] for name in args.launches.split(",")}
-    defaults = {dtype: next((n for n, c in launches.items() if c == triton_decode.LAUNCH[dtype[:4].rstrip("-")]), None)
-                for dtype in DTYPES}
+    defaults = {dtype: next((n for n, c in launches.items() if c == triton_decode.LAUNCH[cache]), None)
+                for dtype, (cache, _) in DTYPES.items()}
     if args.skip_kernels:
         text = "\n".join(engine_rows(args.fp8_launch, args.quick))
         (args.out / "decode_fp8_engine.md").write_text(text + "\n")
@@ -221,7 +218,7 @@ def main() -> int:
         for dtype in DTYPES:
             times = {n: res[(dtype, n)][0] for n in names}
             best = min((n for n in names if not math.isnan(times[n])), key=times.get)
-            read = rows * ctx * KV_HEADS * DIM * 2 * (2 if dtype == "bf16" else 1)
+            read = rows * ctx * KV_HEADS * DIM * 2 * (2 if DTYPES[dtype][0] == "bf16" else 1)
             cells = [f"{times[n]:.1f}" for n in names]
             lines.append(f"| {rows} x {ctx} | {dtype} | " + " | ".join(cells)
                          + f" | {best} {times[best]:.1f} ({read / times[best] / 1e6:.2f}) | {bf16_default / times[best]:.2f}x |")

@@ -133,7 +133,8 @@ def test_prefill_float16_products_over_fp8_match_the_reference(monkeypatch, flas
     qlens, ctxs = [70, 17], [70, 150]
     _, kq, vq, ks, vs, tables, _, _ = _fp8_case(8, 2, 32, 16, ctxs, seed=7)
     q = torch.randn(sum(qlens), 8, 32, generator=torch.Generator().manual_seed(3)).to(DEVICE).bfloat16()
-    assert triton_prefill.fp8_dot_f16(True, q) and not triton_prefill.fp8_dot_f16(True, q.float())
+    assert kv_fp8.float16_products(True, q.dtype, triton_prefill.FP8_DOT_F16)
+    assert not kv_fp8.float16_products(True, torch.float32, triton_prefill.FP8_DOT_F16)
     starts = [0, qlens[0]]
     kernel = triton_prefill_flash if flash else triton_prefill
     out = kernel.paged_prefill_attention(q, kq, vq, starts, qlens, ctxs, tables, 32 ** -0.5, k_scale=ks, v_scale=vs)

@@ -46,6 +46,15 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
     return (q.float() * scale[:, None]).to(dtype)
 
 
+def float16_products(fp8: bool, q_dtype: torch.dtype, enabled: bool) -> bool:
+    """Whether an attention launch over an e4m3 (`fp8`) cache with queries of `q_dtype` multiplies in
+    float16 (q, the keys and values widened from e4m3, the probabilities; float32 accumulation):
+    bf16 queries only, where the kernel's switch (`enabled`) allows. Triton widens e4m3 to float16
+    in one instruction per two values and to bfloat16 through float32 (SASS: 128 more F2F a
+    64-key turn of the decode kernel), which kept the e4m3 decode kernel no faster than bf16's."""
+    return fp8 and enabled and q_dtype == torch.bfloat16
+
+
 def scales_from_amax(amax: torch.Tensor) -> torch.Tensor:
     """Per-head scales for the largest magnitudes seen in calibration (never zero)."""
     return (amax.float() * CALIBRATION_HEADROOM / KV_FP8_MAX).clamp_min(1e-8)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onebit.kernels import pdl
+from onebit.kernels import kv_fp8, pdl
 
 
 # The table width and the split length change from one eager step to the next: specializing on
@@ -59,7 +59,7 @@ def _decode_split_kernel(
                 mask=row_ok[:, None], other=0.0)
     if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
         scale = scale * tl.load(k_scale_ptr + kv_head)
-    if DOT_F16:  # e4m3 -> float16 is one conversion per two values; -> bfloat16 goes through more
+    if DOT_F16:  # kv_fp8.float16_products: k and v below follow q's dtype
         q = q.to(tl.float16)
 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -200,10 +200,8 @@ class DecodeLaunch(NamedTuple):
 # from 32 rows up (256 x 1k: 170 against 246 us, 3.1 TB/s); t128-w2 0.99x of that. Engine, 12 GiB of
 # KV: B=256 26,507 tok/s against the bf16 cache's 25,381 (e4m3 before: 24,113), B=64 12,056 / 11,891.
 LAUNCH = {"bf16": DecodeLaunch(64, 2), "fp8": DecodeLaunch(64, 2)}
-# With an e4m3 cache and bf16 queries, the products run in float16 (q, the converted keys and
-# values, the probabilities; float32 accumulation): Triton converts e4m3 to float16 in one
-# instruction per two values and to bfloat16 through two more (SASS: F2F 128 a turn at 64 keys).
-# False: bfloat16, as before (benches).
+# An e4m3 cache with bf16 queries multiplies in float16 (`kv_fp8.float16_products`). False:
+# bfloat16, as before (benches).
 FP8_DOT_F16 = True
 CANDIDATES = {  # bench/gpu_decode_fp8.py's sweep: today's launch, the one before, and the runners-up
     "t64-w2": DecodeLaunch(64, 2), "t64-w4": DecodeLaunch(64, 4), "t128-w2": DecodeLaunch(128, 2),
@@ -256,7 +254,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
-        NUM_SPLITS=num_splits, KV_FP8=fp8, DOT_F16=fp8 and FP8_DOT_F16 and q.dtype == torch.bfloat16,
+        NUM_SPLITS=num_splits, KV_FP8=fp8, DOT_F16=kv_fp8.float16_products(fp8, q.dtype, FP8_DOT_F16),
         **tuning, **pdl.options())
     if num_splits > 1:
         _decode_merge_kernel[(batch, kv_heads)](

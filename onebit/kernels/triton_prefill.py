@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from onebit.kernels import kv_fp8
+
 
 @triton.jit
 def _query_tile(q_ptr, k_scale_ptr, scale, q0, start, qlen, ctx, kv_head, stride_qt, stride_qh,
@@ -22,7 +24,7 @@ def _query_tile(q_ptr, k_scale_ptr, scale, q0, start, qlen, ctx, kv_head, stride
     """A tile's rows (TQ tokens from q0 x the KV head's GROUP query heads): their token offsets, head
     indices, validity, absolute positions, the head dims, the loaded queries and the score scale
     (K's head scale folded in for an e4m3 cache). DOT_F16: the queries in float16, so that
-    `_key_step` converts e4m3 keys and values to float16 (see `triton_decode.FP8_DOT_F16`)."""
+    `_key_step` converts e4m3 keys and values to float16 (`kv_fp8.float16_products`)."""
     rows = tl.arange(0, TQ * GROUP_PAD)
     tok = q0 + rows // GROUP_PAD
     g = rows % GROUP_PAD
@@ -135,11 +137,6 @@ def prefill_tiles(query_lens: list[int], tq: int) -> tuple[list[int], list[int]]
 FP8_DOT_F16 = False
 
 
-def fp8_dot_f16(fp8: bool, q: torch.Tensor) -> bool:
-    """Whether a prefill launch over an e4m3 (`fp8`) cache with queries `q` takes float16 products."""
-    return fp8 and FP8_DOT_F16 and q.dtype == torch.bfloat16
-
-
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             query_starts: list[int], query_lens: list[int], context_lens: list[int],
                             block_tables: torch.Tensor, scale: float, out: torch.Tensor | None = None,
@@ -168,6 +165,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), TQ=tq, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, TILE_K=64 if head_dim <= 128 else 32, KV_FP8=fp8, DOT_F16=fp8_dot_f16(fp8, q),
+        BLOCK_SIZE=block_size, TILE_K=64 if head_dim <= 128 else 32, KV_FP8=fp8,
+        DOT_F16=kv_fp8.float16_products(fp8, q.dtype, FP8_DOT_F16),
     )
     return out

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels.triton_decode import sm_count
-from onebit.kernels import triton_prefill
+from onebit.kernels import kv_fp8, triton_prefill
 from onebit.kernels.triton_prefill import _key_step, _query_tile, _write_tile
 
 # The engine's switch: False routes prefill chunks to the older `triton_prefill` kernel (benches
@@ -169,7 +169,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), TQ=plan.tq, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, TILE_K=tile_k, KV_FP8=fp8, DOT_F16=triton_prefill.fp8_dot_f16(fp8, q),
+        BLOCK_SIZE=block_size, TILE_K=tile_k, KV_FP8=fp8,
+        DOT_F16=kv_fp8.float16_products(fp8, q.dtype, triton_prefill.FP8_DOT_F16),
         num_warps=launch.warps, num_stages=launch.stages,
     )
     return out
