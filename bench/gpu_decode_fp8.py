@@ -191,7 +191,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/decode_fp8"))
     ap.add_argument("--launches", default=",".join(triton_decode.CANDIDATES))
     ap.add_argument("--engine", action="store_true", help="then the engine table (~3 min)")
-    ap.add_argument("--fp8-launch", default="t128-w4", help="the e4m3 launch of the engine's last row")
+    ap.add_argument("--fp8-launch", default=next(n for n, c in triton_decode.CANDIDATES.items() if c == triton_decode.LAUNCH["fp8"]), help="the e4m3 launch of the engine's last row")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--prefill", action="store_true", help="then the flash prefill kernel over each cache (~30 s)")
     ap.add_argument("--quick", action="store_true", help="engine rows: bf16 cache, e4m3 on --fp8-launch, and both with fp8 weights")

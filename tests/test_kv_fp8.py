@@ -124,12 +124,12 @@ def test_triton_prefill_reads_fp8_like_the_reference(heads, kv_heads, head_dim, 
 
 
 @pytest.mark.parametrize("flash", [False, True])
-def test_prefill_float16_products_over_fp8_match_the_reference(monkeypatch, flash):
-    """`triton_prefill.FP8_DOT_F16` (off until measured): bf16 queries over an e4m3 cache in float16,
+def test_prefill_float16_products_over_fp8_match_the_reference(flash):
+    """`triton_prefill.FP8_DOT_F16` (on since session 17): bf16 queries over an e4m3 cache in float16,
     in both prefill kernels; the bound as the decode kernel's float16 test."""
     from onebit.kernels import triton_prefill_flash
 
-    monkeypatch.setattr(triton_prefill, "FP8_DOT_F16", True)
+    assert triton_prefill.FP8_DOT_F16
     qlens, ctxs = [70, 17], [70, 150]
     _, kq, vq, ks, vs, tables, _, _ = _fp8_case(8, 2, 32, 16, ctxs, seed=7)
     q = torch.randn(sum(qlens), 8, 32, generator=torch.Generator().manual_seed(3)).to(DEVICE).bfloat16()

@@ -130,11 +130,12 @@ def prefill_tiles(query_lens: list[int], tq: int) -> tuple[list[int], list[int]]
     return seqs, starts
 
 
-# An e4m3 cache's products in float16, as the decode kernel's (`triton_decode.FP8_DOT_F16`, which
-# session 16 measured at 1.2-1.45x there). Off here until measured: a prefill tile spreads each
-# key's conversion over TQ x the group's query rows, not the group's 4. Prediction: an e4m3 cache's
-# prefill attention 0-10% faster (G27's prefill section with an e4m3 cache; perf.md, next).
-FP8_DOT_F16 = False
+# An e4m3 cache's products in float16, as the decode kernel's (`triton_decode.FP8_DOT_F16`). A prefill
+# tile spreads each key's conversion over TQ x the group's query rows, so it gains less than decode:
+# session 17 (G34 --prefill, one layer, flash kernel) 1.09x at a 2k prompt, 1.11x for a 512 chunk at
+# 8k, 0.99-1.00x at an 8k prompt and 4 x 2k (prediction 0-10%); relative error against the bfloat16
+# products 2.1-2.5e-3, the e4m3 rounding's own scale being 3.8e-2.
+FP8_DOT_F16 = True
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
