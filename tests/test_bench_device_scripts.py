@@ -83,9 +83,11 @@ def test_fp8_fuse_bench_builds_each_engine_setting(tmp_path):
 
 def test_sass_loop_count_finds_the_k_loop_of_a_repacked_kernel():
     out = _run(["tools/sass_loop_count.py", "--config", "fma-n32-g2", "--rows", "1", "--top", "3"])
-    head, *ops = out.strip().splitlines()
+    head, *ops, resources = out.strip().splitlines()
     assert head.startswith("fma-n32-g2 Q4_K 1 row(s): ") and float(head.split()[-3]) > 1  # at least a FMA a weight
     assert len(ops) == 3 and "FFMA" in out  # the multiply-adds are in the loop
+    registers = int(resources.split()[0])
+    assert 16 <= registers <= 255 and "bytes of shared memory" in resources
 
 
 def test_the_quant_checks_name_configs_the_sweep_and_the_stalls_script_know(monkeypatch):

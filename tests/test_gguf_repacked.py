@@ -241,6 +241,7 @@ def test_the_shipped_table_gives_every_type_and_row_count_a_launch_it_accepts():
     for (qtype, m), config in {**tr.DEFAULT, **shipped}.items():
         assert 1 <= m <= tr.MAX_INT_ROWS and config.mode in tr.MODE_MAX_ROWS, (qtype, m, config)
         assert m <= tr.MODE_MAX_ROWS[config.mode] and (config.mode != "i8" or qtype in tr.I8_TYPES), (qtype, m)
+        assert config.mode not in tr.F16_MODES or qtype in tr.F16_TYPES, (qtype, m, config)
         assert config.mode != "fma" or m <= tr.FMA_MAX_ROWS, (qtype, m, config)
         assert config.reduce in ("sum", "atomic") and config.block_n > 0 and config.ng > 0, (qtype, m, config)
     assert all((qtype, m) in tr.DEFAULT for qtype in REPACKED_TYPES for m in range(1, tr.MAX_INT_ROWS + 1))

@@ -6,7 +6,8 @@ Compiles `triton_gguf_repacked`'s kernel for one `CONFIGS` entry and activation 
 SASS (no GPU needed: Triton's ahead-of-time compiler and its bundled `nvdisasm`), specialized as a
 launch specializes it (pointers and strides divisible by 16: without that the codes load one lane a
 thread and the count nearly doubles), finds the longest backward branch (the K loop) and prints
-its instruction count x threads / weights a turn, then the most frequent opcodes. A proxy for a
+its instruction count x threads / weights a turn, then the most frequent opcodes, then the
+kernel's registers a thread (from the bundled `cuobjdump`) and shared memory. A proxy for a
 kernel bound by instruction issue (session 13: the 1-row "fma" kernel runs 7.4 a weight); whether
 it is bound by that is for the device to say.
 """
@@ -25,33 +26,39 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.pop("TRITON_INTERPRET", None)  # the interpreter's `triton.jit` gives no compilable kernels
 
-DIVISIBLE = {"x_ptr", "xq_ptr", "dx_ptr", "xs_ptr", "c_ptr", "h_ptr", "s_ptr", "d_ptr", "y_ptr", "out_ptr", "count_ptr", "N", "stride_xm",
+DIVISIBLE = {"x_ptr", "xm_ptr", "xe_ptr", "K", "xq_ptr", "dx_ptr", "xs_ptr", "c_ptr", "h_ptr", "s_ptr", "d_ptr", "y_ptr", "out_ptr", "count_ptr", "N", "stride_xm",
              "stride_cn", "stride_hn", "stride_sn", "stride_ym", "stride_ysplit", "stride_om"}
 TYPES = {"x_ptr": "*bf16", "c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32",
          "out_ptr": "*bf16", "count_ptr": "*i32", "xq_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32"}
 
 
-def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int]:
-    """(SASS text, warps, weights a loop turn) of the kernel that `matmul_few_rows` launches for this
-    config and row count (split-K partials summed by the reduce kernel)."""
+def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int, str]:
+    """(SASS text, warps, weights a loop turn, its registers and shared memory in words) of the kernel
+    that `matmul_few_rows` launches for this config and row count (split-K partials summed by the
+    reduce kernel)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from onebit.kernels import triton_gguf_f16
     from onebit.kernels import triton_gguf_repacked as tr
     from onebit.kernels.gguf_repack import GROUPING
 
     config = tr.CONFIGS[config_name]
     group, lanes, _, planes = GROUPING[qtype]
-    block_m = max(16, triton.next_power_of_2(rows)) if config.mode == "dot" else triton.next_power_of_2(rows)
-    fn = {"int": tr._repacked_int_kernel, "i8": tr._repacked_i8_kernel}.get(config.mode, tr._repacked_kernel)
+    block_m = max(16, triton.next_power_of_2(rows)) if config.mode in ("dot", "f16", "f16s") else triton.next_power_of_2(rows)
+    fn = {"int": tr._repacked_int_kernel, "i8": tr._repacked_i8_kernel,
+          "f16": triton_gguf_f16._f16_kernel,
+          "f16s": triton_gguf_f16._f16_kernel}.get(config.mode, tr._repacked_kernel)
     constexprs = {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes, "BLOCK_M": block_m,
                   "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": False, "ASM": True,
-                  "QUADS": config.quads}
+                  "QUADS": config.quads, "SCALED": config.mode == "f16s"}
     if config.mode in ("fma", "dot"):
         constexprs["USE_DOT"] = config.mode == "dot"
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode == "int" else "*i32"}
+    if config.mode in ("f16", "f16s"):
+        types.update(x_ptr="*fp16", xm_ptr="*fp16", xe_ptr="*fp32")
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]]
              for name in DIVISIBLE if name in fn.arg_names and name not in constexprs}
@@ -62,7 +69,12 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    return sass, config.warps, config.block_n * config.ng * group
+        usage = subprocess.run([str(nvdisasm.with_name("cuobjdump")), "--dump-resource-usage", str(cubin)],
+                               capture_output=True, text=True).stdout
+    registers = re.search(r"REG:(\d+)", usage)
+    resources = (f"{registers.group(1) if registers else '?'} registers a thread, "
+                 f"{kernel.metadata.shared} bytes of shared memory a program")
+    return sass, config.warps, config.block_n * config.ng * group, resources
 
 
 def loop_body(sass: str) -> list[str]:
@@ -101,7 +113,7 @@ def main() -> int:
     ap.add_argument("--qtype", default="Q4_K", choices=("Q4_K", "Q5_K", "Q6_K", "Q8_0"))
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
-    sass, warps, weights = compile_sass(args.config, args.rows, args.qtype)
+    sass, warps, weights, resources = compile_sass(args.config, args.rows, args.qtype)
     body = loop_body(sass)
     if not body:
         print("no loop found", file=sys.stderr)
@@ -111,6 +123,7 @@ def main() -> int:
           f"{len(body) * per_weight:.2f} per weight")
     for op, count in collections.Counter(map(opcode, body)).most_common(args.top):
         print(f"  {op:12s} {count:5d}  {count * per_weight:.2f} per weight")
+    print(resources)
     return 0
 
 

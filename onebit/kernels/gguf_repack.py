@@ -256,6 +256,35 @@ def repacked_int_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Te
     return (scale[None] * dots - offset[None] * xs.sum(dim=-1)[:, None, :]).sum(dim=-1).to(x.dtype)
 
 
+def prepare_x_f16_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, K] as mode "f16" of the packed products takes it (`triton_gguf_f16.prepare_x`): (x16 [T, K],
+    xmean16 [T, K / 32], scale [T]), float32 tensors holding float16 values and powers of two: per row
+    e = max(0, floor(log2(max|x|)) - 14), x16 = float16(x * 2**-e), xmean16 = float16(mean of x16 over
+    each 32 columns), scale = 2**e."""
+    xf = x.float()
+    top = xf.abs().amax(dim=1)
+    _, exponent = torch.frexp(top)  # top = mantissa * 2**exponent, mantissa in [0.5, 1)
+    e = torch.clamp(torch.where(top > 0, exponent - 1, torch.zeros_like(exponent)) - 14, min=0)
+    x16 = (xf * torch.exp2(-e.float())[:, None]).half().float()
+    xmean = x16.reshape(x.shape[0], -1, 32).mean(dim=-1).half().float()
+    return x16, xmean, torch.exp2(e.float())
+
+
+def repacked_f16_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor:
+    """x [T, K] @ weight.T (Q4_K or Q5_K) as mode "f16" computes it, in float64 from `prepare_x_f16_ref`'s
+    rounding: y = scale * (sum over sub-blocks of s * (codes . x16) - o * 32 * xmean16), s and o the
+    sub-block's scale and offset (`sub_block_scales`). Off the exact product only by x's and the means'
+    rounding to float16; the kernel adds float32 sums on top."""
+    if weight.qtype not in ("Q4_K", "Q5_K"):
+        raise ValueError(f'mode "f16" takes Q4_K and Q5_K, not {weight.qtype}')
+    x16, xmean, scale = prepare_x_f16_ref(x)
+    s, o, size = sub_block_scales(weight)
+    q = sub_block_codes(weight).double().reshape(weight.rows, -1, size)
+    dots = torch.einsum("tsk,nsk->tns", x16.double().reshape(x.shape[0], -1, size), q)
+    y = (s.double()[None] * dots - o.double()[None] * (32.0 * xmean.double())[:, None, :]).sum(dim=-1)
+    return (y * scale.double()[:, None]).to(x.dtype)
+
+
 def quantize_sub_blocks_i8(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, K] rounded to int8 per sub-block of `size` columns, as mode "i8" of `triton_gguf_repacked`
     rounds it: (xq float32 [T, K / size, size] holding integers in -127..127, dx float32 [T, K / size])

@@ -107,6 +107,13 @@ CONFIGS = {
     # i8-n128-g1-s1-p1024 1.07x (best on Q4_K's gate_up / down, 2-8% ahead of fma; behind on Q8_0).
     # Dropped then: i8-n64-g2 (two stages: every small load an async copy, 8-13x slower) and three
     # i8-n64/n128 variants at 1.03-1.07x. A thread per (row, group) needs BLOCK_N * NG >= the threads.
+    # 8-64 rows, Q4_K and Q5_K: mode "f16" (session 17, unmeasured; prediction in perf.md "Built since").
+    "f16-n128": RepackedConfig("f16", 128, 1, programs=128),
+    "f16s-n64-p512": RepackedConfig("f16s", 64, 1, programs=512),
+    "f16s-n128": RepackedConfig("f16s", 128, 1, programs=128),
+    "f16s-n128-p256": RepackedConfig("f16s", 128, 1, programs=256),
+    "f16s-n128-p512": RepackedConfig("f16s", 128, 1, programs=512),
+    "f16s-n256-w8": RepackedConfig("f16s", 256, 1, warps=8, programs=128),
     "i8-n32-g4-s1": RepackedConfig("i8", 32, 4, stages=1, programs=512),
     "i8-n128-g2-w8-s1": RepackedConfig("i8", 128, 2, warps=8, stages=1, programs=256),
     "i8-n128-g1-s1-p1024": RepackedConfig("i8", 128, 1, stages=1, programs=1024),
@@ -136,7 +143,13 @@ I8_TYPES = ("Q4_K", "Q8_0")
 # (the first, unmeasured choice) 0.58x / 0.35x. Q4_K_M B=64 in the engine: 5,064 -> 6,851 tok/s.
 INT_MANY_ROWS_CONFIG = CONFIGS["int-n64-g1"]
 FMA_MAX_ROWS = 4
-MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, "i8": 1}
+MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, "i8": 1, "f16": MAX_INT_ROWS,
+                 "f16s": MAX_INT_ROWS}
+# Modes "f16" and "f16s" (`triton_gguf_f16`: float16 tensor cores with the sub-block scales inside the
+# weights; "f16" keeps them exact and rescales once a 256-column group, "f16s" folds d in as well and
+# rounds each weight once to float16) take only these types: their code * scale fits float16 exactly.
+F16_TYPES = ("Q4_K", "Q5_K")
+F16_MODES = ("f16", "f16s")
 # (qtype, rows 1..MAX_INT_ROWS) -> config: the device sweep's picks (bench/gpu_gguf_repacked.py writes
 # them as JSON), taken from gguf_repacked_table.json beside this file, then from
 # $ONEBIT_GGUF_REPACKED_TABLE over it (a sweep of a few row counts replaces just those). Types the
@@ -369,26 +382,35 @@ def _lane_pairs(words, BLOCK_N: tl.constexpr, LANES: tl.constexpr):
 
 
 @triton.jit
-def _pairs_to_dtype(bits, BLOCK_N: tl.constexpr, LANES: tl.constexpr, DTYPE: tl.constexpr):
-    """int32 [BN, LANES / 2] holding two bfloat16 bit patterns (lane 2i low, lane 2i + 1 high) -> DTYPE
-    [BN, LANES] (the register is already what the tensor core takes: the unpacking folds away)."""
+def _pairs_to_dtype(bits, BLOCK_N: tl.constexpr, LANES: tl.constexpr, DTYPE: tl.constexpr,
+                    F16: tl.constexpr = False):
+    """int32 [BN, LANES / 2] holding two bfloat16 (F16: float16) bit patterns (lane 2i low, lane 2i + 1
+    high) -> DTYPE [BN, LANES] (the register is already what the tensor core takes: the unpacking folds
+    away)."""
     lo = bits.to(tl.int16)
     hi = (bits >> 16).to(tl.int16)
-    q = tl.reshape(tl.join(lo, hi), (BLOCK_N, LANES)).to(tl.bfloat16, bitcast=True)
-    if DTYPE != tl.bfloat16:
-        q = q.to(DTYPE)
+    pairs = tl.reshape(tl.join(lo, hi), (BLOCK_N, LANES))
+    if F16:
+        q = pairs.to(tl.float16, bitcast=True)
+        if DTYPE != tl.float16:
+            q = q.to(DTYPE)
+    else:
+        q = pairs.to(tl.bfloat16, bitcast=True)
+        if DTYPE != tl.bfloat16:
+            q = q.to(DTYPE)
     return q
 
 
 @triton.jit
 def _plane_codes(lo_pair, hi_pair, high_pair, j: tl.constexpr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 LANES: tl.constexpr, DTYPE: tl.constexpr):
+                 LANES: tl.constexpr, DTYPE: tl.constexpr, F16: tl.constexpr = False):
     """Plane j's codes [BN, LANES] in DTYPE, exactly. Q4_K/Q5_K/Q6_K: 128 + the unsigned code, built two
     lanes at a time as the bits of two bfloat16s (exponent of 128, code in the low mantissa bits): one
     shift and one mask-and-or per two weights, no int-to-float conversion (the 128 is taken off with the
-    sub-block's x sum). lo_pair/hi_pair: bits 0-15 / 16-31 of the even lane's word in the low half and
-    the odd lane's in the high half; high_pair likewise for the high bits. Q8_0: the signed code,
-    through float32 (its 8-bit codes do not fit the 7-bit bfloat16 mantissa)."""
+    sub-block's x sum); F16: 1024 + the code as two float16s the same way. lo_pair/hi_pair: bits 0-15 /
+    16-31 of the even lane's word in the low half and the odd lane's in the high half; high_pair
+    likewise for the high bits. Q8_0: the signed code, through float32 (its 8-bit codes do not fit the
+    7-bit bfloat16 mantissa)."""
     if QTYPE == 0:
         we = lo_pair  # Q8_0: the words themselves, even and odd lanes
         wo = hi_pair
@@ -397,12 +419,22 @@ def _plane_codes(lo_pair, hi_pair, high_pair, j: tl.constexpr, QTYPE: tl.constex
         fe = (ue | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0  # 2**23 + u - 2**23 - 128
         fo = (uo | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
         return tl.reshape(tl.join(fe, fo), (BLOCK_N, LANES)).to(DTYPE)
+    return _pairs_to_dtype(_plane_code_bits(lo_pair, hi_pair, high_pair, j, QTYPE, F16), BLOCK_N, LANES, DTYPE, F16)
+
+
+@triton.jit
+def _plane_code_bits(lo_pair, hi_pair, high_pair, j: tl.constexpr, QTYPE: tl.constexpr, F16: tl.constexpr):
+    """`_plane_codes`' int32 [BN, LANES / 2] before the conversion (Q4_K/Q5_K/Q6_K): two bfloat16s
+    128 + code (F16: two float16s 1024 + code) a word, the even lane's in the low half."""
     jj: tl.constexpr = j % 4
     if j < 4:
         src = lo_pair
     else:
         src = hi_pair
-    bits = ((src >> (4 * jj)) & 0x000F000F) | 0x43004300  # bf16 0x4300 = 128.0
+    if F16:
+        bits = ((src >> (4 * jj)) & 0x000F000F) | 0x64006400  # f16 0x6400 = 1024.0
+    else:
+        bits = ((src >> (4 * jj)) & 0x000F000F) | 0x43004300  # bf16 0x4300 = 128.0
     if QTYPE == 2:  # the fifth bit: bit j of the high byte (lane 2i in bits 0-7, 2i + 1 in 16-23)
         if j <= 4:
             bits = bits | ((high_pair << (4 - j)) & 0x00100010)
@@ -413,7 +445,7 @@ def _plane_codes(lo_pair, hi_pair, high_pair, j: tl.constexpr, QTYPE: tl.constex
             bits = bits | ((high_pair << (4 - 2 * j)) & 0x00300030)
         else:
             bits = bits | ((high_pair >> (2 * j - 4)) & 0x00300030)
-    return _pairs_to_dtype(bits, BLOCK_N, LANES, DTYPE)
+    return bits
 
 
 @triton.jit
@@ -760,6 +792,8 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
         raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
     if config.mode == "i8" and weight.qtype not in I8_TYPES:
         raise ValueError(f'mode "i8" takes {", ".join(I8_TYPES)}, not {weight.qtype}')
+    if config.mode in F16_MODES and weight.qtype not in F16_TYPES:
+        raise ValueError(f'mode "{config.mode}" takes {", ".join(F16_TYPES)}, not {weight.qtype}')
     if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode != "i8"):
         raise ValueError(f"unknown config {config}")
     if out is None:
@@ -779,6 +813,12 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     grid = (triton.cdiv(weight.rows, config.block_n), split)
     if config.mode == "i8":
         _launch_i8(x, weight, target, grid, ng, groups // split, stride_split, reduce, config)
+    elif config.mode in F16_MODES:
+        from onebit.kernels import triton_gguf_f16  # it builds on this module's helpers
+
+        triton_gguf_f16.launch(x, codes, high, scales, d, target, weight.rows, groups // split, stride_t, stride_split,
+                               grid, config.block_n, reduce, config.stages, config.warps, config.mode == "f16s",
+                               _meta(weight))
     elif config.mode == "int":
         _repacked_int_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, REDUCE=reduce,
                                    NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),

@@ -1,0 +1,94 @@
+"""Modes "f16" and "f16s" of the packed GGUF products (`triton_gguf_f16`): x's float16 preparation and
+the products against their float64 references (Triton's interpreter on CPU, the GPU where there is
+one), for Q4_K and Q5_K; rows with values past float16's range; the types the mode refuses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from onebit.kernels.gguf_repack import RepackedMatrix, prepare_x_f16_ref, repacked_f16_linear_ref, repacked_linear_ref
+from tests.test_gguf_kernels import random_blocks
+
+tr = pytest.importorskip("onebit.kernels.triton_gguf_repacked")
+tf = pytest.importorskip("onebit.kernels.triton_gguf_f16")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _weight(qtype: str, rows: int, cols: int, seed: int) -> RepackedMatrix:
+    raw = torch.from_numpy(random_blocks(qtype, rows, cols, seed, d_scale=0.01))
+    return RepackedMatrix.from_blocks(raw, qtype, cols).to(DEVICE)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double().cpu() - want.double().cpu()).norm() / want.double().cpu().norm()).item()
+
+
+def _x(rows: int, seed: int) -> torch.Tensor:
+    """Random rows with one far past float16's range (1e6) and one all zeros."""
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(seed))
+    x[1] *= 1e6
+    x[2] = 0.0
+    return x
+
+
+def test_prepare_x_is_its_reference_with_a_power_of_two_scale_per_row():
+    x = _x(5, seed=1)
+    x16, xm, xe = tf.prepare_x(x.to(DEVICE))
+    r16, rm, re = prepare_x_f16_ref(x)
+    assert x16.dtype == xm.dtype == torch.float16 and xe.dtype == torch.float32
+    assert torch.equal(x16.float().cpu(), r16) and torch.equal(xe.cpu(), re)
+    assert (xm.float().cpu() - rm).abs().max().item() <= 2.0**-10 * rm.abs().max().item()  # a float16 step at most
+    assert xe[0].item() == 1.0 and xe[2].item() == 1.0  # ordinary and zero rows: unscaled
+    top = x[1].abs().max().item()  # about 3e6: 2**21 -> a scale of 2**7
+    assert xe[1].item() == 2.0 ** (math.floor(math.log2(top)) - 14) and 2.0**14 <= x16[1].abs().max().item() < 2.0**15
+    assert torch.isfinite(x16.float()).all()
+    with pytest.raises(ValueError, match="multiple of 256"):
+        tf.prepare_x(torch.zeros(1, 300, device=DEVICE))
+
+
+# (rows, config): the split-K sum and the atomic add, one program along K, tiles past the weight's
+# end (N = 40), a full 64-row tile.
+CASES = [(5, tr.RepackedConfig("f16", 32, 1, split=2)), (20, tr.RepackedConfig("f16", 64, 1, split=1, reduce="atomic")),
+         (tr.MAX_INT_ROWS, tr.RepackedConfig("f16", 16, 1, split=2)),
+         (5, tr.RepackedConfig("f16s", 32, 1, split=2)), (20, tr.RepackedConfig("f16s", 64, 1, split=1, reduce="atomic")),
+         (tr.MAX_INT_ROWS, tr.RepackedConfig("f16s", 16, 1, split=2))]
+
+
+@pytest.mark.parametrize("qtype", tr.F16_TYPES)
+def test_f16_modes_match_their_reference(qtype):
+    """"f16" keeps the weights exact: only float32 sums separate it from the float64 reference. "f16s"
+    rounds each weight (d * scale * code) once to float16, 2**-11 relative at most, so its products
+    stay within ~1e-3 of it. Both stay near the exact product despite the 1e6 row (scaled by 2**-6)."""
+    w = _weight(qtype, 40, 512, seed=len(qtype))
+    for m, config in CASES:
+        x = _x(m, seed=m)
+        want = repacked_f16_linear_ref(x.double(), w.to("cpu"))
+        got = tr.matmul_few_rows(x.to(DEVICE), w, config=config).float()
+        assert torch.isfinite(got).all(), (m, config)
+        assert _rel(got, want) < (1e-5 if config.mode == "f16" else 2e-3), (m, config, _rel(got, want))
+        exact = repacked_linear_ref(x.double(), w.to("cpu"))
+        assert _rel(got, exact) < 3e-3, (m, config)
+        assert _rel(got[1:2], exact[1:2]) < 3e-3, (m, config)  # the scaled row on its own
+
+
+def test_f16_reference_is_off_the_exact_product_by_the_rounding_of_x():
+    """x already in float16 (and in range): the only rounding left is the sub-block means', so the
+    reference is within float16's step of the exact product; with bfloat16 x there is more."""
+    w = _weight("Q4_K", 24, 512, seed=5)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(9)).half().double()
+    exact = repacked_linear_ref(x, w.to("cpu"))
+    ref = repacked_f16_linear_ref(x, w.to("cpu"))
+    assert 0 < _rel(ref, exact) < 2.0**-10
+
+
+def test_f16_modes_refuse_other_types():
+    x = torch.randn(8, 512).to(DEVICE)
+    for qtype in ("Q6_K", "Q8_0"):
+        with pytest.raises(ValueError, match='mode "f16s" takes Q4_K, Q5_K'):
+            tr.matmul_few_rows(x, _weight(qtype, 16, 512, seed=1), config=tr.RepackedConfig("f16s", 32, 1))
+    with pytest.raises(ValueError, match="Q4_K and Q5_K"):
+        repacked_f16_linear_ref(x.cpu(), _weight("Q8_0", 16, 512, seed=1).to("cpu"))
