@@ -51,6 +51,8 @@ ROWS = tuple(int(m) for m in os.environ.get("ONEBIT_SWEEP_ROWS", "1,2,4,8,16").s
 # A config whose product is off the float32 one by more than this anywhere (the launches that pass
 # are at 1e-3 and below: x's rounding) is reported but never picked.
 MAX_PICK_ERROR = 1e-2
+# A product shape takes its own pick where the fastest config there beats the type's pick by this.
+SHAPE_MIN_GAIN = 1.05
 
 
 def wide_configs() -> dict:
@@ -241,9 +243,33 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
                 label = max(scores, key=scores.get)
                 table.setdefault(qtype, {})[str(m)] = configs[label]._asdict()
                 picks.append(f"{qtype} {m}: {label} ({scores[label]:.2f}x)")
+    shapes, notes = shape_picks(records, configs, table)
+    table.update(shapes)
     (out / "gguf_repacked_table.json").write_text(json.dumps(table, indent=1) + "\n")
     lines += ["", "Best config per type and row count (DIR/gguf_repacked_table.json): " + ", ".join(picks)]
+    lines += ["", f"Product shapes with their own pick (at least {SHAPE_MIN_GAIN:.2f}x the type's pick there): "
+              + (", ".join(notes) or "none")]
     return lines, table
+
+
+def shape_picks(records: list[dict], configs: dict, table: dict) -> tuple[dict, list[str]]:
+    """({"QTYPE NxK": {rows: config fields}}, a note per pick): at each product shape and row count,
+    the fastest config there where it beats the type's pick in `table` there by SHAPE_MIN_GAIN, both
+    timed in this run, within MAX_PICK_ERROR of the float32 product."""
+    out, notes = {}, []
+    for r in records:
+        pick = table.get(r["qtype"], {}).get(str(r["rows"]))
+        label = next((name for name, c in configs.items() if c._asdict() == pick), None)
+        timed = {name: us for name, us in r["us"].items() if r["rel_err"].get(name, 1.0) < MAX_PICK_ERROR}
+        if label not in timed:
+            continue
+        best = min(timed, key=timed.get)
+        gain = timed[label] / timed[best]
+        if gain >= SHAPE_MIN_GAIN:
+            key = f"{r['qtype']} {r['n']}x{r['k']}"
+            out.setdefault(key, {})[str(r["rows"])] = configs[best]._asdict()
+            notes.append(f"{key} {r['rows']}: {best} ({gain:.2f}x over {label})")
+    return out, notes
 
 
 def main() -> int:

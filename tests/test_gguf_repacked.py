@@ -129,6 +129,24 @@ def test_the_sweeps_table_sets_the_defaults_by_type_and_rows():
     assert table == {("Q4_K", 1): tr.RepackedConfig("i8", 128, 4)}  # a 1-row mode is not carried to 2-16 rows
 
 
+def test_a_product_shape_with_its_own_pick_takes_it_from_its_smallest_measured_count_up(monkeypatch):
+    """A key "QTYPE NxK" gives (qtype, rows, N, K) entries from its smallest measured row count up;
+    `matmul_few_rows` takes that shape's entry before the type's (here a 1-row mode at 2 rows, which
+    refuses: proof of which one it took), and other shapes keep the type's."""
+    table = tr.table_from_json('{"Q4_K": {"16": {"mode": "int", "block_n": 64}},'
+                               ' "Q4_K 40x512": {"8": {"mode": "f16s", "block_n": 32}, "64": {"mode": "int", "block_n": 16}}}')
+    assert table["Q4_K", 1] == table["Q4_K", 16] == tr.RepackedConfig("int", 64)
+    assert ("Q4_K", 7, 40, 512) not in table and table["Q4_K", 8, 40, 512] == tr.RepackedConfig("f16s", 32)
+    assert table["Q4_K", 9, 40, 512] == table["Q4_K", 64, 40, 512] == tr.RepackedConfig("int", 16)
+    w = _weight("Q4_K", 40, 512, seed=3)
+    x = torch.randn(2, 512).to(DEVICE)
+    monkeypatch.setitem(tr.DEFAULT, ("Q4_K", 2, 40, 512), tr.RepackedConfig("i8", 32, 1))
+    with pytest.raises(ValueError, match="1 to 1 rows"):
+        tr.matmul_few_rows(x, w)
+    other = _weight("Q4_K", 24, 512, seed=4)
+    assert _close(tr.matmul_few_rows(x, other), repacked_linear_ref(x, other)) < TOLERANCE
+
+
 def test_a_table_in_the_environment_replaces_only_the_counts_it_names(monkeypatch, tmp_path):
     sweep = tmp_path / "one_row.json"
     sweep.write_text('{"Q8_0": {"1": {"mode": "i8", "block_n": 64, "ng": 4}}}')
@@ -237,8 +255,9 @@ def test_the_shipped_table_gives_every_type_and_row_count_a_launch_it_accepts():
     """gguf_repacked_table.json (the device sweep's picks, package data) parses and never sends more
     rows to the CUDA-core mode than it takes, so no row count of a decode step raises at run time."""
     shipped = tr.table_from_json(tr.TABLE_FILE.read_text())
-    assert {qtype for qtype, _ in shipped} <= set(REPACKED_TYPES) and shipped
-    for (qtype, m), config in {**tr.DEFAULT, **shipped}.items():
+    assert {key[0] for key in shipped} <= set(REPACKED_TYPES) and shipped
+    assert any(len(key) == 4 for key in shipped)  # product shapes with their own picks
+    for (qtype, m, *shape), config in {**tr.DEFAULT, **shipped}.items():
         assert 1 <= m <= tr.MAX_INT_ROWS and config.mode in tr.MODE_MAX_ROWS, (qtype, m, config)
         assert m <= tr.MODE_MAX_ROWS[config.mode] and (config.mode != "i8" or qtype in tr.I8_TYPES), (qtype, m)
         assert config.mode not in tr.F16_MODES or qtype in tr.F16_TYPES, (qtype, m, config)

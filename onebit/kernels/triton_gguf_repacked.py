@@ -150,7 +150,8 @@ MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, 
 # rounds each weight once to float16) take only these types: their code * scale fits float16 exactly.
 F16_TYPES = ("Q4_K", "Q5_K")
 F16_MODES = ("f16", "f16s")
-# (qtype, rows 1..MAX_INT_ROWS) -> config: the device sweep's picks (bench/gpu_gguf_repacked.py writes
+# (qtype, rows 1..MAX_INT_ROWS) -> config, and (qtype, rows, N, K) -> config where one product shape
+# has its own pick: the device sweep's picks (bench/gpu_gguf_repacked.py writes
 # them as JSON), taken from gguf_repacked_table.json beside this file, then from
 # $ONEBIT_GGUF_REPACKED_TABLE over it (a sweep of a few row counts replaces just those). Types the
 # sweep leaves out (Q5_K) take what won for the others: "fma" at 1-2 rows, "int" above.
@@ -160,21 +161,25 @@ DEFAULT = {(qtype, m): CONFIGS["fma-n32-g2"] if m <= 2 else CONFIGS["int-n64-g1-
            else INT_MANY_ROWS_CONFIG for qtype in GROUPING for m in range(1, MAX_INT_ROWS + 1)}
 
 
-def table_from_json(text: str) -> dict[tuple[str, int], RepackedConfig]:
-    """{qtype: {rows: config fields}} (the sweep's file) -> {(qtype, rows): RepackedConfig}, the rows
+def table_from_json(text: str) -> dict[tuple, RepackedConfig]:
+    """{key: {rows: config fields}} (the sweep's file) -> {(qtype, rows): RepackedConfig}, the rows
     between two measured counts taking the config of the next measured count up. Up to 16 rows the
     rows past the last measured count take its config; above 16 (the tensor-core modes only) they
-    are left to the default."""
+    are left to the default. A key "QTYPE" sets a type's picks; a key "QTYPE NxK" (weight rows x
+    columns) one product shape's, which `matmul_few_rows` prefers: entries (qtype, rows, N, K), from
+    its smallest measured count up only (below it, the type's picks hold)."""
     table = {}
-    for qtype, by_rows in json.loads(text).items():
+    for key, by_rows in json.loads(text).items():
+        qtype, *shape = key.split()
+        shape = tuple(int(v) for v in shape[0].split("x")) if shape else ()
         measured = sorted((int(m), RepackedConfig(**fields)) for m, fields in by_rows.items())
         few = [(rows, c) for rows, c in measured if rows <= MAX_KERNEL_ROWS]
-        for m in range(1, MAX_INT_ROWS + 1):
+        for m in range(measured[0][0] if shape and measured else 1, MAX_INT_ROWS + 1):
             chosen = next((c for rows, c in measured if rows >= m), None)
             if chosen is None and m <= MAX_KERNEL_ROWS and few:
                 chosen = few[-1][1]
             if chosen is not None and m <= MODE_MAX_ROWS[chosen.mode]:  # a 1-row "i8" pick stays at 1 row
-                table[qtype, m] = chosen
+                table[(qtype, m) + shape] = chosen
     return table
 
 
@@ -778,13 +783,15 @@ def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, redu
 def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
                     config: RepackedConfig | None = None) -> torch.Tensor:
     """x [M, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output is
-    fine: unit column stride), M up to the mode's MODE_MAX_ROWS. config None: DEFAULT[qtype, M] (the
-    sweep's table; INT_MANY_ROWS_CONFIG above 16 rows where it has none). Reference:
+    fine: unit column stride), M up to the mode's MODE_MAX_ROWS. config None: DEFAULT[qtype, M, N, K]
+    or else DEFAULT[qtype, M] (the sweep's table; INT_MANY_ROWS_CONFIG above 16 rows where it has
+    none). Reference:
     `gguf_repack.repacked_linear_ref`."""
     m, k = x.shape
     if k != weight.cols:
         raise ValueError(f"x has {k} columns, the weight {weight.cols}")
-    config = config or DEFAULT.get((weight.qtype, m), INT_MANY_ROWS_CONFIG)
+    config = config or DEFAULT.get((weight.qtype, m, weight.rows, weight.cols)) or \
+        DEFAULT.get((weight.qtype, m), INT_MANY_ROWS_CONFIG)
     most = MODE_MAX_ROWS.get(config.mode)
     if most is None or config.reduce not in ("sum", "atomic"):
         raise ValueError(f"unknown config {config}")
