@@ -107,7 +107,13 @@ CONFIGS = {
     # i8-n128-g1-s1-p1024 1.07x (best on Q4_K's gate_up / down, 2-8% ahead of fma; behind on Q8_0).
     # Dropped then: i8-n64-g2 (two stages: every small load an async copy, 8-13x slower) and three
     # i8-n64/n128 variants at 1.03-1.07x. A thread per (row, group) needs BLOCK_N * NG >= the threads.
-    # 8-64 rows, Q4_K and Q5_K: mode "f16" (session 17, unmeasured; prediction in perf.md "Built since").
+    # 8-64 rows, Q4_K and Q5_K: modes "f16" and "f16s" (`triton_gguf_f16`). Session 17 on the H200 (Q4_K,
+    # us against the best "int" config at the same product): f16s-n128 wins where there are many weight
+    # rows (gate_up 24576x4096 at 8 / 64 rows 42.6 / 72.2 against 63.3 / 86.1; the 151936-row head 1.3-1.8x)
+    # and loses on the 4096-row products (o, down: 0.75-0.87x; a short K walk per program after split-K,
+    # and `prepare_x`'s launch), hence picks per product shape. Exact "f16" ran as fast as "f16s" at
+    # BLOCK_N 64 and slower at 128. Dropped: f16-n64, f16(s)-n128-w8, f16s-n128-w8-s3, f16s-n64 (0.44-0.70x
+    # bf16 where f16s-n128-p256 made 0.60-0.94x).
     "f16-n128": RepackedConfig("f16", 128, 1, programs=128),
     "f16s-n64-p512": RepackedConfig("f16s", 64, 1, programs=512),
     "f16s-n128": RepackedConfig("f16s", 128, 1, programs=128),
