@@ -59,7 +59,9 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want).norm() / want.norm()).item()
 
 
-TOLERANCE = 1e-5 if DEVICE == "cpu" else 2e-3
+# On the GPU x and the output are bfloat16: rounding the output alone moves each value by up to 2**-8
+# of it (half a step), so the relative error reaches ~2.3e-3 (H200, session 17: 2e-3 failed there).
+TOLERANCE = 1e-5 if DEVICE == "cpu" else 4e-3
 # (rows, config): CUDA-core and tensor-core modes, the deterministic split-K sum and the atomic one,
 # a single program along K (stores directly), rows of a tile past the weight's end (N = 40); mode
 # "int" past 16 rows (40: a 64-row tile part filled; MAX_INT_ROWS), mode "dot" on a 64-row tile.
