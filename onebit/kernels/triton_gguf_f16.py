@@ -27,8 +27,8 @@ import triton.language as tl
 
 from onebit.kernels import pdl
 from onebit.kernels.triton_gguf import _store_partial
-from onebit.kernels.triton_gguf_repacked import (_lane_pairs, _load_group_codes, _load_scales, _pairs_to_dtype,
-                                                 _plane_byte, _plane_code_bits)
+from onebit.kernels.triton_gguf_repacked import (_group_code_pairs, _load_scales, _pairs_to_dtype, _plane_byte,
+                                                 _plane_code_bits, _program_tile)
 
 PREPARE_BLOCK = 256  # columns a program of `prepare_x` converts (one Q4_K group; every K here is a multiple)
 
@@ -129,12 +129,7 @@ def _f16_kernel(x_ptr, xm_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, 
     # acc [BLOCK_N weight rows, BLOCK_M activation rows]; grid and REDUCE as `_repacked_kernel`'s.
     # SCALED False: weights code * scale (exact), one rescale of acc a group. SCALED True: weights
     # float16(d * scale) * code rounded once, minimums float16(-32 dmin * min): one accumulator chain.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn64 = rn.to(tl.int64)
-    rm = tl.arange(0, BLOCK_M)
-    m_ok, n_ok = rm < M, rn < N
+    pid_k, rn, rn64, rm, m_ok, n_ok = _program_tile(M, N, BLOCK_M, BLOCK_N)
     lane = tl.arange(0, LANES)
     sub = tl.arange(0, 16)
     one = tl.arange(0, 1)
@@ -145,12 +140,8 @@ def _f16_kernel(x_ptr, xm_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, 
     xm_ok = m_ok[None, :] & (sub[:, None] < PLANES)
     first = pid_k * GROUPS_PER_SPLIT
     for g in tl.range(first, first + GROUPS_PER_SPLIT, 1, num_stages=NUM_STAGES):
-        words, high = _load_group_codes(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g, 1, LANES, QTYPE)
-        we, wo = _lane_pairs(tl.reshape(words, (BLOCK_N, LANES)), BLOCK_N, LANES)
-        he, ho = _lane_pairs(tl.reshape(high, (BLOCK_N, LANES)), BLOCK_N, LANES)
-        lo_pair = (we & 0xFFFF) | (wo << 16)
-        hi_pair = ((we >> 16) & 0xFFFF) | (wo & -65536)
-        high_pair = (he & 0xFFFF) | (ho << 16)
+        lo_pair, hi_pair, high_pair = _group_code_pairs(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g,
+                                                        BLOCK_N, LANES, QTYPE)
         w0, w1, w2, w3, d, dmin = _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g + one, QTYPE)
         if SCALED:
             part = acc

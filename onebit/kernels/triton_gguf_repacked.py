@@ -334,12 +334,7 @@ def _repacked_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_PER_
     pdl.wait_for_previous(PDL)
     # Program (pid_n, pid_k): rows pid_n * BLOCK_N.., groups pid_k * GROUPS_PER_SPLIT.. (a multiple of NG).
     # REDUCE 0: store into y; 1: the float32 partial into y + pid_k * stride_ysplit; 2: atomic add into y.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn64 = rn.to(tl.int64)
-    rm = tl.arange(0, BLOCK_M)
-    m_ok, n_ok = rm < M, rn < N
+    pid_k, rn, rn64, rm, m_ok, n_ok = _program_tile(M, N, BLOCK_M, BLOCK_N)
     gi = tl.arange(0, NG)
     lane = tl.arange(0, LANES)
     # "fma": one [BN, NG, LANES] accumulator per activation row (up to 4, named: Triton has no lists),
@@ -390,6 +385,32 @@ def _lane_pairs(words, BLOCK_N: tl.constexpr, LANES: tl.constexpr):
     """int32 [BN, LANES] -> its even and odd lanes [BN, LANES / 2] (in registers: each thread holds
     consecutive lanes)."""
     return tl.split(tl.reshape(words, (BLOCK_N, LANES // 2, 2)))
+
+
+@triton.jit
+def _program_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (pid_n, pid_k)'s share of a few-row product: (pid_k, its weight rows rn and as int64,
+    the activation rows rm, rm < M, rn < N)."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    return tl.program_id(1), rn, rn.to(tl.int64), rm, rm < M, rn < N
+
+
+@triton.jit
+def _group_code_pairs(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g, BLOCK_N: tl.constexpr, LANES: tl.constexpr,
+                      QTYPE: tl.constexpr):
+    """Group g's codes of rows rn as `_plane_codes` takes them: (lo_pair, hi_pair, high_pair) int32
+    [BN, LANES / 2], the even and odd lanes' words paired (Q8_0: the two words themselves)."""
+    words, high = _load_group_codes(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g, 1, LANES, QTYPE)
+    we, wo = _lane_pairs(tl.reshape(words, (BLOCK_N, LANES)), BLOCK_N, LANES)
+    he, ho = _lane_pairs(tl.reshape(high, (BLOCK_N, LANES)), BLOCK_N, LANES)
+    if QTYPE == 0:
+        lo_pair = we
+        hi_pair = wo
+    else:
+        lo_pair = (we & 0xFFFF) | (wo << 16)
+        hi_pair = ((we >> 16) & 0xFFFF) | (wo & -65536)
+    return lo_pair, hi_pair, (he & 0xFFFF) | (ho << 16)
 
 
 @triton.jit
@@ -501,12 +522,7 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
     # weight row) D = codes @ x.T on the tensor cores with the exact codes, then acc += s * D - o' * xsum,
     # xsum = the sub-block's x sum (also a tensor-core product, with ones: it lands in acc's layout).
     # acc is [BLOCK_N, BLOCK_M] (weights as the left operand). Grid and REDUCE as `_repacked_kernel`.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn64 = rn.to(tl.int64)
-    rm = tl.arange(0, BLOCK_M)
-    m_ok, n_ok = rm < M, rn < N
+    pid_k, rn, rn64, rm, m_ok, n_ok = _program_tile(M, N, BLOCK_M, BLOCK_N)
     lane = tl.arange(0, LANES)
     one = tl.arange(0, 1)
     DTYPE: tl.constexpr = x_ptr.dtype.element_ty
@@ -519,16 +535,8 @@ def _repacked_int_kernel(x_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, GROUPS_
     for g0 in tl.range(first, first + GROUPS_PER_SPLIT, NG, num_stages=NUM_STAGES):
         for gi in tl.static_range(NG):
             g = g0 + gi
-            words, high = _load_group_codes(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g, 1, LANES, QTYPE)
-            we, wo = _lane_pairs(tl.reshape(words, (BLOCK_N, LANES)), BLOCK_N, LANES)
-            he, ho = _lane_pairs(tl.reshape(high, (BLOCK_N, LANES)), BLOCK_N, LANES)
-            if QTYPE == 0:
-                lo_pair = we
-                hi_pair = wo
-            else:
-                lo_pair = (we & 0xFFFF) | (wo << 16)
-                hi_pair = ((we >> 16) & 0xFFFF) | (wo & -65536)
-            high_pair = (he & 0xFFFF) | (ho << 16)
+            lo_pair, hi_pair, high_pair = _group_code_pairs(c_ptr, h_ptr, rn64, n_ok, stride_cn, stride_hn, g,
+                                                            BLOCK_N, LANES, QTYPE)
             w0, w1, w2, w3, d, dmin = _load_scales(s_ptr, d_ptr, rn64, n_ok, stride_sn, stride_dn, g + one, QTYPE)
             for j in tl.static_range(PLANES):
                 scale, offset = _plane_scale_int(w0, w1, w2, w3, d, dmin, j, QTYPE)  # [BN, 1]
