@@ -49,3 +49,29 @@ def test_a_winner_is_merged_only_past_the_margin_and_only_against_the_shipped_co
     assert merged["Q4_K"]["1"] == tr.CONFIGS["i8-n32-g4-s1"]._asdict()
     assert merged["Q4_K"]["64"] == fields["int-n64-g1-p256"]  # counts the sweep did not time stay
     assert merged["Q8_0"]["1"] == fields["fma-n64-g2"] and merged["Q6_K"]["1"] == fields["fma-n16-g2"]
+
+
+def test_the_sweep_gives_a_product_shape_its_own_pick_only_past_the_margin():
+    """bench/gpu_gguf_repacked.py's `shape_picks`: at a shape where the fastest config beats the type's
+    pick by 5% or more it becomes that shape's pick ("QTYPE NxK"); a faster config that is wrong
+    (relative error past MAX_PICK_ERROR) is never picked; a shape whose type pick was not timed, or
+    whose best is within the margin, keeps the type's."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_gguf_repacked as sweep
+    finally:
+        sys.path.pop(0)
+    configs = {name: tr.CONFIGS[name] for name in ("int-n64-g1-p256", "f16s-n128-p256", "f16s-n128")}
+    table = {"Q4_K": {"64": configs["int-n64-g1-p256"]._asdict()}}
+
+    def record(n: int, k: int, us: dict, wrong: tuple = ()) -> dict:
+        return {"qtype": "Q4_K", "rows": 64, "n": n, "k": k, "us": us,
+                "rel_err": {label: 0.05 if label in wrong else 2e-3 for label in us}}
+
+    records = [record(24576, 4096, {"int-n64-g1-p256": 86.0, "f16s-n128-p256": 80.0, "f16s-n128": 72.0}),
+               record(4096, 4096, {"int-n64-g1-p256": 18.0, "f16s-n128": 17.5}),  # 1.03x: under the margin
+               record(6144, 4096, {"int-n64-g1-p256": 30.0, "f16s-n128": 20.0}, wrong=("f16s-n128",)),
+               record(4096, 12288, {"f16s-n128": 40.0})]  # the type's pick not timed here
+    shapes, notes = sweep.shape_picks(records, configs, table)
+    assert shapes == {"Q4_K 24576x4096": {"64": configs["f16s-n128"]._asdict()}}
+    assert len(notes) == 1 and "f16s-n128 (1.19x over int-n64-g1-p256)" in notes[0]
