@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -20,11 +21,42 @@ STARTUP_TIMEOUT_S = 120
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# Ports free_port handed out, shared by every process on the machine (the pytest-xdist workers of
+# `make test`, another checkout's suite): a port stays reserved here for PORT_HOLD_S, far longer
+# than a server takes to bind it, so no other caller is handed it meanwhile.
+PORT_LEDGER = Path(tempfile.gettempdir()) / "onebit-test-ports"
+PORT_HOLD_S = 600
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nobody listens on right now and no other free_port call (in
+    any process) handed out in the last PORT_HOLD_S seconds.
+
+    The kernel's pick for port 0 is random, so two processes asking at once can each get the port
+    the other was just given and has not bound yet; the ledger, read and written under an
+    exclusive lock, rules that out.
+    """
+    with open(PORT_LEDGER, "a+") as ledger:
+        fcntl.flock(ledger, fcntl.LOCK_EX)
+        ledger.seek(0)
+        now = time.time()
+        held = {}
+        for line in ledger:
+            with contextlib.suppress(ValueError):
+                port, at = line.split()
+                if now - float(at) < PORT_HOLD_S:
+                    held[int(port)] = float(at)
+        while True:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in held:
+                break
+        held[port] = now
+        ledger.seek(0)
+        ledger.truncate()
+        ledger.writelines(f"{p} {at}\n" for p, at in held.items())
+    return port
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 import threading
 import time
@@ -102,9 +101,9 @@ def make_fake_app(state: FakeState) -> Starlette:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from server_utils import free_port  # reserved across the xdist workers
+
+    return free_port()
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ and broken files refused with a clear message and no traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from onebit.models.errors import ModelLoadError
 from onebit.models.loader import resolve_model_path
 from tests.gguf_files import Q, write_gguf
-from tests.server_utils import REPO_ROOT, openai_clients, running_server
+from tests.server_utils import REPO_ROOT, openai_clients, running_server, start_server, stop_server, wait_healthy
 
 ARGS = ("--ctx-size", "256", "--parallel", "2")
 PROMPTS = ["Tell me about the quick brown fox.", "def add(a, b):"]
@@ -31,13 +32,28 @@ def _greedy(server, model: str) -> list[str]:
     return out
 
 
+@contextlib.contextmanager
+def _running_servers(*extras):
+    """Healthy servers, one per tuple of extra arguments (`-m MODEL` first), started side by side
+    (their start-ups overlap) and all stopped at the end."""
+    servers = []
+    try:
+        for model, *extra in extras:
+            servers.append(start_server(model, *ARGS, *extra, wait=False))
+        for server in servers:
+            wait_healthy(server)
+        yield servers
+    finally:
+        for server in servers:
+            stop_server(server)
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_f32_gguf_serves_the_same_greedy_tokens_as_safetensors(arch, tiny_models, tmp_path):
     src = tiny_models(arch)
     path = write_gguf(src, tmp_path / f"tiny-{arch}.gguf")
-    with running_server(src, *ARGS) as server:
-        expected = _greedy(server, src.name)
-    with running_server(path, *ARGS) as server:
+    with _running_servers((src,), (path,)) as (reference, server):
+        expected = _greedy(reference, src.name)
         models = httpx.get(f"{server.base_url}/models").json()["data"]
         assert models[0]["id"] == f"tiny-{arch}"  # the file name without .gguf
         assert models[0]["meta"]["quantization"] == "F32"
@@ -59,9 +75,8 @@ def test_mtp_head_gguf_serves(tiny_models, tmp_path):
     src = tiny_models("qwen3", mtp=True)
     model = write_gguf(src, tmp_path / "m.gguf")
     head = write_gguf(src, tmp_path / "head.gguf", mtp_only=True)
-    with running_server(model, *ARGS) as server:
-        plain = _greedy(server, "m")
-    with running_server(model, *ARGS, "--mtp", str(head)) as server:
+    with _running_servers((model,), (model, "--mtp", str(head))) as (plain_server, server):
+        plain = _greedy(plain_server, "m")
         assert _greedy(server, "m") == plain  # verification keeps greedy output exact
 
 
@@ -114,14 +129,27 @@ def test_hf_cache_id_with_quant_suffix(tiny_model_dir, tmp_path, monkeypatch):
         assert len(_greedy(server, "Tiny-Q8_0")[0]) == 12
 
 
-def _serve_fails(model, *extra) -> str:
-    """Run `1bit serve -m MODEL` expecting a clean refusal; return its stderr."""
-    cmd = [sys.executable, "-m", "onebit.cli", "serve", "-m", str(model), "--port", "0", *ARGS, *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
-                          env={**os.environ, "TQDM_DISABLE": "1"})
-    assert done.returncode == 1, done.stderr
-    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout, done.stderr
-    return done.stderr
+def _serve_fails(*models) -> list[str]:
+    """Run `1bit serve -m MODEL` for each model, side by side, each expecting a clean refusal;
+    return their stderr in the order of `models`."""
+    procs = []
+    try:
+        for model in models:
+            cmd = [sys.executable, "-m", "onebit.cli", "serve", "-m", str(model), "--port", "0", *ARGS]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          cwd=REPO_ROOT, env={**os.environ, "TQDM_DISABLE": "1"}))
+        errors = []
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=180)
+            assert proc.returncode == 1, stderr
+            assert "Traceback" not in stderr and "Traceback" not in stdout, stderr
+            errors.append(stderr)
+        return errors
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _retype(path, name: str, new_type: int) -> None:
@@ -141,17 +169,18 @@ def test_broken_files_are_refused_with_a_clear_message(tiny_model_dir, tmp_path)
     good = write_gguf(tiny_model_dir, tmp_path / "good.gguf")
     data = good.read_bytes()
     (tmp_path / "magic.gguf").write_bytes(b"GGML" + data[4:])
-    assert "not a GGUF file" in _serve_fails(tmp_path / "magic.gguf")
     (tmp_path / "cut.gguf").write_bytes(data[: len(data) * 2 // 3])
-    assert "truncated" in _serve_fails(tmp_path / "cut.gguf")
     (tmp_path / "head.gguf").write_bytes(data[:100])
-    assert "truncated or corrupt" in _serve_fails(tmp_path / "head.gguf")
     write_gguf(tiny_model_dir, tmp_path / "missing.gguf", drop=("blk.1.ffn_up.weight",))
-    assert "missing weights tensor blk.1.ffn_up.weight" in _serve_fails(tmp_path / "missing.gguf")
     shutil.copyfile(good, tmp_path / "unknown.gguf")
     _retype(tmp_path / "unknown.gguf", "blk.0.ffn_up.weight", 99)
-    assert "unknown type" in _serve_fails(tmp_path / "unknown.gguf")
     shutil.copyfile(good, tmp_path / "iq.gguf")
     _retype(tmp_path / "iq.gguf", "output_norm.weight", 20)  # IQ4_NL: blocks of 32, so the header still parses
-    message = _serve_fails(tmp_path / "iq.gguf")
-    assert "type IQ4_NL" in message and "supported types: F32" in message
+    magic, cut, head, missing, unknown, iq = _serve_fails(
+        *(tmp_path / f"{name}.gguf" for name in ("magic", "cut", "head", "missing", "unknown", "iq")))
+    assert "not a GGUF file" in magic
+    assert "truncated" in cut
+    assert "truncated or corrupt" in head
+    assert "missing weights tensor blk.1.ffn_up.weight" in missing
+    assert "unknown type" in unknown
+    assert "type IQ4_NL" in iq and "supported types: F32" in iq
