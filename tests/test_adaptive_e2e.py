@@ -107,8 +107,12 @@ def test_killed_worker_moves_its_stream_others_keep_serving_and_it_comes_back(se
     backends = wait_backends_ready(server)
     assert backends[0]["pid"] != victim and backends[0]["restarts"] >= 1
     assert not pid_alive(victim)
-    counts, peak = asyncio.run(_streams(server, 4, 30))
-    assert counts == [30] * 4 and peak.get("native-0") == 4
+    # Back and ready, the primary takes a burst of 4 again (its capacity), as served counts show: the
+    # peak polled from /props every 50 ms can miss streams this short on a fast host.
+    before = _served(server)
+    counts, _ = asyncio.run(_streams(server, 4, 30))
+    after = _served(server)
+    assert counts == [30] * 4 and {name: after[name] - before[name] for name in after} == {"native-0": 4, "native-1": 0}
 
 
 def test_kill_9_of_the_server_leaves_no_worker(server):

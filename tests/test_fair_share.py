@@ -180,7 +180,10 @@ def test_over_max_queued_is_429(server):
     async def main():
         await wait_idle(server, "key-alice")
         alice, erin = client(server, "key-alice"), client(server, "key-erin")
-        hold = [asyncio.create_task(alice.completions.create(model="tiny", prompt=f"hold {i}", **LONG))
+        # As long as the context allows, so the slots stay taken while Erin's requests arrive (150
+        # tokens once ran out on a fast host under load); cancelled at the end, so it costs no time.
+        hold = [asyncio.create_task(alice.completions.create(model="tiny", prompt=f"hold {i}",
+                                                             **{**LONG, "max_tokens": 480}))
                 for i in range(2)]
         await wait_for(lambda: queue_view(server).get("alice", {}).get("running", 0) == 2, "slots taken")
         waiting = asyncio.create_task(erin.completions.create(model="tiny", prompt="wait", max_tokens=2))

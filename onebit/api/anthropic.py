@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from onebit.api.anthropic_request import CountTokensRequest, MessagesRequest, messages_params, messages_prompt
 from onebit.api.errors import as_request_error, error_body
 from onebit.api.formatting import SSE_HEADERS
-from onebit.api.openai_routes import ERROR_RESPONSES
+from onebit.api.openai_routes import ERROR_RESPONSES, STREAMING_RESPONSES
 from onebit.api.single_choice import Outcome, deltas, run_whole, start
 from onebit.api.state import ServerState, serving_state
 from onebit.protocol import Cancelled
@@ -68,7 +68,7 @@ async def _events(state: ServerState, rid: str, outcome: Outcome, ticket) -> Asy
     yield event("message_stop", {})
 
 
-@router.post("/v1/messages", response_model=None, responses=ERROR_RESPONSES)
+@router.post("/v1/messages", response_model=None, responses=STREAMING_RESPONSES)
 async def messages(request: MessagesRequest, http: Request):
     """A message from the model: one JSON `message` object, or its event stream with `stream: true`."""
     state = serving_state(http, request.model)

@@ -21,7 +21,7 @@ from onebit.api.generation import Choice, TokenCounter, merge_choices, take_tick
 from onebit.api.llama_fields import completion_probabilities, generation_settings, stop_fields
 from onebit.api.llama_request import (InfillRequest, LlamaCompletionRequest, fim_prompt, llama_prompts,
                                       llama_sampling_params)
-from onebit.api.openai_routes import ERROR_RESPONSES
+from onebit.api.openai_routes import STREAMING_RESPONSES
 from onebit.api.pipeline import unless_disconnected
 from onebit.api.state import ServerState, serving_state
 from onebit.protocol import Cancelled, StepDelta
@@ -114,14 +114,14 @@ async def _serve(http: Request, state: ServerState, request: LlamaCompletionRequ
     return JSONResponse(results if len(results) > 1 else results[0])
 
 
-@router.post("/completion", response_model=None, responses=ERROR_RESPONSES)
+@router.post("/completion", response_model=None, responses=STREAMING_RESPONSES)
 async def completion(request: LlamaCompletionRequest, http: Request):
     """llama-server's completion: a JSON object (a list for several prompts), or its SSE stream."""
     state = serving_state(http, request.model)
     return await _serve(http, state, request, llama_prompts(state, request.prompt), f"cmpl-{uuid.uuid4().hex}")
 
 
-@router.post("/infill", response_model=None, responses=ERROR_RESPONSES)
+@router.post("/infill", response_model=None, responses=STREAMING_RESPONSES)
 async def infill(request: InfillRequest, http: Request):
     """Fill in the middle between `input_prefix` and `input_suffix` (models with FIM tokens only)."""
     state = serving_state(http, request.model)

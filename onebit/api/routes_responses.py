@@ -101,7 +101,7 @@ async def _events(shapes: _Shapes, ticket) -> AsyncIterator[str]:
     yield event(f"response.{status}", response=shapes.response(status))
 
 
-@post_v1_and_bare(router, "/responses")
+@post_v1_and_bare(router, "/responses", streams=True)
 async def responses(request: ResponsesRequest, http: Request):
     """A model response: one JSON `response` object, or its event stream with `stream: true`."""
     state = serving_state(http, request.model)
