@@ -33,7 +33,7 @@ TYPES = {"x_ptr": "*bf16", "c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d
 
 
 def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int, str]:
-    """(SASS text, warps, weights a loop turn, its registers and shared memory in words) of the kernel
+    """(SASS text, warps, weights a loop turn, a line naming its registers and shared memory) of the kernel
     that `matmul_few_rows` launches for this config and row count (split-K partials summed by the
     reduce kernel)."""
     import triton
@@ -46,10 +46,10 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
 
     config = tr.CONFIGS[config_name]
     group, lanes, _, planes = GROUPING[qtype]
-    block_m = max(16, triton.next_power_of_2(rows)) if config.mode in ("dot", "f16", "f16s") else triton.next_power_of_2(rows)
-    fn = {"int": tr._repacked_int_kernel, "i8": tr._repacked_i8_kernel,
-          "f16": triton_gguf_f16._f16_kernel,
-          "f16s": triton_gguf_f16._f16_kernel}.get(config.mode, tr._repacked_kernel)
+    f16 = config.mode in tr.F16_MODES
+    block_m = max(16, triton.next_power_of_2(rows)) if config.mode == "dot" or f16 else triton.next_power_of_2(rows)
+    fn = triton_gguf_f16._f16_kernel if f16 else \
+        {"int": tr._repacked_int_kernel, "i8": tr._repacked_i8_kernel}.get(config.mode, tr._repacked_kernel)
     constexprs = {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes, "BLOCK_M": block_m,
                   "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": False, "ASM": True,
                   "QUADS": config.quads, "SCALED": config.mode == "f16s"}
@@ -57,7 +57,7 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
         constexprs["USE_DOT"] = config.mode == "dot"
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode == "int" else "*i32"}
-    if config.mode in ("f16", "f16s"):
+    if f16:
         types.update(x_ptr="*fp16", xm_ptr="*fp16", xe_ptr="*fp32")
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]]

@@ -256,6 +256,11 @@ def repacked_int_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Te
     return (scale[None] * dots - offset[None] * xs.sum(dim=-1)[:, None, :]).sum(dim=-1).to(x.dtype)
 
 
+# The types whose sub-block scale times code fits float16 exactly (6-bit scales, 4- or 5-bit codes): the
+# ones mode "f16" of the packed products takes.
+F16_TYPES = ("Q4_K", "Q5_K")
+
+
 def prepare_x_f16_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, K] as mode "f16" of the packed products takes it (`triton_gguf_f16.prepare_x`): (x16 [T, K],
     xmean16 [T, K / 32], scale [T]), float32 tensors holding float16 values and powers of two: per row
@@ -275,8 +280,8 @@ def repacked_f16_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Te
     rounding: y = scale * (sum over sub-blocks of s * (codes . x16) - o * 32 * xmean16), s and o the
     sub-block's scale and offset (`sub_block_scales`). Off the exact product only by x's and the means'
     rounding to float16; the kernel adds float32 sums on top."""
-    if weight.qtype not in ("Q4_K", "Q5_K"):
-        raise ValueError(f'mode "f16" takes Q4_K and Q5_K, not {weight.qtype}')
+    if weight.qtype not in F16_TYPES:
+        raise ValueError(f'mode "f16" takes {" and ".join(F16_TYPES)}, not {weight.qtype}')
     x16, xmean, scale = prepare_x_f16_ref(x)
     s, o, size = sub_block_scales(weight)
     q = sub_block_codes(weight).double().reshape(weight.rows, -1, size)

@@ -75,10 +75,16 @@ def prepare_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 @triton.jit
+def _pack_halves(lo, hi):
+    """Two float16 tensors -> int32 words holding lo in the low half, hi in the high half."""
+    return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+
+@triton.jit
 def _f16_pair(value):
     """float32 [BN, 1] -> int32 [BN, 1] holding float16(value) in both halves."""
-    half = value.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    return half | (half << 16)
+    half = value.to(tl.float16)
+    return _pack_halves(half, half)
 
 
 @triton.jit
@@ -104,14 +110,13 @@ def _scaled_codes(bits, scale, SCALED: tl.constexpr, ASM: tl.constexpr):
         return tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r",
                                          [bits, s, _f16_pair(-1024.0 * scale)], dtype=tl.int32, is_pure=True, pack=1)
     h = scale.to(tl.float16).to(tl.float32)
-    lo = ((_half(bits, False) - 1024.0) * h).to(tl.float16)
-    hi = ((_half(bits, True) - 1024.0) * h).to(tl.float16)
-    return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    return _pack_halves(((_half(bits, False) - 1024.0) * h).to(tl.float16),
+                        ((_half(bits, True) - 1024.0) * h).to(tl.float16))
 
 
 @triton.jit
-def _mins(w2, w3, factor, BLOCK_N: tl.constexpr):
-    """factor [BN, 1] times the group's eight 6-bit sub-block minimums, [BN, 16] float16 (columns 8-15
+def _mins(w2, w3, factor):
+    """factor ([BN, 1] or a number) times the group's eight 6-bit sub-block minimums, [BN, 16] float16 (columns 8-15
     zero: the tensor cores' K is at least 16)."""
     col = tl.arange(0, 16)[None, :]
     word = tl.where(col < 4, w2, w3)
@@ -159,9 +164,9 @@ def _f16_kernel(x_ptr, xm_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, 
             part = tl.dot(w, xt, part)
         xm = tl.load(xm_rows + g * PLANES, mask=xm_ok, other=0.0)
         if SCALED:
-            acc = tl.dot(_mins(w2, w3, -32.0 * dmin, BLOCK_N), xm, part)
+            acc = tl.dot(_mins(w2, w3, -32.0 * dmin), xm, part)
         else:
-            low = tl.dot(_mins(w2, w3, 1.0 + 0.0 * dmin, BLOCK_N), xm)  # sum over sub-blocks of min * mean(x)
+            low = tl.dot(_mins(w2, w3, 1.0), xm)  # sum over sub-blocks of min * mean(x)
             acc = tl.fma(-32.0 * dmin, low, tl.fma(d, part, acc))
     acc = acc * tl.load(xe_ptr + rm, mask=m_ok, other=1.0)[None, :]
     ok = m_ok[None, :] & n_ok[:, None]

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.gguf_repack import GROUPING, RepackedMatrix
+from onebit.kernels.gguf_repack import F16_TYPES, GROUPING, RepackedMatrix
 from onebit.kernels.int8_ops import dot4, transpose_bytes
 from onebit.kernels.triton_gguf import _store_partial  # split-K partials, summed in order by reduce_partials
 from onebit.kernels.triton_split_k import reduce_partials
@@ -153,8 +153,7 @@ MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, 
                  "f16s": MAX_INT_ROWS}
 # Modes "f16" and "f16s" (`triton_gguf_f16`: float16 tensor cores with the sub-block scales inside the
 # weights; "f16" keeps them exact and rescales once a 256-column group, "f16s" folds d in as well and
-# rounds each weight once to float16) take only these types: their code * scale fits float16 exactly.
-F16_TYPES = ("Q4_K", "Q5_K")
+# rounds each weight once to float16) take only `gguf_repack.F16_TYPES`.
 F16_MODES = ("f16", "f16s")
 # (qtype, rows 1..MAX_INT_ROWS) -> config, and (qtype, rows, N, K) -> config where one product shape
 # has its own pick: the device sweep's picks (bench/gpu_gguf_repacked.py writes
@@ -421,15 +420,10 @@ def _pairs_to_dtype(bits, BLOCK_N: tl.constexpr, LANES: tl.constexpr, DTYPE: tl.
     away)."""
     lo = bits.to(tl.int16)
     hi = (bits >> 16).to(tl.int16)
-    pairs = tl.reshape(tl.join(lo, hi), (BLOCK_N, LANES))
-    if F16:
-        q = pairs.to(tl.float16, bitcast=True)
-        if DTYPE != tl.float16:
-            q = q.to(DTYPE)
-    else:
-        q = pairs.to(tl.bfloat16, bitcast=True)
-        if DTYPE != tl.bfloat16:
-            q = q.to(DTYPE)
+    BITS: tl.constexpr = tl.float16 if F16 else tl.bfloat16
+    q = tl.reshape(tl.join(lo, hi), (BLOCK_N, LANES)).to(BITS, bitcast=True)
+    if DTYPE != BITS:
+        q = q.to(DTYPE)
     return q
 
 
