@@ -26,10 +26,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.pop("TRITON_INTERPRET", None)  # the interpreter's `triton.jit` gives no compilable kernels
 
-DIVISIBLE = {"x_ptr", "xm_ptr", "xe_ptr", "K", "xq_ptr", "dx_ptr", "xs_ptr", "c_ptr", "h_ptr", "s_ptr", "d_ptr", "y_ptr", "out_ptr", "count_ptr", "N", "stride_xm",
+DIVISIBLE = {"x_ptr", "xp_ptr", "xm_ptr", "xe_ptr", "K", "xq_ptr", "dx_ptr", "xs_ptr", "c_ptr", "h_ptr", "s_ptr", "d_ptr", "y_ptr", "out_ptr", "count_ptr", "N", "stride_xm",
              "stride_cn", "stride_hn", "stride_sn", "stride_ym", "stride_ysplit", "stride_om"}
 TYPES = {"x_ptr": "*bf16", "c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32",
-         "out_ptr": "*bf16", "count_ptr": "*i32", "xq_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32"}
+         "out_ptr": "*bf16", "count_ptr": "*i32", "xq_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32",
+         "xp_ptr": "*i32"}
 
 
 def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int, str]:
@@ -40,7 +41,7 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from onebit.kernels import triton_gguf_f16
+    from onebit.kernels import triton_gguf_f16, triton_gguf_h2
     from onebit.kernels import triton_gguf_repacked as tr
     from onebit.kernels.gguf_repack import GROUPING
 
@@ -48,11 +49,11 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
     group, lanes, _, planes = GROUPING[qtype]
     f16 = config.mode in tr.F16_MODES
     block_m = max(16, triton.next_power_of_2(rows)) if config.mode == "dot" or f16 else triton.next_power_of_2(rows)
-    fn = triton_gguf_f16._f16_kernel if f16 else \
-        {"int": tr._repacked_int_kernel, "i8": tr._repacked_i8_kernel}.get(config.mode, tr._repacked_kernel)
+    fn = triton_gguf_f16._f16_kernel if f16 else {"int": tr._repacked_int_kernel, "i8": tr._repacked_i8_kernel,
+                                                  "h2": triton_gguf_h2._h2_kernel}.get(config.mode, tr._repacked_kernel)
     constexprs = {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes, "BLOCK_M": block_m,
                   "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": False, "ASM": True,
-                  "QUADS": config.quads, "SCALED": config.mode == "f16s"}
+                  "QUADS": config.quads, "SCALED": config.mode == "f16s", "THREADS": config.quads, "SLICE_GROUPS": 4}
     if config.mode in ("fma", "dot"):
         constexprs["USE_DOT"] = config.mode == "dot"
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.gguf_repack import F16_TYPES, GROUPING, RepackedMatrix
+from onebit.kernels.gguf_repack import F16_TYPES, GROUPING, H2_TYPES, RepackedMatrix
 from onebit.kernels.int8_ops import dot4, transpose_bytes
 from onebit.kernels.triton_gguf import _store_partial  # split-K partials, summed in order by reduce_partials
 from onebit.kernels.triton_split_k import reduce_partials
@@ -120,6 +120,19 @@ CONFIGS = {
     "f16s-n128-p256": RepackedConfig("f16s", 128, 1, programs=256),
     "f16s-n128-p512": RepackedConfig("f16s", 128, 1, programs=512),
     "f16s-n256-w8": RepackedConfig("f16s", 256, 1, warps=8, programs=128),
+    # 1 row, Q4_K: mode "h2" (`triton_gguf_h2`, float16 pairs, ~1.75 instructions a weight in its inner
+    # loop against fma's 6.5). Unmeasured candidates (session 18); the last field is the threads that share a
+    # (row, group): 1, 2 or 4 (8: a warp's load covers whole lines).
+    "h2-n128-t1": RepackedConfig("h2", 128, 1, programs=512, quads=1),
+    "h2-n256-t1-s1": RepackedConfig("h2", 256, 1, stages=1, programs=512, quads=1),
+    "h2-n128-t1-s1": RepackedConfig("h2", 128, 1, stages=1, programs=512, quads=1),
+    "h2-n128-t2-s1": RepackedConfig("h2", 128, 1, stages=1, programs=512, quads=2),
+    "h2-n64-t4-s1": RepackedConfig("h2", 64, 1, stages=1, programs=512, quads=4),
+    "h2-n64-t2": RepackedConfig("h2", 64, 1, programs=512, quads=2),
+    "h2-n64-t2-p256": RepackedConfig("h2", 64, 1, programs=256, quads=2),
+    "h2-n32-t4": RepackedConfig("h2", 32, 1, programs=512, quads=4),
+    "h2-n16-t8": RepackedConfig("h2", 16, 1, programs=512, quads=8),
+    "h2-n64-t2-s1": RepackedConfig("h2", 64, 1, stages=1, programs=512, quads=2),
     "i8-n32-g4-s1": RepackedConfig("i8", 32, 4, stages=1, programs=512),
     "i8-n128-g2-w8-s1": RepackedConfig("i8", 128, 2, warps=8, stages=1, programs=256),
     "i8-n128-g1-s1-p1024": RepackedConfig("i8", 128, 1, stages=1, programs=1024),
@@ -150,7 +163,9 @@ I8_TYPES = ("Q4_K", "Q8_0")
 INT_MANY_ROWS_CONFIG = CONFIGS["int-n64-g1"]
 FMA_MAX_ROWS = 4
 MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, "i8": 1, "f16": MAX_INT_ROWS,
-                 "f16s": MAX_INT_ROWS}
+                 "f16s": MAX_INT_ROWS, "h2": 1}
+# Mode "h2" (`triton_gguf_h2`: one row in float16 pairs on the CUDA cores, x scaled per split-K slice)
+# takes `gguf_repack.H2_TYPES`; its `quads` is the threads that share a (row, group).
 # Modes "f16" and "f16s" (`triton_gguf_f16`: float16 tensor cores with the sub-block scales inside the
 # weights; "f16" keeps them exact and rescales once a 256-column group, "f16s" folds d in as well and
 # rounds each weight once to float16) take only `gguf_repack.F16_TYPES`.
@@ -809,7 +824,9 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
         raise ValueError(f'mode "i8" takes {", ".join(I8_TYPES)}, not {weight.qtype}')
     if config.mode in F16_MODES and weight.qtype not in F16_TYPES:
         raise ValueError(f'mode "{config.mode}" takes {", ".join(F16_TYPES)}, not {weight.qtype}')
-    if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode != "i8"):
+    if config.mode == "h2" and weight.qtype not in H2_TYPES:
+        raise ValueError(f'mode "h2" takes {", ".join(H2_TYPES)}, not {weight.qtype}')
+    if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode not in ("i8", "h2")):
         raise ValueError(f"unknown config {config}")
     if out is None:
         out = torch.empty(m, weight.rows, dtype=x.dtype, device=x.device)
@@ -828,6 +845,11 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     grid = (triton.cdiv(weight.rows, config.block_n), split)
     if config.mode == "i8":
         _launch_i8(x, weight, target, grid, ng, groups // split, stride_split, reduce, config)
+    elif config.mode == "h2":
+        from onebit.kernels import triton_gguf_h2  # beside triton_gguf_f16, which builds on this module
+
+        triton_gguf_h2.launch(x, codes, scales, d, target, weight.rows, groups // split, stride_split, grid,
+                              config.block_n, config.quads, reduce, config.stages, config.warps)
     elif config.mode in F16_MODES:
         from onebit.kernels import triton_gguf_f16  # it builds on this module's helpers
 

@@ -1,0 +1,251 @@
+"""Mode "h2" of the packed GGUF products: Q4_K at one activation row in float16 pairs on the CUDA cores.
+
+At one row every weight is used once, so the product is a race against memory bandwidth, and mode
+"fma" loses it on instruction issue: each weight costs a mask-and-or, a float32 FMA to scale the
+code, a subtraction of the offset and the FMA into the accumulator (6.5 instructions a weight in
+SASS against ~4.4 that the H200's issue rate allows at 4.24 TB/s). Here two weights share each
+instruction, in float16 pairs (HFMA2), and the offset leaves the inner loop:
+
+    word w (lane p of a group) holds planes 0-3 in its low half, planes 4-7 in its high half, so
+    w & 0x000F000F is the float16 pair (q0, q4) * 2**-24 (subnormals: exact, no magic number and no
+    shuffling); planes 1, 5 come in place as 16 q (mask 0x00F000F0), planes 2, 3 and 6, 7 after w >> 8;
+    codes * (s, s') * 2**10 (planes 1, 5: * 2**6) = (s q, s' q') * 2**-14 exactly (a 6-bit scale times
+    a 4-bit code is at most 945: 11 bits), one HMUL2;
+    acc = fma(weights, (x, x'), acc)   with x, x' the activations at those two columns, one HFMA2.
+
+Per group (256 columns) and weight row the two halves of acc are summed into float32 and multiplied
+by d; the minimums enter once a group in float32 as dmin * sum over sub-blocks of min * sum(x).
+SASS of the loop: about 2.1 instructions a weight (tools/sass_loop_count.py).
+
+x enters as float16 pairs in that (plane j, plane j + 4) order, scaled by a power of two 2**-e per
+split-K slice so that max |x| lands in [2**12, 2**13): the weights are at most 945 * 2**-14 < 0.06,
+so a thread's float16 sum of at most 4 x 32 pair products stays below 60,500 (float16's largest is
+65,504) while ordinary products stay clear of float16's subnormals. Each program converts its own
+slice (its K range of x, a few KB) into a scratch array at the start, the programs sharing a slice
+writing the same values, then reads it back after a barrier: no extra launch. The error against the
+exact product is x's rounding to float16 (2**-12 relative) plus the float16 sums (a float16 step of
+each thread's partial sum); reference `gguf_repack.repacked_h2_linear_ref` and the bound in
+tests/test_gguf_h2.py.
+
+Layout: a program owns BLOCK_N weight rows and walks its slice a group at a time; THREADS threads
+share a (row, group), each loading 4-word chunks spaced 4 * THREADS words apart, so a warp's load
+covers whole 128-byte lines once THREADS is 8 and fewer rows a load below (THREADS 1: one thread
+walks a row's group alone; the per-group scale work is repeated by each of the THREADS threads).
+BLOCK_N above 32 * warps / THREADS gives a thread several rows, which share its loads of x.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from onebit.kernels import pdl
+from onebit.kernels.triton_gguf import _store_partial
+
+# constexprs: the kernels read them
+GROUP = tl.constexpr(256)  # values a Q4_K group (super-block), 32 words of eight 4-bit planes
+LANES = tl.constexpr(32)
+PAIR_WORDS = tl.constexpr(128)  # x pairs a group: (plane jp, plane jp + 4) x 32 lanes
+SUMS = tl.constexpr(8)  # then the eight sub-blocks' sums of x (float32, times 2**-14)
+SCRATCH_WORDS = tl.constexpr(136)
+X_TOP_LOG2 = tl.constexpr(12)  # max |x| * 2**-e in [2**12, 2**13)
+W_LOG2 = tl.constexpr(14)  # the weights come out as s q * 2**-14
+MINUS_1024_PAIR = tl.constexpr(0xE400E400 - 2**32)  # float16 (-1024, -1024), as the signed int32 it is
+POW2_10_PAIR = tl.constexpr(0x64006400)  # (2**10, 2**10)
+POW2_6_PAIR = tl.constexpr(0x54005400)  # (2**6, 2**6)
+
+
+@triton.jit
+def _half(word, HIGH: tl.constexpr):
+    """The float16 in the low (HIGH: high) half of int32 `word`, as float32."""
+    if HIGH:
+        word = word >> 16
+    return (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _pack(lo, hi):
+    """Two float32 tensors rounded to float16 -> int32 words with lo in the low half, hi in the high."""
+    lo16 = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return lo16 | (hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+
+@triton.jit
+def _hadd2(a, b):
+    """a + b on float16 pairs held in int32 words (HADD2)."""
+    return tl.inline_asm_elementwise("add.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _hadd2_emulated(a, b):
+    """`_hadd2` in float32 rounded to float16 (Triton's interpreter runs no PTX)."""
+    return _pack(_half(a, False) + _half(b, False), _half(a, True) + _half(b, True))
+
+
+@triton.jit
+def _hmul2(a, b, ASM: tl.constexpr):
+    """a * b on float16 pairs (HMUL2; ASM false: emulated, the same value: a float16 product is exact in
+    float32 and both round once to float16)."""
+    if ASM:
+        return tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    return _pack(_half(a, False) * _half(b, False), _half(a, True) * _half(b, True))
+
+
+@triton.jit
+def _weights_fma2(codes, s, x, acc, ASM: tl.constexpr):
+    """acc + (codes * s) * x on float16 pairs: the exact weights times x, added (HMUL2, HFMA2). ASM
+    false: in float32, each step rounded to float16 (the sum may round twice where HFMA2 rounds once)."""
+    if ASM:
+        return tl.inline_asm_elementwise("{\n\t.reg .b32 w;\n\tmul.rn.f16x2 w, $1, $2;\n\t"
+                                         "fma.rn.f16x2 $0, w, $3, $4;\n\t}", "=r,r,r,r,r", [codes, s, x, acc],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    w = _hmul2(codes, s, ASM)
+    return _pack(_half(w, False) * _half(x, False) + _half(acc, False),
+                 _half(w, True) * _half(x, True) + _half(acc, True))
+
+
+@triton.jit
+def _pair_sum(acc, axis: tl.constexpr, ASM: tl.constexpr):
+    """Sum of float16 pairs along `axis` (in float16: each thread's part stays in registers)."""
+    if ASM:
+        return tl.reduce(acc, axis, _hadd2)
+    return tl.reduce(acc, axis, _hadd2_emulated)
+
+
+@triton.jit
+def _scale_pair(lo_word, hi_word, jp: tl.constexpr, ASM: tl.constexpr):
+    """Sub-blocks jp and jp + 4's 6-bit scales (byte jp of lo_word, of hi_word) as the float16 pair
+    (s, s') * 2**10 (jp odd: * 2**6, for codes read in place as 16 q), exactly."""
+    magic = ((lo_word >> (8 * jp)) & 0xFF) | (((hi_word >> (8 * jp)) & 0xFF) << 16) | 0x64006400  # 1024 + s
+    minus = 0 * lo_word + MINUS_1024_PAIR
+    if ASM:
+        pair = _hadd2(magic, minus)  # (s, s'), exact
+    else:
+        pair = _hadd2_emulated(magic, minus)
+    if jp % 2 == 0:
+        return _hmul2(pair, 0 * lo_word + POW2_10_PAIR, ASM)
+    return _hmul2(pair, 0 * lo_word + POW2_6_PAIR, ASM)
+
+
+@triton.jit
+def _slice_exponent(x_ptr, k0, SLICE: tl.constexpr):
+    """e (int32) with max |x[k0 : k0 + SLICE]| * 2**-e in [2**12, 2**13), clamped to -126..126 (a zero
+    or subnormal slice: -126)."""
+    cols = tl.arange(0, GROUP)
+    top = tl.zeros((GROUP,), dtype=tl.float32)
+    for k in tl.range(0, SLICE, GROUP):
+        top = tl.maximum(top, tl.abs(tl.load(x_ptr + k0 + k + cols).to(tl.float32)))
+    exponent = ((tl.max(top, axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2) if normal
+    return tl.minimum(tl.maximum(exponent - X_TOP_LOG2, -126), 126)
+
+
+@triton.jit
+def _pow2(e):
+    """2**e as float32 for an int32 e in -126..127."""
+    return ((127 + e) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS: tl.constexpr, down):
+    """The slice's x (groups g_first..) times `down`, as float16 pairs in the product's order: per
+    group words (jp, lane) = (x[32 jp + lane], x[32 (jp + 4) + lane]), then the eight sub-blocks'
+    sums of those float16 values (float32 sums, times 2**-14)."""
+    jp = tl.arange(0, 4)
+    lane = tl.arange(0, LANES)
+    offs = jp[:, None] * LANES + lane[None, :]
+    for gi in tl.range(0, SLICE_GROUPS):
+        g = g_first + gi
+        src = x_ptr + g * GROUP + offs
+        lo = (tl.load(src).to(tl.float32) * down).to(tl.float16).to(tl.float32)
+        hi = (tl.load(src + 4 * LANES).to(tl.float32) * down).to(tl.float16).to(tl.float32)
+        dst = xp_ptr + g * SCRATCH_WORDS
+        tl.store(dst + offs, _pack(lo, hi))
+        sums = dst + PAIR_WORDS
+        tl.store(sums.to(tl.pointer_type(tl.float32)) + jp, tl.sum(lo, axis=1) * (1.0 / 16384.0))
+        tl.store(sums.to(tl.pointer_type(tl.float32)) + 4 + jp, tl.sum(hi, axis=1) * (1.0 / 16384.0))
+
+
+@triton.jit
+def _minimums(w2, w3, sums_ptr, t, THREADS: tl.constexpr):
+    """Thread column t's share of the eight sub-blocks' min * sum(x), float32 [BN, THREADS] (column t
+    takes sub-blocks t * 8 / THREADS ..; a column past the eighth sub-block none)."""
+    PER: tl.constexpr = (8 + THREADS - 1) // THREADS
+    low = tl.zeros(t.shape, dtype=tl.float32) + 0.0 * w2.to(tl.float32)
+    for i in tl.static_range(PER):
+        j = t * PER + i  # [1, THREADS]
+        byte = (tl.where(j < 4, w2, w3) >> (8 * (j % 4))) & 0xFF
+        xs = tl.load(sums_ptr + j, mask=j < 8, other=0.0)
+        low += ((byte | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * xs
+    return low
+
+
+@triton.jit(do_not_specialize=["stride_ysplit"])
+def _h2_kernel(x_ptr, xp_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_sn, stride_dn, stride_ysplit,
+               SLICE_GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, THREADS: tl.constexpr, REDUCE: tl.constexpr,
+               NUM_STAGES: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
+    # Program (pid_n, pid_k): weight rows pid_n * BLOCK_N.., groups pid_k * SLICE_GROUPS... REDUCE as
+    # `triton_gguf_repacked._repacked_kernel`'s (0 store, 1 split-K partial, 2 atomic add).
+    pid_k = tl.program_id(1)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn64 = rn.to(tl.int64)
+    n_ok = rn < N
+    g_first = pid_k * SLICE_GROUPS
+    e = _slice_exponent(x_ptr, g_first * GROUP, SLICE_GROUPS * GROUP)
+    _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS, _pow2(-e))
+    tl.debug_barrier()  # the slice's pairs (written by this program's threads) are read by all of them
+    # lanes [CH, 1, THREADS, 4]: chunk c of thread t holds lanes 4 (THREADS c + t) .. + 3
+    CH: tl.constexpr = LANES // (4 * THREADS)
+    lanes = (tl.arange(0, CH)[:, None, None, None] * (4 * THREADS) + tl.arange(0, THREADS)[None, None, :, None] * 4
+             + tl.arange(0, 4)[None, None, None, :])
+    row_words = c_ptr + rn64[None, :, None, None] * stride_cn + lanes  # [CH, BN, THREADS, 4]
+    row_ok = n_ok[None, :, None, None]
+    t = tl.arange(0, THREADS)[None, :]
+    s_rows = s_ptr + rn64 * stride_sn
+    acc = tl.zeros((BLOCK_N, THREADS), dtype=tl.float32)
+    for g in tl.range(g_first, g_first + SLICE_GROUPS, num_stages=NUM_STAGES):
+        words = tl.load(row_words + g * LANES, mask=row_ok, other=0)
+        w0 = tl.load(s_rows + 4 * g, mask=n_ok, other=0)[:, None] + 0 * t  # scales of sub-blocks 0-3, 4-7
+        w1 = tl.load(s_rows + 4 * g + 1, mask=n_ok, other=0)[:, None] + 0 * t
+        w2 = tl.load(s_rows + 4 * g + 2, mask=n_ok, other=0)[:, None] + 0 * t  # minimums
+        w3 = tl.load(s_rows + 4 * g + 3, mask=n_ok, other=0)[:, None] + 0 * t
+        dw = tl.load(d_ptr + rn64 * stride_dn + g, mask=n_ok, other=0)[:, None]
+        xg = xp_ptr + g * SCRATCH_WORDS
+        shifted = words >> 8
+        part = tl.zeros((CH, BLOCK_N, THREADS, 4), dtype=tl.int32)  # float16 pairs, +0.0
+        for jp in tl.static_range(4):
+            if jp < 2:
+                src = words
+            else:
+                src = shifted
+            if jp % 2 == 0:
+                codes = src & 0x000F000F  # (q, q') * 2**-24
+            else:
+                codes = src & 0x00F000F0  # (q, q') * 2**-20
+            s = _scale_pair(w0, w1, jp, ASM)[None, :, :, None]
+            x = tl.load(xg + jp * LANES + lanes)  # [CH, 1, THREADS, 4], the same for every row
+            part = _weights_fma2(codes, s, x, part, ASM)
+        part = _pair_sum(_pair_sum(part, 3, ASM), 0, ASM)  # [BN, THREADS]
+        low = _minimums(w2, w3, (xg + PAIR_WORDS).to(tl.pointer_type(tl.float32)), t, THREADS)
+        acc += _half(dw, False) * (_half(part, False) + _half(part, True)) - _half(dw, True) * low
+    total = tl.sum(acc, axis=1) * 16384.0 * _pow2(e)
+    _store_partial(y_ptr, y_ptr + rn, total, n_ok, pid_k, stride_ysplit, REDUCE)
+
+
+def scratch_words(cols: int) -> int:
+    """int32 words of the x pairs scratch for a weight of `cols` columns."""
+    return cols // GROUP.value * SCRATCH_WORDS.value
+
+
+def launch(x: torch.Tensor, codes, scales, d, target: torch.Tensor, n: int, groups_per_split: int,
+           stride_split: int, grid: tuple[int, int], block_n: int, threads: int, reduce: int, stages: int,
+           warps: int) -> None:
+    """Mode "h2" of `triton_gguf_repacked.matmul_few_rows` (which checks the arguments and sums the
+    split-K partials): x [1, K] times the Q4_K weight into `target`."""
+    scratch = torch.empty(scratch_words(x.shape[1]), dtype=torch.int32, device=x.device)
+    _h2_kernel[grid](x, scratch, codes, scales, d, target, n, codes.stride(0), scales.stride(0), d.stride(0),
+                     stride_split, SLICE_GROUPS=groups_per_split, BLOCK_N=block_n, THREADS=threads, REDUCE=reduce,
+                     NUM_STAGES=stages, ASM=x.device.type == "cuda", num_warps=warps, **pdl.options())
