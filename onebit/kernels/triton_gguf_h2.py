@@ -182,6 +182,19 @@ def _minimums(w2, w3, sums_ptr, t, THREADS: tl.constexpr):
     return low
 
 
+@triton.jit
+def _load_group(row_words, row_ok, s_rows, d_rows, n_ok, g, t):
+    """Group g's codes [CH, BN, THREADS, 4], its scale and minimum words [BN, THREADS] (sub-blocks
+    0-3, 4-7 each) and its (d, dmin) word [BN, 1] (zeros where a mask is false)."""
+    words = tl.load(row_words + g * LANES, mask=row_ok, other=0)
+    w0 = tl.load(s_rows + 4 * g, mask=n_ok, other=0)[:, None] + 0 * t
+    w1 = tl.load(s_rows + 4 * g + 1, mask=n_ok, other=0)[:, None] + 0 * t
+    w2 = tl.load(s_rows + 4 * g + 2, mask=n_ok, other=0)[:, None] + 0 * t
+    w3 = tl.load(s_rows + 4 * g + 3, mask=n_ok, other=0)[:, None] + 0 * t
+    dw = tl.load(d_rows + g, mask=n_ok, other=0)[:, None]
+    return words, w0, w1, w2, w3, dw
+
+
 @triton.jit(do_not_specialize=["stride_ysplit"])
 def _h2_kernel(x_ptr, xp_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_sn, stride_dn, stride_ysplit,
                SLICE_GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, THREADS: tl.constexpr, REDUCE: tl.constexpr,
@@ -194,9 +207,7 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_s
     rn64 = rn.to(tl.int64)
     n_ok = rn < N
     g_first = pid_k * SLICE_GROUPS
-    e = _slice_exponent(x_ptr, g_first * GROUP, SLICE_GROUPS * GROUP)
-    _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS, _pow2(-e))
-    tl.debug_barrier()  # the slice's pairs (written by this program's threads) are read by all of them
+    g_end = g_first + SLICE_GROUPS
     # lanes [CH, 1, THREADS, 4]: chunk c of thread t holds lanes 4 (THREADS c + t) .. + 3
     CH: tl.constexpr = LANES // (4 * THREADS)
     lanes = (tl.arange(0, CH)[:, None, None, None] * (4 * THREADS) + tl.arange(0, THREADS)[None, None, :, None] * 4
@@ -205,14 +216,22 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_s
     row_ok = n_ok[None, :, None, None]
     t = tl.arange(0, THREADS)[None, :]
     s_rows = s_ptr + rn64 * stride_sn
+    d_rows = d_ptr + rn64 * stride_dn
+    # NUM_STAGES 2: the next group's codes and scales are loaded into registers before this group's
+    # arithmetic (the first group's before x's preparation), so a warp has a load in flight while it
+    # computes; 1: each group's loads, then its arithmetic.
+    if NUM_STAGES == 2:
+        words, w0, w1, w2, w3, dw = _load_group(row_words, row_ok, s_rows, d_rows, n_ok, g_first, t)
+    e = _slice_exponent(x_ptr, g_first * GROUP, SLICE_GROUPS * GROUP)
+    _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS, _pow2(-e))
+    tl.debug_barrier()  # the slice's pairs (written by this program's threads) are read by all of them
     acc = tl.zeros((BLOCK_N, THREADS), dtype=tl.float32)
-    for g in tl.range(g_first, g_first + SLICE_GROUPS, num_stages=NUM_STAGES):
-        words = tl.load(row_words + g * LANES, mask=row_ok, other=0)
-        w0 = tl.load(s_rows + 4 * g, mask=n_ok, other=0)[:, None] + 0 * t  # scales of sub-blocks 0-3, 4-7
-        w1 = tl.load(s_rows + 4 * g + 1, mask=n_ok, other=0)[:, None] + 0 * t
-        w2 = tl.load(s_rows + 4 * g + 2, mask=n_ok, other=0)[:, None] + 0 * t  # minimums
-        w3 = tl.load(s_rows + 4 * g + 3, mask=n_ok, other=0)[:, None] + 0 * t
-        dw = tl.load(d_ptr + rn64 * stride_dn + g, mask=n_ok, other=0)[:, None]
+    for g in tl.range(g_first, g_end, num_stages=1):
+        if NUM_STAGES == 2:
+            ahead = tl.minimum(g + 1, g_end - 1)  # the last turn loads its own group again (a cache hit)
+            n_words, n_w0, n_w1, n_w2, n_w3, n_dw = _load_group(row_words, row_ok, s_rows, d_rows, n_ok, ahead, t)
+        else:
+            words, w0, w1, w2, w3, dw = _load_group(row_words, row_ok, s_rows, d_rows, n_ok, g, t)
         xg = xp_ptr + g * SCRATCH_WORDS
         shifted = words >> 8
         part = tl.zeros((CH, BLOCK_N, THREADS, 4), dtype=tl.int32)  # float16 pairs, +0.0
@@ -231,6 +250,8 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_s
         part = _pair_sum(_pair_sum(part, 3, ASM), 0, ASM)  # [BN, THREADS]
         low = _minimums(w2, w3, (xg + PAIR_WORDS).to(tl.pointer_type(tl.float32)), t, THREADS)
         acc += _half(dw, False) * (_half(part, False) + _half(part, True)) - _half(dw, True) * low
+        if NUM_STAGES == 2:
+            words, w0, w1, w2, w3, dw = n_words, n_w0, n_w1, n_w2, n_w3, n_dw
     total = tl.sum(acc, axis=1) * 16384.0 * _pow2(e)
     _store_partial(y_ptr, y_ptr + rn, total, n_ok, pid_k, stride_ysplit, REDUCE)
 
