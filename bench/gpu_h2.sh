@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Mode "h2" (Q4_K at one row in float16 pairs, onebit/kernels/triton_gguf_h2.py) in one device call
+# Mode "h2" (Q4_K and Q6_K at one row in float16 pairs, onebit/kernels/triton_gguf_h2.py) in one device call
 # (~5-6 min on an H200; carry .whl, tools/device_wheels.sh); session 18 ran it as G36:
 #   1. tests/test_gguf_h2.py on the GPU (the inline-PTX path against the float64 reference);
-#   2. the 1-row Q4_K sweep (bench/gpu_gguf_repacked.py): every h2 candidate against fma-n64-g2 and
-#      i8-n32-g4-s1, and then the engine at B = 1 on that sweep's table (bf16, Q4_K_M packed and
-#      dequantized, Q8_0 packed), unless ENGINE=0;
-#   3. Nsight Compute at gate_up on NCU_CONFIGS (skipped with a line if ncu is missing).
+#   2. the 1-row sweep of TYPES (bench/gpu_gguf_repacked.py): the h2 candidates against the fma picks,
+#      and then the engine at B = 1 on that sweep's table (bf16, Q4_K_M packed and dequantized, Q8_0
+#      packed), unless ENGINE=0;
+#   3. Nsight Compute at NCU_PRODUCT on NCU_CONFIGS (skipped with a line if ncu is missing).
 # Usage: run(command="OUT=$OUT bash bench/gpu_h2.sh", carry=[".whl"], timeout_s=600)
-# Environment: CONFIGS (the sweep's), NCU_CONFIGS, ENGINE, TYPES (default Q4_K), OUT.
+# Environment: CONFIGS (the sweep's), TYPES, NCU_CONFIGS, NCU_PRODUCT, ENGINE, OUT. The defaults are
+# the third call's (Q6_K); the second ran TYPES=Q4_K with i8-n32-g4-s1 and more h2 launches, ncu on
+# Q4_K at gate_up_proj.
 set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
-TYPES=${TYPES:-Q4_K}
-CONFIGS=${CONFIGS:-fma-n64-g2,i8-n32-g4-s1,h2-n128-t1,h2-n128-t1-s1,h2-n128-t1-p256,h2-n64-t2,h2-n64-t2-s1,h2-n64-t2-p256,h2-n64-t2-p1024,h2-n64-t2-atomic,h2-n64-t4,h2-n64-t4-s1,h2-n32-t4}
-NCU_CONFIGS=${NCU_CONFIGS:-Q4_K:h2-n64-t2-s1,Q4_K:h2-n64-t2,Q4_K:fma-n64-g2}
+TYPES=${TYPES:-Q4_K,Q6_K}
+CONFIGS=${CONFIGS:-fma-n64-g2,fma-n16-g2-s3-p256,h2-n128-t1,h2-n128-t1-s1,h2-n128-t1-p256,h2-n64-t2,h2-n64-t2-s1,h2-n64-t2-p256,h2-n64-t4,h2-n64-t4-s1}
+NCU_CONFIGS=${NCU_CONFIGS:-Q6_K:h2-n64-t2-s1,Q6_K:h2-n128-t1-s1,Q6_K:fma-n16-g2-s3-p256}
 mkdir -p "$OUT"
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
@@ -26,10 +28,10 @@ engine=()
 timeout 360 python3 bench/gpu_gguf_repacked.py --out "$OUT/sweep" --types "$TYPES" --rows 1 --configs "$CONFIGS" \
     "${engine[@]}" > "$OUT/sweep.log" 2>&1 || echo "sweep: rc $? (log: sweep.log)"
 if command -v ncu > /dev/null; then
-    say "3: ncu at gate_up"
+    say "3: ncu at ${NCU_PRODUCT:-down_proj}"
     timeout 120 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
         --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
-        python3 bench/gpu_gguf_stalls.py --product gate_up_proj --configs "$NCU_CONFIGS" > "$OUT/ncu.txt" 2>&1 \
+        python3 bench/gpu_gguf_stalls.py --product "${NCU_PRODUCT:-down_proj}" --configs "$NCU_CONFIGS" > "$OUT/ncu.txt" 2>&1 \
         || echo "ncu: rc $? (log: ncu.txt)"
     grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|L1/TEX Hit|Issue Slots Busy|Warp Cycles Per Issued|Registers Per" "$OUT/ncu.txt" | head -60
 else

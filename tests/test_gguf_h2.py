@@ -1,5 +1,5 @@
-"""Mode "h2" of the packed GGUF products (`triton_gguf_h2`: Q4_K at one row in float16 pairs): x's
-per-slice preparation, the product against its float64 reference for every thread split and
+"""Mode "h2" of the packed GGUF products (`triton_gguf_h2`: Q4_K and Q6_K at one row in float16 pairs):
+x's per-slice preparation, the product against its float64 reference for every thread split and
 reduction (Triton's interpreter on CPU, the inline-PTX path on a GPU), slices far apart in
 magnitude, and the inputs it refuses."""
 
@@ -17,7 +17,8 @@ from tests.test_gguf_kernels import random_blocks
 tr = pytest.importorskip("onebit.kernels.triton_gguf_repacked")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-COLS = 1024  # four groups: slices of 1, 2 or 4 groups
+COLS = 1024  # four Q4_K groups (eight Q6_K groups): slices of 1, 2 or 4 (2, 4 or 8)
+GROUP = {"Q4_K": 256, "Q6_K": 128}
 
 
 def _weight(qtype: str, rows: int, seed: int) -> RepackedMatrix:
@@ -61,22 +62,25 @@ def test_prepare_x_h2_scales_each_slice_by_a_power_of_two_into_its_window():
     assert one.shape == (1,) and one[0].item() == scale[1].item()
 
 
-# (threads a (row, group), BLOCK_N, split, reduce): every thread split, the split-K sum and the atomic
-# add, one slice, a tile past the weight's end (40 rows) and several rows a thread (BLOCK_N 64 at
-# THREADS 2 on 4 warps).
-CASES = [(1, 32, 4, "sum"), (2, 64, 2, "sum"), (4, 16, 1, "sum"), (8, 16, 2, "atomic"), (2, 16, 4, "atomic")]
+# (type, threads a (row, group), BLOCK_N, split, reduce, stages): every thread split, the split-K sum
+# and the atomic add, one slice, a tile past the weight's end (40 rows), several rows a thread
+# (BLOCK_N 64 at THREADS 2 on 4 warps), the next group's loads ahead of the arithmetic (stages 2) or not.
+CASES = [("Q4_K", 1, 32, 4, "sum", 2), ("Q4_K", 2, 64, 2, "sum", 1), ("Q4_K", 4, 16, 1, "sum", 2),
+         ("Q4_K", 8, 16, 2, "atomic", 1), ("Q4_K", 2, 16, 4, "atomic", 2),
+         ("Q6_K", 1, 32, 2, "sum", 1), ("Q6_K", 2, 64, 4, "atomic", 2), ("Q6_K", 4, 16, 1, "sum", 2)]
 
 
-@pytest.mark.parametrize("threads,block_n,split,reduce", CASES)
-def test_h2_matches_its_reference(threads, block_n, split, reduce):
-    """The kernel adds only float16 sums to the reference's rounding of x: within 2e-3 of it (measured
-    4-9e-4 in the interpreter), and as close to the exact product as a bf16 copy of the weights is."""
-    w = _weight("Q4_K", 40, seed=threads)
+@pytest.mark.parametrize("qtype,threads,block_n,split,reduce,stages", CASES)
+def test_h2_matches_its_reference(qtype, threads, block_n, split, reduce, stages):
+    """The kernel adds only float16 sums (and for Q6_K each weight's rounding to 11 bits) to the
+    reference's rounding of x: within 2e-3 of it (measured 4-9e-4 in the interpreter), and as close to
+    the exact product as a bf16 copy of the weights is."""
+    w = _weight(qtype, 40, seed=threads)
     x = torch.randn(1, COLS, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).float()
-    config = tr.RepackedConfig("h2", block_n, 1, split=split, reduce=reduce, quads=threads)
+    config = tr.RepackedConfig("h2", block_n, 1, split=split, reduce=reduce, stages=stages, quads=threads)
     got = tr.matmul_few_rows(x.to(DEVICE), w, config=config)  # float32 out: no bf16 rounding on top
     assert got.shape == (1, 40) and got.dtype == torch.float32
-    want = repacked_h2_linear_ref(x.double(), w.to("cpu"), 4 // split)
+    want = repacked_h2_linear_ref(x.double(), w.to("cpu"), COLS // GROUP[qtype] // split)
     exact = repacked_linear_ref(x.double(), w.to("cpu"))
     bf16_weights = x.double() @ w.to("cpu").dequantize(torch.bfloat16).double().T
     assert _rel(got, want) < 2e-3, _rel(got, want)
@@ -100,13 +104,15 @@ def test_h2_keeps_slices_of_any_magnitude():
     assert as_bf16.dtype == torch.bfloat16 and _rel(as_bf16, got_small) < 2.0**-8  # the output's rounding
 
 
-def test_h2_refuses_other_types_and_rows():
+def test_h2_refuses_other_types_rows_and_splits():
     x = torch.randn(1, COLS).to(torch.bfloat16).to(DEVICE)
     config = tr.RepackedConfig("h2", 32, 1, quads=2)
-    for qtype in ("Q6_K", "Q8_0", "Q5_K"):
-        with pytest.raises(ValueError, match='mode "h2" takes Q4_K'):
+    for qtype in ("Q8_0", "Q5_K"):
+        with pytest.raises(ValueError, match='mode "h2" takes Q4_K, Q6_K'):
             tr.matmul_few_rows(x, _weight(qtype, 16, seed=1), config=config)
+    with pytest.raises(ValueError, match="at most 4 threads, not 8"):  # a Q6_K group is 16 words
+        tr.matmul_few_rows(x, _weight("Q6_K", 16, seed=1), config=tr.RepackedConfig("h2", 16, 1, quads=8))
     with pytest.raises(ValueError, match='1 to 1 rows in mode "h2"'):
         tr.matmul_few_rows(torch.cat([x, x]), _weight("Q4_K", 16, seed=1), config=config)
-    with pytest.raises(ValueError, match='mode "h2" takes Q4_K'):
+    with pytest.raises(ValueError, match='mode "h2" takes Q4_K and Q6_K'):
         repacked_h2_linear_ref(x.cpu(), _weight("Q8_0", 16, seed=1).to("cpu"), 4)

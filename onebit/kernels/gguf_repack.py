@@ -290,32 +290,36 @@ def repacked_f16_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Te
     return (y * scale.double()[:, None]).to(x.dtype)
 
 
-# The types mode "h2" of the packed products takes (one row in float16 pairs: 4-bit codes, 6-bit scales).
-H2_TYPES = ("Q4_K",)
+# The types mode "h2" of the packed products takes (one row in float16 pairs: Q4_K's scale times code is
+# exact in float16, Q6_K's rounds to 11 significant bits where it exceeds 2,048).
+H2_TYPES = ("Q4_K", "Q6_K")
 
 
-def prepare_x_h2_ref(x: torch.Tensor, groups_per_slice: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def prepare_x_h2_ref(x: torch.Tensor, groups_per_slice: int, group: int = 256) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                       torch.Tensor]:
     """One activation row x [1, K] as mode "h2" of the packed products takes it (`triton_gguf_h2`), cut
-    into slices of `groups_per_slice` 256-column groups (one per split-K program): (x16 [1, K], xsum
+    into slices of `groups_per_slice` groups of `group` columns (one slice per split-K program): (x16 [1, K], xsum
     [1, K / 32], scale [K / 256 / groups_per_slice]) float32 tensors: per slice e = clamp(floor(log2(
     max|x|)) - 12, -126, 126) (so max |x16| is in [2**12, 2**13)), x16 = float16(x * 2**-e), xsum = each
     32-column sum of x16, scale = 2**e."""
-    xf = x.float().reshape(-1, groups_per_slice * 256)
+    xf = x.float().reshape(-1, groups_per_slice * group)
     top = xf.abs().amax(dim=1)
     _, exponent = torch.frexp(top)  # top = mantissa * 2**exponent, mantissa in [0.5, 1): floor(log2) = exponent - 1
     e = torch.clamp(torch.where(top > 0, exponent - 13, torch.full_like(exponent, -126)), -126, 126).double()
     x16 = (xf.double() * torch.exp2(-e)[:, None]).float().half().float()
-    xsum = x16.double().reshape(-1, 32).sum(dim=-1).float()
+    xsum = x16.double().reshape(-1, 32 if group == 256 else 16).sum(dim=-1).float()
     return x16.reshape(1, -1), xsum.reshape(1, -1), torch.exp2(e).float()
 
 
 def repacked_h2_linear_ref(x: torch.Tensor, weight: RepackedMatrix, groups_per_slice: int) -> torch.Tensor:
-    """x [1, K] @ weight.T (Q4_K) as mode "h2" computes it, in float64 from `prepare_x_h2_ref`'s rounding:
-    y = sum over slices of scale * sum over sub-blocks of (s * (codes . x16) - o * xsum). Off the exact
-    product by x's rounding to float16; the kernel adds float16 sums on top."""
+    """x [1, K] @ weight.T (Q4_K or Q6_K) as mode "h2" computes it, in float64 from `prepare_x_h2_ref`'s
+    rounding (slices of `groups_per_slice` groups: 256 columns for Q4_K, 128 for Q6_K): y = sum over
+    slices of scale * sum over sub-blocks of (s * (codes . x16) - o * xsum) (`sub_block_scales`,
+    `sub_block_codes`). Off the exact product by x's rounding to float16; the kernel adds float16 sums
+    (and for Q6_K each weight's rounding to 11 significant bits) on top."""
     if weight.qtype not in H2_TYPES:
         raise ValueError(f'mode "h2" takes {" and ".join(H2_TYPES)}, not {weight.qtype}')
-    x16, xsum, scale = prepare_x_h2_ref(x, groups_per_slice)
+    x16, xsum, scale = prepare_x_h2_ref(x, groups_per_slice, GROUPING[weight.qtype][0])
     s, o, size = sub_block_scales(weight)
     q = sub_block_codes(weight).double().reshape(weight.rows, -1, size)
     dots = torch.einsum("sk,nsk->ns", x16.double().reshape(-1, size), q)

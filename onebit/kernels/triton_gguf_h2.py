@@ -43,17 +43,31 @@ import triton.language as tl
 from onebit.kernels import pdl
 from onebit.kernels.triton_gguf import _store_partial
 
-# constexprs: the kernels read them
-GROUP = tl.constexpr(256)  # values a Q4_K group (super-block), 32 words of eight 4-bit planes
-LANES = tl.constexpr(32)
-PAIR_WORDS = tl.constexpr(128)  # x pairs a group: (plane jp, plane jp + 4) x 32 lanes
-SUMS = tl.constexpr(8)  # then the eight sub-blocks' sums of x (float32, times 2**-14)
-SCRATCH_WORDS = tl.constexpr(136)
+# constexprs: the kernels read them. float16 pairs are written as the signed int32 word they are.
 X_TOP_LOG2 = tl.constexpr(12)  # max |x| * 2**-e in [2**12, 2**13)
-W_LOG2 = tl.constexpr(14)  # the weights come out as s q * 2**-14
-MINUS_1024_PAIR = tl.constexpr(0xE400E400 - 2**32)  # float16 (-1024, -1024), as the signed int32 it is
-POW2_10_PAIR = tl.constexpr(0x64006400)  # (2**10, 2**10)
-POW2_6_PAIR = tl.constexpr(0x54005400)  # (2**6, 2**6)
+MINUS_1024_PAIR = tl.constexpr(0xE400E400 - 2**32)  # (-1024, -1024)
+MINUS_1152_PAIR = tl.constexpr(0xE480E480 - 2**32)  # (-1152, -1152)
+ONE_PAIR = tl.constexpr(0x3C003C00)  # (1, 1)
+# Per type (Q4_K id 1, Q6_K id 3, as `triton_gguf_repacked.QTYPE_IDS`): a scale pair is multiplied by
+# 2**SCALE_LOG2 for the even plane pairs (codes read as q * 2**-24) and by 2**(SCALE_LOG2 - 4) for the
+# odd ones (read in place as 16 q * 2**-24); the weights then come out times 2**-W_LOG2.
+Q4_K_SCALE_EVEN = tl.constexpr(0x64006400)  # 2**10: weights s q * 2**-14
+Q4_K_SCALE_ODD = tl.constexpr(0x54005400)  # 2**6
+Q6_K_SCALE_EVEN = tl.constexpr(0x5C005C00)  # 2**8: weights s (q - 32) * 2**-16
+Q6_K_SCALE_ODD = tl.constexpr(0x4C004C00)  # 2**4
+Q6_K_OFFSET_EVEN = tl.constexpr(0x80208020 - 2**32)  # -2**-19 (a subnormal): c = -32 * 2**-24 * s
+Q6_K_OFFSET_ODD = tl.constexpr(0x82008200 - 2**32)  # -2**-15 (a subnormal): c = -32 * 2**-20 * s
+W_LOG2 = {1: 14, 3: 16}
+
+
+def group_shape(qtype_id: int) -> tuple[int, int]:
+    """(values a group, lanes = words a group) of the type's repacked layout."""
+    return (256, 32) if qtype_id == 1 else (128, 16)
+
+
+def scratch_stride(qtype_id: int) -> int:
+    """int32 words of the x scratch a group: (plane jp, plane jp + 4) pairs x lanes, then 8 float32 sums."""
+    return 4 * group_shape(qtype_id)[1] + 8
 
 
 @triton.jit
@@ -95,14 +109,15 @@ def _hmul2(a, b, ASM: tl.constexpr):
 
 
 @triton.jit
-def _weights_fma2(codes, s, x, acc, ASM: tl.constexpr):
-    """acc + (codes * s) * x on float16 pairs: the exact weights times x, added (HMUL2, HFMA2). ASM
-    false: in float32, each step rounded to float16 (the sum may round twice where HFMA2 rounds once)."""
+def _weights_fma2(codes, s, c, x, acc, ASM: tl.constexpr):
+    """acc + fma(codes, s, c) * x on float16 pairs: the scaled weights (exact up to 11 significant bits)
+    times x, added (two HFMA2). ASM false: in float32, each step rounded to float16 (the second may
+    round twice where HFMA2 rounds once)."""
     if ASM:
-        return tl.inline_asm_elementwise("{\n\t.reg .b32 w;\n\tmul.rn.f16x2 w, $1, $2;\n\t"
-                                         "fma.rn.f16x2 $0, w, $3, $4;\n\t}", "=r,r,r,r,r", [codes, s, x, acc],
+        return tl.inline_asm_elementwise("{\n\t.reg .b32 w;\n\tfma.rn.f16x2 w, $1, $2, $3;\n\t"
+                                         "fma.rn.f16x2 $0, w, $4, $5;\n\t}", "=r,r,r,r,r,r", [codes, s, c, x, acc],
                                          dtype=tl.int32, is_pure=True, pack=1)
-    w = _hmul2(codes, s, ASM)
+    w = _pack(_half(codes, False) * _half(s, False) + _half(c, False), _half(codes, True) * _half(s, True) + _half(c, True))
     return _pack(_half(w, False) * _half(x, False) + _half(acc, False),
                  _half(w, True) * _half(x, True) + _half(acc, True))
 
@@ -116,22 +131,59 @@ def _pair_sum(acc, axis: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _scale_pair(lo_word, hi_word, jp: tl.constexpr, ASM: tl.constexpr):
-    """Sub-blocks jp and jp + 4's 6-bit scales (byte jp of lo_word, of hi_word) as the float16 pair
-    (s, s') * 2**10 (jp odd: * 2**6, for codes read in place as 16 q), exactly."""
-    magic = ((lo_word >> (8 * jp)) & 0xFF) | (((hi_word >> (8 * jp)) & 0xFF) << 16) | 0x64006400  # 1024 + s
-    minus = 0 * lo_word + MINUS_1024_PAIR
+def _scale_pairs(lo_word, hi_word, jp: tl.constexpr, QTYPE: tl.constexpr, ASM: tl.constexpr):
+    """Sub-blocks jp and jp + 4's scales (byte jp of lo_word, of hi_word; Q6_K's signed) as the float16
+    pairs (s, c): Q4_K s = (sc, sc') * 2**10, c = 0; Q6_K s = (sc, sc') * 2**8, c = -32 s * 2**-24, so
+    that fma(codes, s, c) is the weight (jp odd: s / 16 and c alike, for codes read in place as 16 q)."""
+    if QTYPE == 3:  # signed bytes: 1024 + 128 + sc - 1152
+        magic = ((((lo_word >> (8 * jp)) & 0xFF) ^ 0x80) | ((((hi_word >> (8 * jp)) & 0xFF) ^ 0x80) << 16)
+                 | 0x64006400)
+        minus = 0 * lo_word + MINUS_1152_PAIR
+    else:  # 1024 + sc - 1024
+        magic = ((lo_word >> (8 * jp)) & 0xFF) | (((hi_word >> (8 * jp)) & 0xFF) << 16) | 0x64006400
+        minus = 0 * lo_word + MINUS_1024_PAIR
     if ASM:
-        pair = _hadd2(magic, minus)  # (s, s'), exact
+        pair = _hadd2(magic, minus)  # (sc, sc'), exact
     else:
         pair = _hadd2_emulated(magic, minus)
+    if QTYPE == 3:
+        if jp % 2 == 0:
+            s = _hmul2(pair, 0 * lo_word + Q6_K_SCALE_EVEN, ASM)
+            return s, _hmul2(s, 0 * lo_word + Q6_K_OFFSET_EVEN, ASM)
+        s = _hmul2(pair, 0 * lo_word + Q6_K_SCALE_ODD, ASM)
+        return s, _hmul2(s, 0 * lo_word + Q6_K_OFFSET_ODD, ASM)
     if jp % 2 == 0:
-        return _hmul2(pair, 0 * lo_word + POW2_10_PAIR, ASM)
-    return _hmul2(pair, 0 * lo_word + POW2_6_PAIR, ASM)
+        return _hmul2(pair, 0 * lo_word + Q4_K_SCALE_EVEN, ASM), 0 * lo_word
+    return _hmul2(pair, 0 * lo_word + Q4_K_SCALE_ODD, ASM), 0 * lo_word
 
 
 @triton.jit
-def _slice_exponent(x_ptr, k0, SLICE: tl.constexpr):
+def _plane_pair_codes(words, shifted, high2, jp: tl.constexpr, QTYPE: tl.constexpr):
+    """Planes jp and jp + 4's codes as float16 subnormal pairs: (q, q') * 2**-24 for jp even (the low
+    nibbles of `words`, jp 2 after >> 8 in `shifted`), (16 q, 16 q') * 2**-24 for jp odd (in place). Q6_K
+    adds the top two bits from high2 (plane j's at bits 2j of each half) above the nibble."""
+    if jp < 2:
+        src = words
+    else:
+        src = shifted
+    if jp % 2 == 0:
+        codes = src & 0x000F000F
+    else:
+        codes = src & 0x00F000F0
+    if QTYPE == 3:
+        if jp == 0:
+            codes = codes | ((high2 << 4) & 0x00300030)
+        elif jp == 1:
+            codes = codes | ((high2 << 6) & 0x03000300)
+        elif jp == 2:
+            codes = codes | (high2 & 0x00300030)
+        else:
+            codes = codes | ((high2 << 2) & 0x03000300)
+    return codes
+
+
+@triton.jit
+def _slice_exponent(x_ptr, k0, SLICE: tl.constexpr, GROUP: tl.constexpr):
     """e (int32) with max |x[k0 : k0 + SLICE]| * 2**-e in [2**12, 2**13), clamped to -126..126 (a zero
     or subnormal slice: -126)."""
     cols = tl.arange(0, GROUP)
@@ -149,10 +201,11 @@ def _pow2(e):
 
 
 @triton.jit
-def _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS: tl.constexpr, down):
+def _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS: tl.constexpr, down, GROUP: tl.constexpr,
+                       LANES: tl.constexpr, SUMS: tl.constexpr):
     """The slice's x (groups g_first..) times `down`, as float16 pairs in the product's order: per
-    group words (jp, lane) = (x[32 jp + lane], x[32 (jp + 4) + lane]), then the eight sub-blocks'
-    sums of those float16 values (float32 sums, times 2**-14)."""
+    group words (jp, lane) = (x[LANES jp + lane], x[LANES (jp + 4) + lane]), then (SUMS) the eight
+    sub-blocks' float32 sums of those float16 values, times 2**-14."""
     jp = tl.arange(0, 4)
     lane = tl.arange(0, LANES)
     offs = jp[:, None] * LANES + lane[None, :]
@@ -161,17 +214,18 @@ def _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS: tl.constexpr, down)
         src = x_ptr + g * GROUP + offs
         lo = (tl.load(src).to(tl.float32) * down).to(tl.float16).to(tl.float32)
         hi = (tl.load(src + 4 * LANES).to(tl.float32) * down).to(tl.float16).to(tl.float32)
-        dst = xp_ptr + g * SCRATCH_WORDS
+        dst = xp_ptr + g * (4 * LANES + 8)
         tl.store(dst + offs, _pack(lo, hi))
-        sums = dst + PAIR_WORDS
-        tl.store(sums.to(tl.pointer_type(tl.float32)) + jp, tl.sum(lo, axis=1) * (1.0 / 16384.0))
-        tl.store(sums.to(tl.pointer_type(tl.float32)) + 4 + jp, tl.sum(hi, axis=1) * (1.0 / 16384.0))
+        if SUMS:
+            sums = (dst + 4 * LANES).to(tl.pointer_type(tl.float32))
+            tl.store(sums + jp, tl.sum(lo, axis=1) * (1.0 / 16384.0))
+            tl.store(sums + 4 + jp, tl.sum(hi, axis=1) * (1.0 / 16384.0))
 
 
 @triton.jit
 def _minimums(w2, w3, sums_ptr, t, THREADS: tl.constexpr):
-    """Thread column t's share of the eight sub-blocks' min * sum(x), float32 [BN, THREADS] (column t
-    takes sub-blocks t * 8 / THREADS ..; a column past the eighth sub-block none)."""
+    """Q4_K: thread column t's share of the eight sub-blocks' min * sum(x), float32 [BN, THREADS]
+    (column t takes sub-blocks t * 8 / THREADS ..; a column past the eighth sub-block none)."""
     PER: tl.constexpr = (8 + THREADS - 1) // THREADS
     low = tl.zeros(t.shape, dtype=tl.float32) + 0.0 * w2.to(tl.float32)
     for i in tl.static_range(PER):
@@ -183,20 +237,29 @@ def _minimums(w2, w3, sums_ptr, t, THREADS: tl.constexpr):
 
 
 @triton.jit
-def _load_group(row_words, row_ok, s_rows, d_rows, n_ok, g, t):
-    """Group g's codes [CH, BN, THREADS, 4], its scale and minimum words [BN, THREADS] (sub-blocks
-    0-3, 4-7 each) and its (d, dmin) word [BN, 1] (zeros where a mask is false)."""
+def _load_group(row_words, row_high, row_ok, s_rows, d_rows, n_ok, g, t, LANES: tl.constexpr, QTYPE: tl.constexpr):
+    """Group g's codes [CH, BN, THREADS, 4] (Q6_K: with the top bits, high2, else the codes again), its
+    scale words [BN, THREADS] (sub-blocks 0-3, 4-7; Q4_K: then the minimums') and its d: Q4_K the
+    (d, dmin) float16 word [BN, 1], Q6_K the float32 d of its super-block."""
     words = tl.load(row_words + g * LANES, mask=row_ok, other=0)
+    if QTYPE == 3:
+        h = tl.load(row_high + g * LANES, mask=row_ok, other=0).to(tl.int32)
+        high2 = (h & 0xFF) | ((h & 0xFF00) << 8)  # plane j's top bits at 2j of each half (j, j + 4)
+        w0 = tl.load(s_rows + 2 * g, mask=n_ok, other=0)[:, None] + 0 * t
+        w1 = tl.load(s_rows + 2 * g + 1, mask=n_ok, other=0)[:, None] + 0 * t
+        dw = tl.load(d_rows + g // 2, mask=n_ok, other=0.0)[:, None]
+        return words, high2, w0, w1, w0, w1, dw
     w0 = tl.load(s_rows + 4 * g, mask=n_ok, other=0)[:, None] + 0 * t
     w1 = tl.load(s_rows + 4 * g + 1, mask=n_ok, other=0)[:, None] + 0 * t
     w2 = tl.load(s_rows + 4 * g + 2, mask=n_ok, other=0)[:, None] + 0 * t
     w3 = tl.load(s_rows + 4 * g + 3, mask=n_ok, other=0)[:, None] + 0 * t
     dw = tl.load(d_rows + g, mask=n_ok, other=0)[:, None]
-    return words, w0, w1, w2, w3, dw
+    return words, words, w0, w1, w2, w3, dw
 
 
 @triton.jit(do_not_specialize=["stride_ysplit"])
-def _h2_kernel(x_ptr, xp_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_sn, stride_dn, stride_ysplit,
+def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_hn, stride_sn, stride_dn,
+               stride_ysplit, QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, W_SCALE: tl.constexpr,
                SLICE_GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, THREADS: tl.constexpr, REDUCE: tl.constexpr,
                NUM_STAGES: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
@@ -208,65 +271,64 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_s
     n_ok = rn < N
     g_first = pid_k * SLICE_GROUPS
     g_end = g_first + SLICE_GROUPS
+    STRIDE: tl.constexpr = 4 * LANES + 8  # scratch words a group
     # lanes [CH, 1, THREADS, 4]: chunk c of thread t holds lanes 4 (THREADS c + t) .. + 3
     CH: tl.constexpr = LANES // (4 * THREADS)
     lanes = (tl.arange(0, CH)[:, None, None, None] * (4 * THREADS) + tl.arange(0, THREADS)[None, None, :, None] * 4
              + tl.arange(0, 4)[None, None, None, :])
     row_words = c_ptr + rn64[None, :, None, None] * stride_cn + lanes  # [CH, BN, THREADS, 4]
+    row_high = h_ptr + rn64[None, :, None, None] * stride_hn + lanes
     row_ok = n_ok[None, :, None, None]
     t = tl.arange(0, THREADS)[None, :]
     s_rows = s_ptr + rn64 * stride_sn
     d_rows = d_ptr + rn64 * stride_dn
     # NUM_STAGES 2: the next group's codes and scales are loaded into registers before this group's
-    # arithmetic (the first group's before x's preparation), so a warp has a load in flight while it
-    # computes; 1: each group's loads, then its arithmetic.
+    # arithmetic (the first group's before x's preparation); 1: each group's loads, then its arithmetic.
     if NUM_STAGES == 2:
-        words, w0, w1, w2, w3, dw = _load_group(row_words, row_ok, s_rows, d_rows, n_ok, g_first, t)
-    e = _slice_exponent(x_ptr, g_first * GROUP, SLICE_GROUPS * GROUP)
-    _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS, _pow2(-e))
+        words, high2, w0, w1, w2, w3, dw = _load_group(row_words, row_high, row_ok, s_rows, d_rows, n_ok, g_first,
+                                                       t, LANES, QTYPE)
+    e = _slice_exponent(x_ptr, g_first * GROUP, SLICE_GROUPS * GROUP, GROUP)
+    _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS, _pow2(-e), GROUP, LANES, QTYPE == 1)
     tl.debug_barrier()  # the slice's pairs (written by this program's threads) are read by all of them
     acc = tl.zeros((BLOCK_N, THREADS), dtype=tl.float32)
     for g in tl.range(g_first, g_end, num_stages=1):
         if NUM_STAGES == 2:
             ahead = tl.minimum(g + 1, g_end - 1)  # the last turn loads its own group again (a cache hit)
-            n_words, n_w0, n_w1, n_w2, n_w3, n_dw = _load_group(row_words, row_ok, s_rows, d_rows, n_ok, ahead, t)
+            n_words, n_high2, n_w0, n_w1, n_w2, n_w3, n_dw = _load_group(row_words, row_high, row_ok, s_rows, d_rows,
+                                                                         n_ok, ahead, t, LANES, QTYPE)
         else:
-            words, w0, w1, w2, w3, dw = _load_group(row_words, row_ok, s_rows, d_rows, n_ok, g, t)
-        xg = xp_ptr + g * SCRATCH_WORDS
+            words, high2, w0, w1, w2, w3, dw = _load_group(row_words, row_high, row_ok, s_rows, d_rows, n_ok, g, t,
+                                                           LANES, QTYPE)
+        xg = xp_ptr + g * STRIDE
         shifted = words >> 8
         part = tl.zeros((CH, BLOCK_N, THREADS, 4), dtype=tl.int32)  # float16 pairs, +0.0
         for jp in tl.static_range(4):
-            if jp < 2:
-                src = words
-            else:
-                src = shifted
-            if jp % 2 == 0:
-                codes = src & 0x000F000F  # (q, q') * 2**-24
-            else:
-                codes = src & 0x00F000F0  # (q, q') * 2**-20
-            s = _scale_pair(w0, w1, jp, ASM)[None, :, :, None]
+            codes = _plane_pair_codes(words, shifted, high2, jp, QTYPE)
+            s, c = _scale_pairs(w0, w1, jp, QTYPE, ASM)
             x = tl.load(xg + jp * LANES + lanes)  # [CH, 1, THREADS, 4], the same for every row
-            part = _weights_fma2(codes, s, x, part, ASM)
+            part = _weights_fma2(codes, s[None, :, :, None], c[None, :, :, None], x, part, ASM)
         part = _pair_sum(_pair_sum(part, 3, ASM), 0, ASM)  # [BN, THREADS]
-        low = _minimums(w2, w3, (xg + PAIR_WORDS).to(tl.pointer_type(tl.float32)), t, THREADS)
-        acc += _half(dw, False) * (_half(part, False) + _half(part, True)) - _half(dw, True) * low
+        if QTYPE == 3:
+            acc += dw * (_half(part, False) + _half(part, True))
+        else:
+            low = _minimums(w2, w3, (xg + 4 * LANES).to(tl.pointer_type(tl.float32)), t, THREADS)
+            acc += _half(dw, False) * (_half(part, False) + _half(part, True)) - _half(dw, True) * low
         if NUM_STAGES == 2:
-            words, w0, w1, w2, w3, dw = n_words, n_w0, n_w1, n_w2, n_w3, n_dw
-    total = tl.sum(acc, axis=1) * 16384.0 * _pow2(e)
+            words, high2, w0, w1, w2, w3, dw = n_words, n_high2, n_w0, n_w1, n_w2, n_w3, n_dw
+    total = tl.sum(acc, axis=1) * W_SCALE * _pow2(e)
     _store_partial(y_ptr, y_ptr + rn, total, n_ok, pid_k, stride_ysplit, REDUCE)
 
 
-def scratch_words(cols: int) -> int:
-    """int32 words of the x pairs scratch for a weight of `cols` columns."""
-    return cols // GROUP.value * SCRATCH_WORDS.value
-
-
-def launch(x: torch.Tensor, codes, scales, d, target: torch.Tensor, n: int, groups_per_split: int,
-           stride_split: int, grid: tuple[int, int], block_n: int, threads: int, reduce: int, stages: int,
-           warps: int) -> None:
+def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int, qtype_id: int,
+           groups_per_split: int, stride_split: int, grid: tuple[int, int], block_n: int, threads: int, reduce: int,
+           stages: int, warps: int) -> None:
     """Mode "h2" of `triton_gguf_repacked.matmul_few_rows` (which checks the arguments and sums the
-    split-K partials): x [1, K] times the Q4_K weight into `target`."""
-    scratch = torch.empty(scratch_words(x.shape[1]), dtype=torch.int32, device=x.device)
-    _h2_kernel[grid](x, scratch, codes, scales, d, target, n, codes.stride(0), scales.stride(0), d.stride(0),
-                     stride_split, SLICE_GROUPS=groups_per_split, BLOCK_N=block_n, THREADS=threads, REDUCE=reduce,
-                     NUM_STAGES=stages, ASM=x.device.type == "cuda", num_warps=warps, **pdl.options())
+    split-K partials): x [1, K] times the Q4_K or Q6_K (`qtype_id`) weight into `target`."""
+    group, lanes = group_shape(qtype_id)
+    if lanes % (4 * threads):
+        raise ValueError(f'mode "h2" shares a group of {lanes} words over at most {lanes // 4} threads, not {threads}')
+    scratch = torch.empty(x.shape[1] // group * scratch_stride(qtype_id), dtype=torch.int32, device=x.device)
+    _h2_kernel[grid](x, scratch, codes, high, scales, d, target, n, codes.stride(0), high.stride(0), scales.stride(0),
+                     d.stride(0), stride_split, QTYPE=qtype_id, GROUP=group, LANES=lanes, W_SCALE=float(2 ** W_LOG2[qtype_id]),
+                     SLICE_GROUPS=groups_per_split, BLOCK_N=block_n, THREADS=threads, REDUCE=reduce, NUM_STAGES=stages,
+                     ASM=x.device.type == "cuda", num_warps=warps, **pdl.options())

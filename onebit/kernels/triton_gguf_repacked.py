@@ -853,8 +853,8 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     elif config.mode == "h2":
         from onebit.kernels import triton_gguf_h2  # beside triton_gguf_f16, which builds on this module
 
-        triton_gguf_h2.launch(x, codes, scales, d, target, weight.rows, groups // split, stride_split, grid,
-                              config.block_n, config.quads, reduce, config.stages, config.warps)
+        triton_gguf_h2.launch(x, codes, high, scales, d, target, weight.rows, QTYPE_IDS[weight.qtype], groups // split,
+                              stride_split, grid, config.block_n, config.quads, reduce, config.stages, config.warps)
     elif config.mode in F16_MODES:
         from onebit.kernels import triton_gguf_f16  # it builds on this module's helpers
 
