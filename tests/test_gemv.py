@@ -168,3 +168,23 @@ def test_a_split_k_winner_above_16_rows_feeds_the_dispatch(monkeypatch):
             assert ((got - F.linear(x, weight)).norm() / got.norm()).item() < TOLERANCE
     finally:
         gemv.reset()
+
+
+def test_split_k_partials_sum_in_slice_order_with_scale_bias_and_a_strided_output():
+    """`reduce_partials` at block sizes from 128 (one row: a few thousand outputs) to 1,024, totals that
+    are not a multiple of the block, into a column slice of a wider output."""
+    from onebit.kernels import triton_split_k
+
+    assert [triton_split_k.reduce_block(t) for t in (100, 4096, 24576, 65536, 64 * 151936)] == [128, 128, 128, 256, 1024]
+    gen = torch.Generator().manual_seed(3)
+    for split, m, n in ((8, 1, 300), (3, 5, 1000)):
+        partial = torch.randn(split, m, n, generator=gen)
+        scale = torch.rand(n, generator=gen) + 0.5
+        bias = torch.randn(n, generator=gen)
+        wide = torch.zeros(m, n + 7)
+        triton_split_k.reduce_partials(partial, scale, bias, wide[:, 3:3 + n])
+        want = partial[0].clone()
+        for part in partial[1:]:
+            want += part  # slice order, as the kernel adds
+        assert torch.allclose(wide[:, 3:3 + n], want * scale + bias, atol=1e-5)
+        assert (wide[:, :3] == 0).all() and (wide[:, 3 + n:] == 0).all()

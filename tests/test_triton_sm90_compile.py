@@ -64,7 +64,7 @@ COMPILE = textwrap.dedent("""
         print(label, "stores", ptx.count("st.global"), "griddepcontrol", ptx.count("griddepcontrol"),
               "e4m3-mma", sum(1 for line in ptx.splitlines() if "mma" in line and ".e4m3.e4m3" in line),
               "wgmma", ptx.count("wgmma.mma_async"), "shared", kernel.metadata.shared,
-              "dp4a", ptx.count("dp4a."), "prmt", ptx.count("prmt.b32"))
+              "dp4a", ptx.count("dp4a."), "prmt", ptx.count("prmt.b32"), "hfma2", ptx.count("fma.rn.f16x2"))
 
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
@@ -120,6 +120,20 @@ COMPILE = textwrap.dedent("""
             compile_sm90(f"gguf-i8-quantize-{qtype}", "triton_gguf_repacked", "_quantize_x_i8_kernel",
                          {"q_ptr": "*i32", "dx_ptr": "*fp32", "xs_ptr": "*fp32"},
                          {key: value for key, value in meta.items() if key != "PDL"})
+    elif which == "gguf-h2":  # mode "h2" (1 row, float16 pairs) for its types as the table launches it, PDL on
+        from onebit.kernels import triton_gguf_h2 as h2
+        from onebit.kernels import triton_gguf_repacked as tr
+        for qtype in ("Q4_K", "Q6_K"):
+            qid = tr.QTYPE_IDS[qtype]
+            group, lanes = h2.group_shape(qid)
+            for stages in (1, 2):
+                compile_sm90(f"gguf-h2-s{stages}-{qtype}", "triton_gguf_h2", "_h2_kernel",
+                             {"x_ptr": "*bf16", "xp_ptr": "*i32", "c_ptr": "*i32",
+                              "h_ptr": "*i16" if qtype == "Q6_K" else "*i32", "s_ptr": "*i32",
+                              "d_ptr": "*fp32" if qtype == "Q6_K" else "*i32", "y_ptr": "*fp32"},
+                             {"QTYPE": qid, "GROUP": group, "LANES": lanes, "W_SCALE": float(2 ** h2.W_LOG2[qid]),
+                              "SLICE_GROUPS": 4, "BLOCK_N": 64, "THREADS": 2, "REDUCE": 1, "NUM_STAGES": stages,
+                              "ASM": True, "PDL": True})
     else:  # every PDL kernel, PDL on
         on = {"PDL": True}
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
@@ -229,6 +243,15 @@ def test_gguf_dot_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
     assert fields[0] == "gguf-dot-Q4_K" and int(fields[2]) > 0, fields
     assert int(fields[8]) > 0, fields  # a 64-row tile: wgmma (below 64 rows the older mma)
     assert int(fields[10]) <= 227 * 1024, fields
+
+
+def test_gguf_h2_mode_compiles_for_sm90_with_float16_pair_fmas():
+    lines = _compile("gguf-h2")
+    assert [line.split()[0] for line in lines] == [f"gguf-h2-s{s}-{q}" for q in ("Q4_K", "Q6_K") for s in (1, 2)]
+    for line in lines:
+        fields = line.split()
+        assert int(fields[2]) > 0 and fields[4] == "2", line  # it stores (the partial, the scratch); PDL's wait
+        assert int(fields[-1]) >= 2, line  # the weights' and the sums' HFMA2 (inline PTX), not emulated
 
 
 def test_gguf_i8_mode_compiles_for_sm90_with_dp4a_and_prmt():
