@@ -64,10 +64,11 @@ def test_prepare_x_h2_scales_each_slice_by_a_power_of_two_into_its_window():
 
 # (type, threads a (row, group), BLOCK_N, split, reduce, stages): every thread split, the split-K sum
 # and the atomic add, one slice, a tile past the weight's end (40 rows), several rows a thread
-# (BLOCK_N 64 at THREADS 2 on 4 warps), the next group's loads ahead of the arithmetic (stages 2) or not.
-CASES = [("Q4_K", 1, 32, 4, "sum", 2), ("Q4_K", 2, 64, 2, "sum", 1), ("Q4_K", 4, 16, 1, "sum", 2),
+# (BLOCK_N 64 at THREADS 2 on 4 warps), the next group's loads ahead of the arithmetic (stages 2), the
+# first group's ahead of x's preparation (0) or neither (1).
+CASES = [("Q4_K", 1, 32, 4, "sum", 2), ("Q4_K", 2, 64, 2, "sum", 1), ("Q4_K", 4, 16, 1, "sum", 0),
          ("Q4_K", 8, 16, 2, "atomic", 1), ("Q4_K", 2, 16, 4, "atomic", 2),
-         ("Q6_K", 1, 32, 2, "sum", 1), ("Q6_K", 2, 64, 4, "atomic", 2), ("Q6_K", 4, 16, 1, "sum", 2)]
+         ("Q6_K", 1, 32, 2, "sum", 1), ("Q6_K", 2, 64, 4, "atomic", 2), ("Q6_K", 4, 16, 1, "sum", 0)]
 
 
 @pytest.mark.parametrize("qtype,threads,block_n,split,reduce,stages", CASES)

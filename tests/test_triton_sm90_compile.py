@@ -126,7 +126,7 @@ COMPILE = textwrap.dedent("""
         for qtype in ("Q4_K", "Q6_K"):
             qid = tr.QTYPE_IDS[qtype]
             group, lanes = h2.group_shape(qid)
-            for stages in (1, 2):
+            for stages in (0, 1, 2):
                 compile_sm90(f"gguf-h2-s{stages}-{qtype}", "triton_gguf_h2", "_h2_kernel",
                              {"x_ptr": "*bf16", "xp_ptr": "*i32", "c_ptr": "*i32",
                               "h_ptr": "*i16" if qtype == "Q6_K" else "*i32", "s_ptr": "*i32",
@@ -247,7 +247,7 @@ def test_gguf_dot_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
 
 def test_gguf_h2_mode_compiles_for_sm90_with_float16_pair_fmas():
     lines = _compile("gguf-h2")
-    assert [line.split()[0] for line in lines] == [f"gguf-h2-s{s}-{q}" for q in ("Q4_K", "Q6_K") for s in (1, 2)]
+    assert [line.split()[0] for line in lines] == [f"gguf-h2-s{s}-{q}" for q in ("Q4_K", "Q6_K") for s in (0, 1, 2)]
     for line in lines:
         fields = line.split()
         assert int(fields[2]) > 0 and fields[4] == "2", line  # it stores (the partial, the scratch); PDL's wait

@@ -57,7 +57,7 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
     if config.mode in ("fma", "dot"):
         constexprs["USE_DOT"] = config.mode == "dot"
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
-    types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode == "int" else "*i32"}
+    types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode in ("int", "h2") else "*i32"}
     if f16:
         types.update(x_ptr="*fp16", xm_ptr="*fp16", xe_ptr="*fp32")
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}

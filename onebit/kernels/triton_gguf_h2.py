@@ -257,6 +257,28 @@ def _load_group(row_words, row_high, row_ok, s_rows, d_rows, n_ok, g, t, LANES: 
     return words, words, w0, w1, w2, w3, dw
 
 
+@triton.jit
+def _group_term(words, high2, w0, w1, w2, w3, dw, xg, lanes, t, BLOCK_N: tl.constexpr, THREADS: tl.constexpr,
+                CH: tl.constexpr, LANES: tl.constexpr, QTYPE: tl.constexpr, ASM: tl.constexpr):
+    """One group's share of the product, float32 [BN, THREADS] (`_load_group`'s values; xg: the group's
+    scratch): the float16 pair sums of codes * scale * x, summed into float32 and times d (Q4_K: minus
+    dmin times the minimums' term)."""
+    shifted = words >> 8
+    part = tl.zeros((CH, BLOCK_N, THREADS, 4), dtype=tl.int32)  # float16 pairs, +0.0
+    for jp in tl.static_range(4):
+        codes = _plane_pair_codes(words, shifted, high2, jp, QTYPE)
+        s, c = _scale_pairs(w0, w1, jp, QTYPE, ASM)
+        x = tl.load(xg + jp * LANES + lanes)  # [CH, 1, THREADS, 4], the same for every row
+        part = _weights_fma2(codes, s[None, :, :, None], c[None, :, :, None], x, part, ASM)
+    part = _pair_sum(_pair_sum(part, 3, ASM), 0, ASM)  # [BN, THREADS]
+    if QTYPE == 3:
+        term = dw * (_half(part, False) + _half(part, True))
+    else:
+        low = _minimums(w2, w3, (xg + 4 * LANES).to(tl.pointer_type(tl.float32)), t, THREADS)
+        term = _half(dw, False) * (_half(part, False) + _half(part, True)) - _half(dw, True) * low
+    return term
+
+
 @triton.jit(do_not_specialize=["stride_ysplit"])
 def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_hn, stride_sn, stride_dn,
                stride_ysplit, QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, W_SCALE: tl.constexpr,
@@ -282,16 +304,23 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
     t = tl.arange(0, THREADS)[None, :]
     s_rows = s_ptr + rn64 * stride_sn
     d_rows = d_ptr + rn64 * stride_dn
-    # NUM_STAGES 2: the next group's codes and scales are loaded into registers before this group's
-    # arithmetic (the first group's before x's preparation); 1: each group's loads, then its arithmetic.
-    if NUM_STAGES == 2:
+    # NUM_STAGES 1: each group's loads, then its arithmetic; 0: the same, but the first group's loads
+    # go out before x's preparation (they wait through it instead of after it); 2: the next group's
+    # codes and scales are loaded into registers before this group's arithmetic (and the first before
+    # x's preparation).
+    if NUM_STAGES != 1:
         words, high2, w0, w1, w2, w3, dw = _load_group(row_words, row_high, row_ok, s_rows, d_rows, n_ok, g_first,
                                                        t, LANES, QTYPE)
     e = _slice_exponent(x_ptr, g_first * GROUP, SLICE_GROUPS * GROUP, GROUP)
     _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS, _pow2(-e), GROUP, LANES, QTYPE == 1)
     tl.debug_barrier()  # the slice's pairs (written by this program's threads) are read by all of them
     acc = tl.zeros((BLOCK_N, THREADS), dtype=tl.float32)
-    for g in tl.range(g_first, g_end, num_stages=1):
+    g_loop = g_first
+    if NUM_STAGES == 0:
+        acc += _group_term(words, high2, w0, w1, w2, w3, dw, xp_ptr + g_first * STRIDE, lanes, t, BLOCK_N, THREADS,
+                           CH, LANES, QTYPE, ASM)
+        g_loop = g_first + 1
+    for g in tl.range(g_loop, g_end, num_stages=1):
         if NUM_STAGES == 2:
             ahead = tl.minimum(g + 1, g_end - 1)  # the last turn loads its own group again (a cache hit)
             n_words, n_high2, n_w0, n_w1, n_w2, n_w3, n_dw = _load_group(row_words, row_high, row_ok, s_rows, d_rows,
@@ -299,20 +328,8 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
         else:
             words, high2, w0, w1, w2, w3, dw = _load_group(row_words, row_high, row_ok, s_rows, d_rows, n_ok, g, t,
                                                            LANES, QTYPE)
-        xg = xp_ptr + g * STRIDE
-        shifted = words >> 8
-        part = tl.zeros((CH, BLOCK_N, THREADS, 4), dtype=tl.int32)  # float16 pairs, +0.0
-        for jp in tl.static_range(4):
-            codes = _plane_pair_codes(words, shifted, high2, jp, QTYPE)
-            s, c = _scale_pairs(w0, w1, jp, QTYPE, ASM)
-            x = tl.load(xg + jp * LANES + lanes)  # [CH, 1, THREADS, 4], the same for every row
-            part = _weights_fma2(codes, s[None, :, :, None], c[None, :, :, None], x, part, ASM)
-        part = _pair_sum(_pair_sum(part, 3, ASM), 0, ASM)  # [BN, THREADS]
-        if QTYPE == 3:
-            acc += dw * (_half(part, False) + _half(part, True))
-        else:
-            low = _minimums(w2, w3, (xg + 4 * LANES).to(tl.pointer_type(tl.float32)), t, THREADS)
-            acc += _half(dw, False) * (_half(part, False) + _half(part, True)) - _half(dw, True) * low
+        acc += _group_term(words, high2, w0, w1, w2, w3, dw, xp_ptr + g * STRIDE, lanes, t, BLOCK_N, THREADS, CH,
+                           LANES, QTYPE, ASM)
         if NUM_STAGES == 2:
             words, high2, w0, w1, w2, w3, dw = n_words, n_high2, n_w0, n_w1, n_w2, n_w3, n_dw
     total = tl.sum(acc, axis=1) * W_SCALE * _pow2(e)

@@ -120,24 +120,28 @@ CONFIGS = {
     "f16s-n128-p256": RepackedConfig("f16s", 128, 1, programs=256),
     "f16s-n128-p512": RepackedConfig("f16s", 128, 1, programs=512),
     "f16s-n256-w8": RepackedConfig("f16s", 256, 1, warps=8, programs=128),
-    # 1 row, Q4_K: mode "h2" (`triton_gguf_h2`, float16 pairs, 2.3-3.0 instructions a weight in SASS against
-    # fma's 6.5); `quads` is the threads that share a (row, group); stages 2 loads the next group into
-    # registers before this one's arithmetic, 1 does not. Session 18, first sweep (Triton's own pipelining
-    # then, through shared memory), geometric mean over the 8B products of the speed-up vs bf16 cuBLAS:
-    # n128-t1-s1 1.50x, n64-t2-s1 1.50x, n128-t2-s1 1.39x, n64-t4-s1 1.38x (fma-n64-g2 1.34x, i8-n32-g4-s1
-    # 1.42x); dropped: n256-t1-s1 1.08x and, pipelined by Triton, n128-t1 0.74x, n64-t2 0.80x, n32-t4
-    # 0.62x, n16-t8 0.46x. Engine Q4_K_M B=1 with the picks: 267 tok/s (fma: 244).
+    # 1 row, Q4_K and Q6_K: mode "h2" (`triton_gguf_h2`, float16 pairs; SASS 2.3-3.0 instructions a weight for
+    # Q4_K against fma's 6.5, 3.8-4.4 for Q6_K against ~9.5); `quads` is the threads that share a (row,
+    # group); stages 1 loads each group then computes it, 0 sends the first group's loads out before x's
+    # preparation, 2 loads the next group into registers before this one's arithmetic. Session 18,
+    # geometric mean over the 8B products of the speed-up vs bf16 cuBLAS, Q4_K: n64-t2-s1 1.52-1.54x,
+    # n128-t1-s1 1.50-1.52x, n64-t2-p256 1.44x (won qkv), n128-t1-p256 1.45x, n64-t2 1.44x, n128-t1 1.42x,
+    # n64-t4-s1 1.38x (fma-n64-g2 1.34x, i8-n32-g4-s1 1.42x); Q6_K: n64-t2-s1 1.16x (the shipped
+    # fma-n16-g2-s3-p256 ~0.95x). Dropped: n256-t1-s1 1.08x, n64-t2-p1024 1.34x, n64-t2-atomic 1.34x,
+    # n32-t4 1.01x, n16-t8 0.46x, and every launch with Triton's own pipelining through shared memory
+    # (0.46-0.80x). Engine Q4_K_M B=1: 244 (fma) -> 270 (h2 for Q4_K) -> 278 tok/s (and Q6_K).
     "h2-n128-t1": RepackedConfig("h2", 128, 1, programs=512, quads=1),
     "h2-n128-t1-s1": RepackedConfig("h2", 128, 1, stages=1, programs=512, quads=1),
+    "h2-n128-t1-s0": RepackedConfig("h2", 128, 1, stages=0, programs=512, quads=1),
     "h2-n128-t1-p256": RepackedConfig("h2", 128, 1, programs=256, quads=1),
     "h2-n64-t2": RepackedConfig("h2", 64, 1, programs=512, quads=2),
     "h2-n64-t2-s1": RepackedConfig("h2", 64, 1, stages=1, programs=512, quads=2),
+    "h2-n64-t2-s0": RepackedConfig("h2", 64, 1, stages=0, programs=512, quads=2),
+    "h2-n64-t2-s0-p1024": RepackedConfig("h2", 64, 1, stages=0, programs=1024, quads=2),
+    "h2-n64-t2-s0-p256": RepackedConfig("h2", 64, 1, stages=0, programs=256, quads=2),
     "h2-n64-t2-p256": RepackedConfig("h2", 64, 1, programs=256, quads=2),
-    "h2-n64-t2-p1024": RepackedConfig("h2", 64, 1, programs=1024, quads=2),
-    "h2-n64-t2-atomic": RepackedConfig("h2", 64, 1, reduce="atomic", programs=512, quads=2),
     "h2-n64-t4": RepackedConfig("h2", 64, 1, programs=512, quads=4),
     "h2-n64-t4-s1": RepackedConfig("h2", 64, 1, stages=1, programs=512, quads=4),
-    "h2-n32-t4": RepackedConfig("h2", 32, 1, programs=512, quads=4),
     "i8-n32-g4-s1": RepackedConfig("i8", 32, 4, stages=1, programs=512),
     "i8-n128-g2-w8-s1": RepackedConfig("i8", 128, 2, warps=8, stages=1, programs=256),
     "i8-n128-g1-s1-p1024": RepackedConfig("i8", 128, 1, stages=1, programs=1024),
