@@ -42,6 +42,7 @@ import triton.language as tl
 
 from onebit.kernels import pdl
 from onebit.kernels.triton_gguf import _store_partial
+from onebit.kernels.triton_gguf_f16 import _half, _pack_halves
 
 # constexprs: the kernels read them. float16 pairs are written as the signed int32 word they are.
 X_TOP_LOG2 = tl.constexpr(12)  # max |x| * 2**-e in [2**12, 2**13)
@@ -71,18 +72,9 @@ def scratch_stride(qtype_id: int) -> int:
 
 
 @triton.jit
-def _half(word, HIGH: tl.constexpr):
-    """The float16 in the low (HIGH: high) half of int32 `word`, as float32."""
-    if HIGH:
-        word = word >> 16
-    return (word & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _pack(lo, hi):
     """Two float32 tensors rounded to float16 -> int32 words with lo in the low half, hi in the high."""
-    lo16 = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    return lo16 | (hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    return _pack_halves(lo.to(tl.float16), hi.to(tl.float16))
 
 
 @triton.jit
