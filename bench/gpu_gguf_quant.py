@@ -241,8 +241,14 @@ def run_child(model: Path, keep_packed: bool, logits: Path, dummy: bool, device:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: list[int]) -> list[str]:
-    """Write the files (under work_root), serve each in a child, compare logits (under out); markdown lines."""
+RUN_NAMES = {"bf16": "bf16 (original weights)", "q4km-packed": "Q4_K_M packed",
+             "q4km-dequantized": "Q4_K_M dequantized to bf16", "q8-packed": "Q8_0 packed"}
+
+
+def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: list[int],
+                 chosen: tuple[str, ...] = tuple(RUN_NAMES)) -> list[str]:
+    """Write the files (under work_root), serve each chosen run (`RUN_NAMES` keys) in a child, compare
+    logits (under out; errors left out where a run they need was not chosen); markdown lines."""
     from bench.make_shape_model import fill_vocab, make_shape_model
 
     work = work_root / "model"
@@ -251,36 +257,41 @@ def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: l
     make_shape_model(work, shape)
     fill_vocab(work)
     start = time.perf_counter()
-    files = write_gguf_files(work, work_root, ["Q4_K_M", "Q8_0"], device)
+    types = [t for t, keys in (("Q4_K_M", ("q4km-packed", "q4km-dequantized")), ("Q8_0", ("q8-packed",)))
+             if any(key in chosen for key in keys)]
+    files = write_gguf_files(work, work_root, types, device)
     print(f"wrote the GGUF files in {time.perf_counter() - start:.0f} s", flush=True)
-    runs = {"bf16 (original weights)": (work, False, True), "Q4_K_M packed": (files["Q4_K_M"], True, False),
-            "Q4_K_M dequantized to bf16": (files["Q4_K_M"], False, False), "Q8_0 packed": (files["Q8_0"], True, False)}
+    every = {"bf16": (work, False, True), "q4km-packed": (files.get("Q4_K_M"), True, False),
+             "q4km-dequantized": (files.get("Q4_K_M"), False, False), "q8-packed": (files.get("Q8_0"), True, False)}
+    runs = {RUN_NAMES[key]: every[key] for key in RUN_NAMES if key in chosen}
     results, logits = {}, {}
     for label, (path, packed, dummy) in runs.items():
         slug = label.split(" (")[0].replace(" ", "_")
         results[label] = run_child(path, packed, out / f"logits-{slug}.pt", dummy, device, batches)
         logits[label] = torch.load(out / f"logits-{slug}.pt")
         print(label, json.dumps(results[label]), flush=True)
-    ref = logits["bf16 (original weights)"]
+    ref = logits.get("bf16 (original weights)")
 
     def rms(a, b):
-        return (a - b).pow(2).mean().sqrt().item()
+        return (a - b).pow(2).mean().sqrt().item() if a is not None and b is not None else float("nan")
 
     (out / "gguf_quant.json").write_text(json.dumps(results, indent=1))
-    lines = [f"Engine, {shape}, random weights; decode tok/s (128-token prompts, 64 new); logits std {ref.std():.2f}", "",
+    std = f"{ref.std():.2f}" if ref is not None else "(no bf16 run)"
+    lines = [f"Engine, {shape}, random weights; decode tok/s (128-token prompts, 64 new); logits std {std}", "",
              "| run | file GB | GPU GB | logit RMS err vs bf16 | " + " | ".join(f"B={b}" for b in batches) + " |",
              "|---|---:|---:|---:|" + "---:|" * len(batches)]
     for label, r in results.items():
         path = runs[label][0]
         size = path.stat().st_size / 2**30 if path.is_file() else float("nan")
         d = r["decode_tok_s"]
-        lines.append(f"| {label} | {size:.2f} | {r['gpu_gb']:.1f} | {rms(logits[label], ref):.4f} | "
+        lines.append(f"| {label} | {size:.2f} | {r['gpu_gb']:.1f} | {rms(logits.get(label), ref):.4f} | "
                      + " | ".join(str(d[str(b)]) for b in batches) + " |")
     lines.append("")
-    lines.append(f"Kernels alone: Q4_K_M packed vs the same file dequantized to bf16, logit RMS "
-                 f"{rms(logits['Q4_K_M packed'], logits['Q4_K_M dequantized to bf16']):.4f}, max "
-                 f"{(logits['Q4_K_M packed'] - logits['Q4_K_M dequantized to bf16']).abs().max():.3f}. "
-                 "Targets (issue 20, Q4_K_M): B=1 >= 450, B=8 >= 1,800, B=64 >= 8,400 tok/s.")
+    packed, dequantized = logits.get("Q4_K_M packed"), logits.get("Q4_K_M dequantized to bf16")
+    if packed is not None and dequantized is not None:
+        lines.append(f"Kernels alone: Q4_K_M packed vs the same file dequantized to bf16, logit RMS "
+                     f"{rms(packed, dequantized):.4f}, max {(packed - dequantized).abs().max():.3f}.")
+    lines.append("Targets (issue 20, Q4_K_M): B=1 >= 450, B=8 >= 1,800, B=64 >= 8,400 tok/s.")
     return lines
 
 
@@ -299,7 +310,11 @@ def main() -> int:
     ap.add_argument("--logits", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dummy", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="decode batch sizes timed")
+    ap.add_argument("--runs", default=",".join(RUN_NAMES), help=f"engine runs, of {', '.join(RUN_NAMES)}")
     args = ap.parse_args()
+    unknown = set(args.runs.split(",")) - set(RUN_NAMES)
+    if unknown:
+        ap.error(f"--runs: unknown {', '.join(sorted(unknown))} (of {', '.join(RUN_NAMES)})")
     batches = [int(b) for b in args.batches.split(",")]
     if args.child:
         child(args.child, args.packed, args.logits, args.dummy, args.device, batches)
@@ -314,7 +329,7 @@ def main() -> int:
         return 0
     kernels = [] if args.skip_kernels or args.device != "cuda" else kernel_table()
     print(f"kernels done at {time.perf_counter() - started:.0f} s", flush=True)
-    engine = engine_table(args.out, args.work, args.shape, args.device, batches)
+    engine = engine_table(args.out, args.work, args.shape, args.device, batches, tuple(args.runs.split(",")))
     text = "\n".join(kernels + [""] + engine)
     (args.out / "gguf_quant.md").write_text(text + "\n")
     print(text)

@@ -9,7 +9,8 @@
 #   4. with G26=1: the engine at B = 1 / 8 / 64 (bench/gpu_gguf_quant.py --skip-kernels) on the shipped
 #      table overlaid by this sweep's picks, and with FP8=1 the FP8 engine (fp8-fuse) at B = 1 / 64.
 # Usage: run(command="OUT=$OUT bash bench/gpu_h2.sh", carry=[".whl"], timeout_s=600)
-# Environment: CONFIGS (the sweep's), TYPES, NCU, NCU_CONFIGS, NCU_PRODUCT, ENGINE, G26, FP8, OUT. The
+# Environment: CONFIGS (the sweep's), TYPES, NCU, NCU_CONFIGS, NCU_PRODUCT, ENGINE, G26, G26_RUNS (gpu_gguf_quant.py
+# --runs), FP8, OUT. The
 # defaults are the fourth call's configs; the second ran TYPES=Q4_K with i8-n32-g4-s1 and more h2
 # launches, ncu on Q4_K at gate_up_proj; the third the Q6_K sweep with ncu at down_proj; the fourth
 # ENGINE=0 NCU=0 G26=1 FP8=1.
@@ -46,6 +47,7 @@ tail -40 "$OUT/sweep.log"
 if [[ ${G26:-0} == 1 ]]; then
     say "4: engine B = 1 / 8 / 64 on the shipped table and this sweep's picks"
     ONEBIT_GGUF_REPACKED_TABLE="$OUT/sweep/gguf_repacked_table.json" timeout 280 python3 bench/gpu_gguf_quant.py \
+        --runs "${G26_RUNS:-bf16,q4km-packed,q4km-dequantized,q8-packed}" \
         --out "$OUT/g26" --skip-kernels --batches 1,8,64 > "$OUT/g26.log" 2>&1 || echo "g26: rc $? (log: g26.log)"
     tail -12 "$OUT/g26.log"
 fi
