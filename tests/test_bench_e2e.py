@@ -58,7 +58,11 @@ def test_server_killed_mid_run_gives_failures_not_a_hang(tiny_model_dir, tmp_pat
     try:
         for worker in workers:
             worker.start()
-        time.sleep(3.0)  # well inside the 40 x 200-token runs
+        # Kill once the server has finished two requests (of the 80): the rest, ~78 x 200 tokens, cannot
+        # finish within one 20 ms poll on any host (a fixed 3 s sleep let a fast host finish them all).
+        deadline = time.monotonic() + 60
+        while _finished_requests(server) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
         os.kill(server.proc.pid, signal.SIGKILL)
         for worker in workers:
             worker.join(timeout=120)
@@ -75,3 +79,13 @@ def test_server_killed_mid_run_gives_failures_not_a_hang(tiny_model_dir, tmp_pat
         assert summary["completed"] + summary["failed"] == 40
         assert [r["index"] for r in level["requests"]] == list(range(40))
         assert all(r["completion_tokens"] == 200 for r in level["requests"] if not r.get("failure"))
+
+
+def _finished_requests(server) -> float:
+    """Requests the server has finished, by its /metrics (every finish reason summed)."""
+    import re
+
+    import httpx
+
+    text = httpx.get(f"{server.root}/metrics", timeout=5).text
+    return sum(float(v) for v in re.findall(r"^onebit:request_success_total\{[^}]*\} (\S+)$", text, re.M))
