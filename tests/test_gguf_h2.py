@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from onebit.kernels.gguf_repack import (RepackedMatrix, prepare_x_h2_ref, repacked_h2_linear_ref,
+from onebit.kernels.gguf_repack import (GROUPING, RepackedMatrix, prepare_x_h2_ref, repacked_h2_linear_ref,
                                         repacked_linear_ref)
 from tests.test_gguf_kernels import random_blocks
 
@@ -18,7 +18,6 @@ tr = pytest.importorskip("onebit.kernels.triton_gguf_repacked")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 COLS = 1024  # four Q4_K groups (eight Q6_K groups): slices of 1, 2 or 4 (2, 4 or 8)
-GROUP = {"Q4_K": 256, "Q6_K": 128}
 
 
 def _weight(qtype: str, rows: int, seed: int) -> RepackedMatrix:
@@ -81,7 +80,7 @@ def test_h2_matches_its_reference(qtype, threads, block_n, split, reduce, stages
     config = tr.RepackedConfig("h2", block_n, 1, split=split, reduce=reduce, stages=stages, quads=threads)
     got = tr.matmul_few_rows(x.to(DEVICE), w, config=config)  # float32 out: no bf16 rounding on top
     assert got.shape == (1, 40) and got.dtype == torch.float32
-    want = repacked_h2_linear_ref(x.double(), w.to("cpu"), COLS // GROUP[qtype] // split)
+    want = repacked_h2_linear_ref(x.double(), w.to("cpu"), COLS // GROUPING[qtype][0] // split)
     exact = repacked_linear_ref(x.double(), w.to("cpu"))
     bf16_weights = x.double() @ w.to("cpu").dequantize(torch.bfloat16).double().T
     assert _rel(got, want) < 2e-3, _rel(got, want)

@@ -122,18 +122,14 @@ COMPILE = textwrap.dedent("""
                          {key: value for key, value in meta.items() if key != "PDL"})
     elif which == "gguf-h2":  # mode "h2" (1 row, float16 pairs) for its types as the table launches it, PDL on
         from onebit.kernels import triton_gguf_h2 as h2
-        from onebit.kernels import triton_gguf_repacked as tr
         for qtype in ("Q4_K", "Q6_K"):
-            qid = tr.QTYPE_IDS[qtype]
-            group, lanes = h2.group_shape(qid)
             for stages in (0, 1, 2):
                 compile_sm90(f"gguf-h2-s{stages}-{qtype}", "triton_gguf_h2", "_h2_kernel",
                              {"x_ptr": "*bf16", "xp_ptr": "*i32", "c_ptr": "*i32",
                               "h_ptr": "*i16" if qtype == "Q6_K" else "*i32", "s_ptr": "*i32",
                               "d_ptr": "*fp32" if qtype == "Q6_K" else "*i32", "y_ptr": "*fp32"},
-                             {"QTYPE": qid, "GROUP": group, "LANES": lanes, "W_SCALE": float(2 ** h2.W_LOG2[qid]),
-                              "SLICE_GROUPS": 4, "BLOCK_N": 64, "THREADS": 2, "REDUCE": 1, "NUM_STAGES": stages,
-                              "ASM": True, "PDL": True})
+                             {**h2.kernel_constants(qtype), "SLICE_GROUPS": 4, "BLOCK_N": 64, "THREADS": 2,
+                              "REDUCE": 1, "NUM_STAGES": stages, "ASM": True, "PDL": True})
     else:  # every PDL kernel, PDL on
         on = {"PDL": True}
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",

@@ -56,8 +56,11 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
                   "QUADS": config.quads, "SCALED": config.mode == "f16s", "THREADS": config.quads, "SLICE_GROUPS": 4}
     if config.mode in ("fma", "dot"):
         constexprs["USE_DOT"] = config.mode == "dot"
+    if config.mode == "h2":
+        constexprs.update(triton_gguf_h2.kernel_constants(qtype))
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
-    types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode in ("int", "h2") else "*i32"}
+    types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode in ("int", "h2") else "*i32",
+             "h_ptr": "*i16" if qtype == "Q6_K" else "*i32"}  # Q6_K's top bits are int16, as loaded
     if f16:
         types.update(x_ptr="*fp16", xm_ptr="*fp16", xe_ptr="*fp32")
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}

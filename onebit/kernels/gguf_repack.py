@@ -299,15 +299,15 @@ def prepare_x_h2_ref(x: torch.Tensor, groups_per_slice: int, group: int = 256) -
                                                                                        torch.Tensor]:
     """One activation row x [1, K] as mode "h2" of the packed products takes it (`triton_gguf_h2`), cut
     into slices of `groups_per_slice` groups of `group` columns (one slice per split-K program): (x16 [1, K], xsum
-    [1, K / 32], scale [K / 256 / groups_per_slice]) float32 tensors: per slice e = clamp(floor(log2(
+    [1, K * 8 / group], scale [K / group / groups_per_slice]) float32 tensors: per slice e = clamp(floor(log2(
     max|x|)) - 12, -126, 126) (so max |x16| is in [2**12, 2**13)), x16 = float16(x * 2**-e), xsum = each
-    32-column sum of x16, scale = 2**e."""
+    sub-block's (group / 8 columns) sum of x16, scale = 2**e."""
     xf = x.float().reshape(-1, groups_per_slice * group)
     top = xf.abs().amax(dim=1)
     _, exponent = torch.frexp(top)  # top = mantissa * 2**exponent, mantissa in [0.5, 1): floor(log2) = exponent - 1
     e = torch.clamp(torch.where(top > 0, exponent - 13, torch.full_like(exponent, -126)), -126, 126).double()
     x16 = (xf.double() * torch.exp2(-e)[:, None]).float().half().float()
-    xsum = x16.double().reshape(-1, 32 if group == 256 else 16).sum(dim=-1).float()
+    xsum = x16.double().reshape(-1, group // 8).sum(dim=-1).float()  # eight sub-blocks a group
     return x16.reshape(1, -1), xsum.reshape(1, -1), torch.exp2(e).float()
 
 

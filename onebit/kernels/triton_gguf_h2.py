@@ -1,4 +1,5 @@
-"""Mode "h2" of the packed GGUF products: Q4_K at one activation row in float16 pairs on the CUDA cores.
+"""Mode "h2" of the packed GGUF products: Q4_K and Q6_K at one activation row in float16 pairs on the
+CUDA cores.
 
 At one row every weight is used once, so the product is a race against memory bandwidth, and mode
 "fma" loses it on instruction issue: each weight costs a mask-and-or, a float32 FMA to scale the
@@ -9,18 +10,21 @@ instruction, in float16 pairs (HFMA2), and the offset leaves the inner loop:
     word w (lane p of a group) holds planes 0-3 in its low half, planes 4-7 in its high half, so
     w & 0x000F000F is the float16 pair (q0, q4) * 2**-24 (subnormals: exact, no magic number and no
     shuffling); planes 1, 5 come in place as 16 q (mask 0x00F000F0), planes 2, 3 and 6, 7 after w >> 8;
-    codes * (s, s') * 2**10 (planes 1, 5: * 2**6) = (s q, s' q') * 2**-14 exactly (a 6-bit scale times
-    a 4-bit code is at most 945: 11 bits), one HMUL2;
+    fma(codes, (s, s') * 2**10, 0) (planes 1, 5: * 2**6) = (s q, s' q') * 2**-14 exactly (a 6-bit scale
+    times a 4-bit code is at most 945: 11 bits), one HFMA2;
     acc = fma(weights, (x, x'), acc)   with x, x' the activations at those two columns, one HFMA2.
 
 Per group (256 columns) and weight row the two halves of acc are summed into float32 and multiplied
 by d; the minimums enter once a group in float32 as dmin * sum over sub-blocks of min * sum(x).
-SASS of the loop: about 2.1 instructions a weight (tools/sass_loop_count.py).
+Q6_K (groups of 128, sub-blocks of 16) merges its top two bits above the nibble, takes its signed
+scale through 1152 + s, and puts its -32 offset inside the first FMA: fma(codes, s * 2**8, -32 s *
+2**-16) = s (q - 32) * 2**-16, rounded to 11 significant bits past 2,048. SASS of the loop
+(tools/sass_loop_count.py): 2.3-2.6 instructions a weight for Q4_K, 3.9-4.6 for Q6_K.
 
 x enters as float16 pairs in that (plane j, plane j + 4) order, scaled by a power of two 2**-e per
-split-K slice so that max |x| lands in [2**12, 2**13): the weights are at most 945 * 2**-14 < 0.06,
-so a thread's float16 sum of at most 4 x 32 pair products stays below 60,500 (float16's largest is
-65,504) while ordinary products stay clear of float16's subnormals. Each program converts its own
+split-K slice so that max |x| lands in [2**12, 2**13): the weights are at most 945 * 2**-14 < 0.06
+(Q6_K 4,096 * 2**-16), so a thread's float16 sum of at most 4 x 32 pair products stays below 60,500
+(float16's largest is 65,504) while ordinary products stay clear of float16's subnormals. Each program converts its own
 slice (its K range of x, a few KB) into a scratch array at the start, the programs sharing a slice
 writing the same values, then reads it back after a barrier: no extra launch. The error against the
 exact product is x's rounding to float16 (2**-12 relative) plus the float16 sums (a float16 step of
@@ -41,34 +45,34 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
+from onebit.kernels.gguf_repack import GROUPING
 from onebit.kernels.triton_gguf import _store_partial
 from onebit.kernels.triton_gguf_f16 import _half, _pack_halves
+from onebit.kernels.triton_gguf_repacked import QTYPE_IDS
 
 # constexprs: the kernels read them. float16 pairs are written as the signed int32 word they are.
 X_TOP_LOG2 = tl.constexpr(12)  # max |x| * 2**-e in [2**12, 2**13)
 MINUS_1024_PAIR = tl.constexpr(0xE400E400 - 2**32)  # (-1024, -1024)
 MINUS_1152_PAIR = tl.constexpr(0xE480E480 - 2**32)  # (-1152, -1152)
-ONE_PAIR = tl.constexpr(0x3C003C00)  # (1, 1)
-# Per type (Q4_K id 1, Q6_K id 3, as `triton_gguf_repacked.QTYPE_IDS`): a scale pair is multiplied by
-# 2**SCALE_LOG2 for the even plane pairs (codes read as q * 2**-24) and by 2**(SCALE_LOG2 - 4) for the
-# odd ones (read in place as 16 q * 2**-24); the weights then come out times 2**-W_LOG2.
+# Per type: a scale pair is multiplied by the EVEN power of two for the even plane pairs (codes read as
+# q * 2**-24) and by the ODD one, 16 times smaller, for the odd pairs (read in place as 16 q * 2**-24);
+# the weights then come out times 2**-W_LOG2.
 Q4_K_SCALE_EVEN = tl.constexpr(0x64006400)  # 2**10: weights s q * 2**-14
 Q4_K_SCALE_ODD = tl.constexpr(0x54005400)  # 2**6
 Q6_K_SCALE_EVEN = tl.constexpr(0x5C005C00)  # 2**8: weights s (q - 32) * 2**-16
 Q6_K_SCALE_ODD = tl.constexpr(0x4C004C00)  # 2**4
 Q6_K_OFFSET_EVEN = tl.constexpr(0x80208020 - 2**32)  # -2**-19 (a subnormal): c = -32 * 2**-24 * s
 Q6_K_OFFSET_ODD = tl.constexpr(0x82008200 - 2**32)  # -2**-15 (a subnormal): c = -32 * 2**-20 * s
-W_LOG2 = {1: 14, 3: 16}
+W_LOG2 = {"Q4_K": 14, "Q6_K": 16}
 
 
-def group_shape(qtype_id: int) -> tuple[int, int]:
-    """(values a group, lanes = words a group) of the type's repacked layout."""
-    return (256, 32) if qtype_id == 1 else (128, 16)
-
-
-def scratch_stride(qtype_id: int) -> int:
-    """int32 words of the x scratch a group: (plane jp, plane jp + 4) pairs x lanes, then 8 float32 sums."""
-    return 4 * group_shape(qtype_id)[1] + 8
+def kernel_constants(qtype: str) -> dict:
+    """The type's constexprs of `_h2_kernel`: its id, group values and words (`gguf_repack.GROUPING`),
+    the weights' power-of-two scale to undo, and the x scratch's int32 words a group ((plane jp, plane
+    jp + 4) pairs x lanes, then 8 float32 sums)."""
+    group, lanes, _, _ = GROUPING[qtype]
+    return dict(QTYPE=QTYPE_IDS[qtype], GROUP=group, LANES=lanes, W_SCALE=float(2 ** W_LOG2[qtype]),
+                STRIDE=4 * lanes + 8)
 
 
 @triton.jit
@@ -194,7 +198,7 @@ def _pow2(e):
 
 @triton.jit
 def _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS: tl.constexpr, down, GROUP: tl.constexpr,
-                       LANES: tl.constexpr, SUMS: tl.constexpr):
+                       LANES: tl.constexpr, STRIDE: tl.constexpr, SUMS: tl.constexpr):
     """The slice's x (groups g_first..) times `down`, as float16 pairs in the product's order: per
     group words (jp, lane) = (x[LANES jp + lane], x[LANES (jp + 4) + lane]), then (SUMS) the eight
     sub-blocks' float32 sums of those float16 values, times 2**-14."""
@@ -206,7 +210,7 @@ def _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS: tl.constexpr, down,
         src = x_ptr + g * GROUP + offs
         lo = (tl.load(src).to(tl.float32) * down).to(tl.float16).to(tl.float32)
         hi = (tl.load(src + 4 * LANES).to(tl.float32) * down).to(tl.float16).to(tl.float32)
-        dst = xp_ptr + g * (4 * LANES + 8)
+        dst = xp_ptr + g * STRIDE
         tl.store(dst + offs, _pack(lo, hi))
         if SUMS:
             sums = (dst + 4 * LANES).to(tl.pointer_type(tl.float32))
@@ -274,6 +278,7 @@ def _group_term(words, high2, w0, w1, w2, w3, dw, xg, lanes, t, BLOCK_N: tl.cons
 @triton.jit(do_not_specialize=["stride_ysplit"])
 def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, stride_hn, stride_sn, stride_dn,
                stride_ysplit, QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, W_SCALE: tl.constexpr,
+               STRIDE: tl.constexpr,
                SLICE_GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, THREADS: tl.constexpr, REDUCE: tl.constexpr,
                NUM_STAGES: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
@@ -285,7 +290,6 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
     n_ok = rn < N
     g_first = pid_k * SLICE_GROUPS
     g_end = g_first + SLICE_GROUPS
-    STRIDE: tl.constexpr = 4 * LANES + 8  # scratch words a group
     # lanes [CH, 1, THREADS, 4]: chunk c of thread t holds lanes 4 (THREADS c + t) .. + 3
     CH: tl.constexpr = LANES // (4 * THREADS)
     lanes = (tl.arange(0, CH)[:, None, None, None] * (4 * THREADS) + tl.arange(0, THREADS)[None, None, :, None] * 4
@@ -304,7 +308,7 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
         words, high2, w0, w1, w2, w3, dw = _load_group(row_words, row_high, row_ok, s_rows, d_rows, n_ok, g_first,
                                                        t, LANES, QTYPE)
     e = _slice_exponent(x_ptr, g_first * GROUP, SLICE_GROUPS * GROUP, GROUP)
-    _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS, _pow2(-e), GROUP, LANES, QTYPE == 1)
+    _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS, _pow2(-e), GROUP, LANES, STRIDE, QTYPE == 1)
     tl.debug_barrier()  # the slice's pairs (written by this program's threads) are read by all of them
     acc = tl.zeros((BLOCK_N, THREADS), dtype=tl.float32)
     g_loop = g_first
@@ -328,16 +332,17 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
     _store_partial(y_ptr, y_ptr + rn, total, n_ok, pid_k, stride_ysplit, REDUCE)
 
 
-def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int, qtype_id: int,
+def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int, qtype: str,
            groups_per_split: int, stride_split: int, grid: tuple[int, int], block_n: int, threads: int, reduce: int,
            stages: int, warps: int) -> None:
     """Mode "h2" of `triton_gguf_repacked.matmul_few_rows` (which checks the arguments and sums the
-    split-K partials): x [1, K] times the Q4_K or Q6_K (`qtype_id`) weight into `target`."""
-    group, lanes = group_shape(qtype_id)
-    if lanes % (4 * threads):
-        raise ValueError(f'mode "h2" shares a group of {lanes} words over at most {lanes // 4} threads, not {threads}')
-    scratch = torch.empty(x.shape[1] // group * scratch_stride(qtype_id), dtype=torch.int32, device=x.device)
+    split-K partials): x [1, K] times the Q4_K or Q6_K weight into `target`."""
+    meta = kernel_constants(qtype)
+    if meta["LANES"] % (4 * threads):
+        raise ValueError(f'mode "h2" shares a group of {meta["LANES"]} words over at most {meta["LANES"] // 4} '
+                         f'threads, not {threads}')
+    scratch = torch.empty(x.shape[1] // meta["GROUP"] * meta["STRIDE"], dtype=torch.int32, device=x.device)
     _h2_kernel[grid](x, scratch, codes, high, scales, d, target, n, codes.stride(0), high.stride(0), scales.stride(0),
-                     d.stride(0), stride_split, QTYPE=qtype_id, GROUP=group, LANES=lanes, W_SCALE=float(2 ** W_LOG2[qtype_id]),
-                     SLICE_GROUPS=groups_per_split, BLOCK_N=block_n, THREADS=threads, REDUCE=reduce, NUM_STAGES=stages,
-                     ASM=x.device.type == "cuda", num_warps=warps, **pdl.options())
+                     d.stride(0), stride_split, SLICE_GROUPS=groups_per_split, BLOCK_N=block_n, THREADS=threads,
+                     REDUCE=reduce, NUM_STAGES=stages, ASM=x.device.type == "cuda", num_warps=warps, **meta,
+                     **pdl.options())

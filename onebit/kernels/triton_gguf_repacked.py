@@ -121,7 +121,7 @@ CONFIGS = {
     "f16s-n128-p512": RepackedConfig("f16s", 128, 1, programs=512),
     "f16s-n256-w8": RepackedConfig("f16s", 256, 1, warps=8, programs=128),
     # 1 row, Q4_K and Q6_K: mode "h2" (`triton_gguf_h2`, float16 pairs; SASS 2.3-3.0 instructions a weight for
-    # Q4_K against fma's 6.5, 3.8-4.4 for Q6_K against ~9.5); `quads` is the threads that share a (row,
+    # Q4_K against fma's 6.5, 3.9-4.6 for Q6_K against ~9.5); `quads` is the threads that share a (row,
     # group); stages 1 loads each group then computes it, 0 sends the first group's loads out before x's
     # preparation, 2 loads the next group into registers before this one's arithmetic. Session 18,
     # geometric mean over the 8B products of the speed-up vs bf16 cuBLAS, Q4_K: n64-t2-s1 1.52-1.54x,
@@ -857,7 +857,7 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     elif config.mode == "h2":
         from onebit.kernels import triton_gguf_h2  # beside triton_gguf_f16, which builds on this module
 
-        triton_gguf_h2.launch(x, codes, high, scales, d, target, weight.rows, QTYPE_IDS[weight.qtype], groups // split,
+        triton_gguf_h2.launch(x, codes, high, scales, d, target, weight.rows, weight.qtype, groups // split,
                               stride_split, grid, config.block_n, config.quads, reduce, config.stages, config.warps)
     elif config.mode in F16_MODES:
         from onebit.kernels import triton_gguf_f16  # it builds on this module's helpers
