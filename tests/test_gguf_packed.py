@@ -129,8 +129,7 @@ def test_the_triton_kernels_inside_the_model_give_the_same_logits(loads, monkeyp
     pytest.importorskip("onebit.kernels.triton_gguf")
     packed, dequantized = loads
     reference = gguf_quants.packed_linear
-    monkeypatch.setattr(gguf_quants, "packed_linear",  # deferred sums too: the engine marks o, gate_up, down
-                        lambda x, parts, bias=None, defer_sum=False: reference(x, parts, bias, True, defer_sum))
+    monkeypatch.setattr(gguf_quants, "packed_linear", lambda x, parts, bias=None: reference(x, parts, bias, True))
     got, want = all_logits(packed, PROMPT), all_logits(dequantized, PROMPT)
     # The prompt's rows (17-64) go through mode "int", which sums scale x (code dot) - offset x (x
     # sum) per sub-block (float32 reassociation, bounded in test_gguf_repacked): 1.1e-5 here.
