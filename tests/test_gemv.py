@@ -106,9 +106,9 @@ class _FakeTimer:
 def _recording_kernels(monkeypatch, ran):
     """Wrap each Triton kernel so that a call records (kernel, config, rows)."""
     def wrap(name, kernel):
-        def run(x, weight, bias, config, **options):
+        def run(x, weight, bias, config):
             ran.append((name, config, x.shape[0]))
-            return kernel(x, weight, bias, config, **options)
+            return kernel(x, weight, bias, config)
         return run
     monkeypatch.setattr(triton_gemv, "KERNELS", {n: wrap(n, k) for n, k in triton_gemv.KERNELS.items()})
 

@@ -19,7 +19,6 @@ from onebit.engine.sampler import Sampler
 from onebit.engine.scheduler import Scheduler
 from onebit.engine.spec.speculator import Speculator
 from onebit.kernels import kv_fp8
-from onebit.models import transformer
 from onebit.models.config import ModelConfig
 from onebit.models.loader import load_model, resolve_model_path
 from onebit.models.tokenizer import Tokenizer
@@ -88,10 +87,6 @@ def _load(config: EngineConfig, path: Path, tokenizer: Tokenizer, device: torch.
         from onebit.models.mtp import load_mtp_head
         mtp = load_mtp_head(path, cfg, device, dtype, Path(spec.mtp_path) if spec.mtp_path else None,
                             config.load_format)
-    if transformer.DEFER_SPLIT_K_SUMS:
-        for module in (model, mtp):
-            if module is not None:
-                transformer.defer_split_k_sums(module)
     return model, cfg, mtp, draft
 
 

@@ -32,7 +32,6 @@ from typing import NamedTuple
 import torch
 
 from onebit.kernels import fused_ref
-from onebit.kernels.split_k_sum import SplitKSum, cuda_rows, resolve
 from onebit.kernels.timing import ProductTimer, candidate_agrees
 
 log = logging.getLogger(__name__)
@@ -162,24 +161,22 @@ def silu_mul_quantize_ref(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return q, s.view(-1, 1)
 
 
-def add_rms_norm_quantize(x: torch.Tensor | SplitKSum, residual: torch.Tensor | None, weight: torch.Tensor,
+def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                           eps: float) -> tuple[Fp8Rows, torch.Tensor | None]:
-    """(rms_norm(x + residual) as `Fp8Rows`, x + residual or None): one Triton kernel on CUDA (which
-    sums a split-K product's partials as it loads them)."""
-    if triton_fp8_fused is not None and cuda_rows(x):
+    """(rms_norm(x + residual) as `Fp8Rows`, x + residual or None): one Triton kernel on CUDA."""
+    if x.is_cuda and triton_fp8_fused is not None and x.dim() == 2 and x.is_contiguous():
         q, s, summed = triton_fp8_fused.add_rms_norm_quantize(x, residual, weight, eps)
     else:
-        q, s, summed = add_rms_norm_quantize_ref(resolve(x), residual, weight, eps)
+        q, s, summed = add_rms_norm_quantize_ref(x, residual, weight, eps)
     return Fp8Rows(q, s, x.dtype), summed
 
 
-def silu_mul_quantize(gate_up: torch.Tensor | SplitKSum) -> Fp8Rows:
-    """silu(gate) * up for gate_up = [gate | up], as `Fp8Rows`: one Triton kernel on CUDA (which sums
-    a split-K product's partials as it loads them)."""
-    if triton_fp8_fused is not None and cuda_rows(gate_up):
+def silu_mul_quantize(gate_up: torch.Tensor) -> Fp8Rows:
+    """silu(gate) * up for gate_up = [gate | up], as `Fp8Rows`: one Triton kernel on CUDA."""
+    if gate_up.is_cuda and triton_fp8_fused is not None and gate_up.dim() == 2 and gate_up.is_contiguous():
         q, s = triton_fp8_fused.silu_mul_quantize(gate_up)
     else:
-        q, s = silu_mul_quantize_ref(resolve(gate_up))
+        q, s = silu_mul_quantize_ref(gate_up)
     return Fp8Rows(q, s, gate_up.dtype)
 
 
@@ -201,39 +198,35 @@ def _scaled_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torc
 
 
 def split_k_w8a8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                 config: tuple, defer_sum: bool = False) -> torch.Tensor | SplitKSum:
+                 config: tuple) -> torch.Tensor:
     """The activations quantized per token by the one-pass kernel, then the Triton split-K product
     with e4m3 tensor-core tiles (w8a8, the same numbers as `_scaled_mm`'s)."""
-    return split_k_w8a8_quantized(Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype), q, scale, bias, config,
-                                  defer_sum)
+    return split_k_w8a8_quantized(Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype), q, scale, bias, config)
 
 
 def split_k_w8a8_quantized(x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                           config: tuple, defer_sum: bool = False) -> torch.Tensor | SplitKSum:
-    """Rows already in e4m3 (their producer quantized them) through the w8a8 split-K product (with
-    `defer_sum`, unsummed when it splits K: `triton_split_k.finish`)."""
-    return triton_fp8_fast.split_k(x.q, q, scale, bias, config, x_scale=x.scale.view(-1), out_dtype=x.dtype,
-                                   defer_sum=defer_sum)
+                           config: tuple) -> torch.Tensor:
+    """Rows already in e4m3 (their producer quantized them) through the w8a8 split-K product."""
+    return triton_fp8_fast.split_k(x.q, q, scale, bias, config, x_scale=x.scale.view(-1), out_dtype=x.dtype)
 
 
 def run_quantized(kind: str, config: tuple | None, x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor,
-                  bias: torch.Tensor | None, defer_sum: bool = False) -> torch.Tensor | SplitKSum:
-    """One of `QUANTIZED_INPUT_KINDS` on rows already in e4m3 (`defer_sum`: as `run_kernel`)."""
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """One of `QUANTIZED_INPUT_KINDS` on rows already in e4m3."""
     if kind == "split_k_w8a8":
-        return split_k_w8a8_quantized(x, q, scale, bias, config, defer_sum)
+        return split_k_w8a8_quantized(x, q, scale, bias, config)
     return scaled_mm_quantized(x, q, scale, bias)
 
 
 def run_kernel(kind: str, config: tuple | None, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-               bias: torch.Tensor | None, defer_sum: bool = False) -> torch.Tensor | SplitKSum:
+               bias: torch.Tensor | None) -> torch.Tensor:
     """One of the CUDA products by name: "split_k" and "weight_only" (Triton, weight-only, with a
     config of their module), "split_k_w8a8" (Triton, e4m3 rows), "scaled_mm" (fused
-    quantization) or "scaled_mm_torch" (torch ops). With `defer_sum`, a split-K product that splits K
-    returns its unsummed `SplitKSum` (for a reader that sums as it loads)."""
+    quantization) or "scaled_mm_torch" (torch ops)."""
     if kind == "split_k":
-        return triton_fp8_fast.split_k(x, q, scale, bias, config, defer_sum=defer_sum)
+        return triton_fp8_fast.split_k(x, q, scale, bias, config)
     if kind == "split_k_w8a8":
-        return split_k_w8a8(x, q, scale, bias, config, defer_sum)
+        return split_k_w8a8(x, q, scale, bias, config)
     if kind == "weight_only":
         return triton_fp8.weight_only(x, q, scale, bias, config)
     return _scaled_mm(x, q, scale, bias, fused=kind == "scaled_mm")
@@ -480,19 +473,16 @@ def calibrate_blocks(layers: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[i
 
 
 def linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-           quantized_input: bool = False, defer_sum: bool = False) -> torch.Tensor | SplitKSum:
+           quantized_input: bool = False) -> torch.Tensor:
     """x [T, K] times an FP8 weight (q [N, K], scale [N]) plus bias: the kernels on CUDA (the
     calibrated choice for the row count), else the weight-only reference (`w8a8_ref` for the
     products `CPU_EMULATES_GPU` names). x may be `Fp8Rows` (its producer quantized it, as
     `takes_quantized_rows` asked: then the chosen kind of `QUANTIZED_INPUT_KINDS`); `quantized_input`
-    says the product's producer does that (which calibration table applies). `defer_sum` (the
-    product's reader sums split-K partials as it loads them): a Triton split-K product returns its
-    `SplitKSum` unsummed."""
+    says the product's producer does that (which calibration table applies)."""
     if isinstance(x, Fp8Rows):
         if x.q.is_cuda:
             kind, config = choice_for(x.q.shape[0], q.shape[0], q.shape[1], bias is not None, True)
-            return run_quantized(kind if kind in QUANTIZED_INPUT_KINDS else "scaled_mm", config, x, q, scale, bias,
-                                 defer_sum)
+            return run_quantized(kind if kind in QUANTIZED_INPUT_KINDS else "scaled_mm", config, x, q, scale, bias)
         return quantized_input_ref(x, q, scale, bias)
     if x.is_cuda and x.dim() == 2 and triton_fp8 is not None:
         m, (n, k) = x.shape[0], q.shape
@@ -502,7 +492,7 @@ def linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias
         else:
             kind, config = choice_for(m, n, k, bias is not None, quantized_input and FUSE_QUANT)
         if kind != "ref":
-            return run_kernel(kind, config, x.contiguous(), q, scale, bias, defer_sum)
+            return run_kernel(kind, config, x.contiguous(), q, scale, bias)
     if CPU_EMULATES_GPU and not x.is_cuda and x.dim() == 2 and default_choice(x.shape[0], *q.shape)[0] == "scaled_mm":
         return w8a8_ref(x, q, scale, bias)
     return weight_only_ref(x, q, scale, bias)

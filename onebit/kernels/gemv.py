@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from onebit.kernels import batch_invariant
-from onebit.kernels.split_k_sum import SplitKSum
 from onebit.kernels.timing import ProductTimer, candidate_agrees
 
 log = logging.getLogger(__name__)
@@ -39,17 +38,15 @@ def choice_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     return _CHOSEN.get((x.device.type, x.shape[0], weight.shape[0], weight.shape[1], weight.dtype, bias is not None))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           defer_sum: bool = False) -> torch.Tensor | SplitKSum:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, through a Triton kernel when x is an input of a (device, shape, rows) it won; in
-    deterministic mode (`batch_invariant.mode`) through the batch-invariant product. With `defer_sum`
-    (the reader sums split-K partials as it loads them) a split-K kernel's result comes unsummed."""
+    deterministic mode (`batch_invariant.mode`) through the batch-invariant product."""
     if batch_invariant.enabled():
         return batch_invariant.linear(x, weight, bias)
     if _CHOSEN and x.dim() == 2 and x.is_contiguous() and weight.stride(1) == 1:
         chosen = choice_for(x, weight, bias)
         if chosen is not None:
-            return triton_gemv.KERNELS[chosen[0]](x, weight, bias, chosen[1], defer_sum=defer_sum)
+            return triton_gemv.KERNELS[chosen[0]](x, weight, bias, chosen[1])
     return F.linear(x, weight, bias)
 
 

@@ -241,19 +241,14 @@ def packed_linear_ref(x: torch.Tensor, parts: list, bias: torch.Tensor | None = 
 
 
 def packed_linear(x: torch.Tensor, parts: list, bias: torch.Tensor | None = None,
-                  kernels: bool | None = None, defer_sum: bool = False):
+                  kernels: bool | None = None) -> torch.Tensor:
     """x [T, K] @ the weight stacked from `parts` .T + bias: the Triton kernels for 2-D input (`triton_gguf`
     for a PackedMatrix, `triton_gguf_repacked` for a RepackedMatrix; kernels
-    None: when x is on CUDA; True also runs them on the CPU, in Triton's interpreter), else the reference.
-    With `defer_sum` (the reader sums split-K partials as it loads them), a one-part repacked weight
-    without bias may return its product's `split_k_sum.SplitKSum` unsummed."""
+    None: when x is on CUDA; True also runs them on the CPU, in Triton's interpreter), else the reference."""
     if kernels is None:
         kernels = x.is_cuda
     if kernels and x.dim() == 2 and triton_gguf is not None:
         from onebit.kernels import triton_gguf_repacked
-
-        if defer_sum and bias is None and len(parts) == 1 and not isinstance(parts[0], PackedMatrix):
-            return triton_gguf_repacked.matmul(x, parts[0], defer_sum=True)
 
         y = torch.empty(x.shape[0], sum(p.rows for p in parts), dtype=x.dtype, device=x.device)
         at = 0

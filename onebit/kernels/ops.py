@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from onebit.kernels import fused_ref
-from onebit.kernels.split_k_sum import SplitKSum, cuda_rows, resolve
 
 try:
     from onebit.kernels import triton_fused
@@ -17,23 +16,20 @@ def _triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_fused is not None
 
 
-def add_rms_norm(x: torch.Tensor | SplitKSum, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """(rms_norm(x + residual), x + residual); with residual None: (rms_norm(x), None). x may be a
-    split-K product's partials (`SplitKSum`), which the Triton kernel sums as it loads them."""
-    if triton_fused is not None and cuda_rows(x):
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """(rms_norm(x + residual), x + residual); with residual None: (rms_norm(x), None)."""
+    if _triton(x) and x.dim() == 2 and x.is_contiguous():
         return triton_fused.add_rms_norm(x, residual, weight, eps)
-    x = resolve(x)
     if residual is None:
         return fused_ref.rms_norm_ref(x, weight, eps), None
     return fused_ref.add_rms_norm_ref(x, residual, weight, eps)
 
 
-def silu_mul(gate_up: torch.Tensor | SplitKSum) -> torch.Tensor:
-    """silu(gate) * up for gate_up = [gate | up] (or a split-K product's partials, summed by the
-    Triton kernel as it loads them)."""
-    if triton_fused is not None and cuda_rows(gate_up):
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up = [gate | up]."""
+    if _triton(gate_up) and gate_up.is_contiguous():
         return triton_fused.silu_mul(gate_up)
-    return fused_ref.silu_mul_ref(resolve(gate_up))
+    return fused_ref.silu_mul_ref(gate_up)
 
 
 def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping, k_cache, v_cache,

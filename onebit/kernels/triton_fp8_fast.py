@@ -27,8 +27,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.split_k_sum import SplitKSum
-from onebit.kernels.triton_split_k import finish
+from onebit.kernels.triton_split_k import reduce_partials
 
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
@@ -158,8 +157,7 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
 
 def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
             config: tuple[int, int, int, int, int], block: tuple[int, int] | None = None,
-            x_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-            defer_sum: bool = False) -> torch.Tensor | SplitKSum:
+            x_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype.
 
     config is (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); BLOCK_M 1 walks the rows one program
@@ -167,8 +165,7 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     With `block` (bn, bk), scale is [ceil(N/bn), ceil(K/bk)] float32, one per weight block; BLOCK_K
     must divide bk, or (one row) be a multiple of it. With `x_scale` [M] float32, x is e4m3 rows
     quantized per token (`quantize_rows`) and the tiles multiply in e4m3 (w8a8; tensor-core tiles
-    and per-column scales only); the result is in `out_dtype`. With `defer_sum` and SPLIT > 1 the
-    result is the unsummed `SplitKSum` (its reader sums it, `triton_split_k.finish`)."""
+    and per-column scales only); the result is in `out_dtype`."""
     block_m, block_n, block_k, split, warps = config
     m, n, k = x.shape[0], q.shape[0], q.shape[1]
     if m > MAX_ROWS:
@@ -184,10 +181,10 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     # Each slice a whole number of BLOCK_K tiles; the last slices may run past K (masked) or be empty.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     even_k = k_per_split * split == k
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     b_arg = bias if bias is not None else scale
     if split == 1:
-        y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
         _split_k_kernel[grid](x, q, scale, b_arg, y, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), 0,
                               HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                               SPLIT=1, EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
@@ -196,7 +193,8 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
                           HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
                           EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
-    return finish(partial, scale if block is None else None, bias, None, out_dtype or x.dtype, defer_sum)
+    reduce_partials(partial, scale if block is None else None, bias, y)
+    return y
 
 
 def candidates(rows: int) -> list[tuple[int, int, int, int, int]]:

@@ -29,22 +29,18 @@ import triton.language as tl
 
 from onebit.kernels import pdl
 from onebit.kernels.triton_fp8_fast import FP8_MAX, _round_to_e4m3
-from onebit.kernels.split_k_sum import SplitKSum
-from onebit.kernels.triton_fused import _add_rms_norm_row, _silu_mul_row, reader
+from onebit.kernels.triton_fused import _add_rms_norm_row, _silu_mul_row
 
 
 @triton.jit
-def _add_rms_norm_quantize_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, n_cols, eps, xs_ptr, xb_ptr,
-                                  total, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, DTYPE: tl.constexpr,
-                                  SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                                  PDL: tl.constexpr = False):
+def _add_rms_norm_quantize_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, n_cols, eps,
+                                  HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
     # The value the unfused kernel stores (rounded to x's dtype), then quantized as a row.
-    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL,
-                            xs_ptr, xb_ptr, total, DTYPE, SPLIT, HAS_SCALE, HAS_BIAS)
+    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
     out = out.to(tl.float32)
     scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(out), axis=0), 1e-12), FP8_MAX)
     tl.store(s_ptr + row, scale)
@@ -52,21 +48,17 @@ def _add_rms_norm_quantize_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_p
     tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
 
 
-def add_rms_norm_quantize(x: torch.Tensor | SplitKSum, residual: torch.Tensor | None, weight: torch.Tensor,
-                          eps: float):
+def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """(q [T, D] e4m3, scale [T, 1] float32, x + residual or None) with q * scale ~= rms_norm(x + residual)
-    as `triton_fused.add_rms_norm` would store it, for a contiguous [T, D] x (or a split-K product's
-    partials, summed on the way in)."""
+    as `triton_fused.add_rms_norm` would store it, for a contiguous [T, D] x."""
     rows, cols = x.shape
     q = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
-    res_out = torch.empty((rows, cols), dtype=x.dtype, device=x.device) if residual is not None else q
+    res_out = torch.empty_like(x) if residual is not None else x
     block = triton.next_power_of_2(cols)
-    (x_arg, xs_arg, xb_arg, total), flags = reader(x)
-    _add_rms_norm_quantize_kernel[(rows,)](x_arg, residual if residual is not None else q, weight, q, scale, res_out,
-                                           cols, eps, xs_arg, xb_arg, total, HAS_RESIDUAL=residual is not None,
-                                           BLOCK=block, **flags, num_warps=8 if block >= 4096 else 4,
-                                           **pdl.options())
+    _add_rms_norm_quantize_kernel[(rows,)](x, residual if residual is not None else x, weight, q, scale, res_out,
+                                           cols, eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
+                                           num_warps=8 if block >= 4096 else 4, **pdl.options())
     return q, scale, (res_out if residual is not None else None)
 
 
@@ -80,17 +72,16 @@ def _quantize_store(v, scale, q_ptr, cols, ok):
 
 
 @triton.jit
-def _silu_mul_quantize_kernel(gu_ptr, q_ptr, s_ptr, n_cols, gs_ptr, gb_ptr, total, BLOCK: tl.constexpr,
-                              ONE_BLOCK: tl.constexpr, DTYPE: tl.constexpr, SPLIT: tl.constexpr,
-                              HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr = False):
+def _silu_mul_quantize_kernel(gu_ptr, q_ptr, s_ptr, n_cols, BLOCK: tl.constexpr, ONE_BLOCK: tl.constexpr,
+                              PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
+    gu_row = gu_ptr + row * 2 * n_cols
     q_row = q_ptr + row * n_cols
     if ONE_BLOCK:
         cols = tl.arange(0, BLOCK)
         ok = cols < n_cols
-        v = _silu_mul_row(gu_ptr, row, cols, ok, n_cols, gs_ptr, gb_ptr, total, DTYPE, SPLIT, HAS_SCALE,
-                          HAS_BIAS).to(tl.float32)
+        v = _silu_mul_row(gu_row, cols, ok, n_cols).to(tl.float32)
         scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12), FP8_MAX)
         tl.store(s_ptr + row, scale)
         _quantize_store(v, scale, q_row, cols, ok)
@@ -98,22 +89,18 @@ def _silu_mul_quantize_kernel(gu_ptr, q_ptr, s_ptr, n_cols, gs_ptr, gb_ptr, tota
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
         for k0 in range(0, n_cols, BLOCK):
             cols = k0 + tl.arange(0, BLOCK)
-            v = _silu_mul_row(gu_ptr, row, cols, cols < n_cols, n_cols, gs_ptr, gb_ptr, total, DTYPE, SPLIT,
-                              HAS_SCALE, HAS_BIAS)
-            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+            amax = tl.maximum(amax, tl.abs(_silu_mul_row(gu_row, cols, cols < n_cols, n_cols).to(tl.float32)))
         scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), FP8_MAX)
         tl.store(s_ptr + row, scale)
         for k0 in range(0, n_cols, BLOCK):  # computed again from the cached row rather than stored in between
             cols = k0 + tl.arange(0, BLOCK)
             ok = cols < n_cols
-            v = _silu_mul_row(gu_ptr, row, cols, ok, n_cols, gs_ptr, gb_ptr, total, DTYPE, SPLIT, HAS_SCALE,
-                              HAS_BIAS)
-            _quantize_store(v.to(tl.float32), scale, q_row, cols, ok)
+            _quantize_store(_silu_mul_row(gu_row, cols, ok, n_cols).to(tl.float32), scale, q_row, cols, ok)
 
 
-def silu_mul_quantize(gate_up: torch.Tensor | SplitKSum) -> tuple[torch.Tensor, torch.Tensor]:
+def silu_mul_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [T, I] e4m3, scale [T, 1] float32) with q * scale ~= silu(gate) * up, for a contiguous
-    [T, 2 I] gate_up = [gate | up] (or a split-K product's partials, summed on the way in)."""
+    [T, 2 I] gate_up = [gate | up]."""
     rows, width = gate_up.shape
     n = width // 2
     q = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=gate_up.device)
@@ -121,7 +108,6 @@ def silu_mul_quantize(gate_up: torch.Tensor | SplitKSum) -> tuple[torch.Tensor, 
     one_block = n <= MAX_ONE_BLOCK
     block = triton.next_power_of_2(n) if one_block else 2048
     warps = 16 if block >= 8192 else 8 if block >= 2048 else 4
-    (gu_arg, gs_arg, gb_arg, total), flags = reader(gate_up)
-    _silu_mul_quantize_kernel[(rows,)](gu_arg, q, scale, n, gs_arg, gb_arg, total, BLOCK=block, ONE_BLOCK=one_block,
-                                       **flags, num_warps=warps, **pdl.options())
+    _silu_mul_quantize_kernel[(rows,)](gate_up, q, scale, n, BLOCK=block, ONE_BLOCK=one_block, num_warps=warps,
+                                       **pdl.options())
     return q, scale

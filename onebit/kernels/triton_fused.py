@@ -11,23 +11,14 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.split_k_sum import SplitKSum
 from onebit.kernels.triton_decode import sm_count
-from onebit.kernels.triton_split_k import load_product, reader_args
-
-
-# The readers of a product's output below (add + RMSNorm, SiLU * mul) take it finished or as a
-# split-K product's partials (`split_k_sum.SplitKSum`): `x_ptr, s_ptr, b_ptr, total` and the constexprs
-# DTYPE, SPLIT, HAS_SCALE, HAS_BIAS are `triton_split_k.reader_args`' (`load_product`).
 
 
 @triton.jit
-def _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL: tl.constexpr,
-                      s_ptr, b_ptr, total, DTYPE: tl.constexpr, SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr,
-                      HAS_BIAS: tl.constexpr):
+def _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL: tl.constexpr):
     # One row of rms_norm(x [+ residual]) * w in x's dtype (x + residual stored to res_out_ptr first);
     # triton_fp8_fused quantizes this same value.
-    x = load_product(x_ptr, s_ptr, b_ptr, row * n_cols + cols, cols, ok, total, DTYPE, SPLIT, HAS_SCALE, HAS_BIAS)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         x = x + tl.load(res_ptr + row * n_cols + cols, mask=ok, other=0.0)
         tl.store(res_out_ptr + row * n_cols + cols, x, mask=ok)
@@ -39,74 +30,54 @@ def _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols,
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps, s_ptr, b_ptr, total,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, DTYPE: tl.constexpr, SPLIT: tl.constexpr,
-                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr = False):
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
-    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL,
-                            s_ptr, b_ptr, total, DTYPE, SPLIT, HAS_SCALE, HAS_BIAS)
+    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
     tl.store(out_ptr + row * n_cols + cols, out, mask=ok)
 
 
-TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-
-
-def reader(x: torch.Tensor | SplitKSum) -> tuple[tuple, dict]:
-    """`triton_split_k.reader_args` of a product's output x, with its dtype as the constexpr DTYPE."""
-    args, flags = reader_args(x)
-    return args, {**flags, "DTYPE": TL_DTYPES[x.dtype]}
-
-
-def add_rms_norm(x: torch.Tensor | SplitKSum, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """rms_norm(x [+ residual]) over rows of a contiguous [T, D] x (or a split-K product's partials,
-    summed on the way in); returns (out, x + residual or None)."""
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """rms_norm(x [+ residual]) over rows of a contiguous [T, D] x; returns (out, x + residual or None)."""
     rows, cols = x.shape
-    out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
-    res_out = torch.empty_like(out) if residual is not None else out
-    (x_arg, s_arg, b_arg, total), flags = reader(x)
-    _add_rms_norm_kernel[(rows,)](x_arg, residual if residual is not None else out, weight, out, res_out, cols, eps,
-                                  s_arg, b_arg, total, HAS_RESIDUAL=residual is not None,
-                                  BLOCK=triton.next_power_of_2(cols), **flags, **pdl.options())
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else out
+    _add_rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, res_out, cols, eps,
+                                  HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(cols),
+                                  **pdl.options())
     return out, (res_out if residual is not None else None)
 
 
 @triton.jit
-def _silu_mul_row(gu_ptr, row, cols, ok, n_cols, s_ptr, b_ptr, total, DTYPE: tl.constexpr, SPLIT: tl.constexpr,
-                  HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    # silu(gate) * up at `cols` of row `row` of a [T, 2 I] gate_up, each step rounded to the input's
-    # dtype; triton_fp8_fused quantizes this same value.
-    at = row * 2 * n_cols + cols
-    gate = load_product(gu_ptr, s_ptr, b_ptr, at, cols, ok, total, DTYPE, SPLIT, HAS_SCALE, HAS_BIAS)
-    up = load_product(gu_ptr, s_ptr, b_ptr, at + n_cols, cols + n_cols, ok, total, DTYPE, SPLIT, HAS_SCALE, HAS_BIAS)
+def _silu_mul_row(gu_row, cols, ok, n_cols):
+    # silu(gate) * up at `cols` of one [2 I] gate_up row, each step rounded to the input's dtype;
+    # triton_fp8_fused quantizes this same value.
+    gate = tl.load(gu_row + cols, mask=ok, other=0.0)
+    up = tl.load(gu_row + n_cols + cols, mask=ok, other=0.0)
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
     return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, s_ptr, b_ptr, total, BLOCK: tl.constexpr, DTYPE: tl.constexpr,
-                     SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr = False):
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
-    v = _silu_mul_row(gu_ptr, row, cols, ok, n_cols, s_ptr, b_ptr, total, DTYPE, SPLIT, HAS_SCALE, HAS_BIAS)
-    tl.store(out_ptr + row * n_cols + cols, v, mask=ok)
+    tl.store(out_ptr + row * n_cols + cols, _silu_mul_row(gu_ptr + row * 2 * n_cols, cols, ok, n_cols), mask=ok)
 
 
-def silu_mul(gate_up: torch.Tensor | SplitKSum) -> torch.Tensor:
-    """silu(gate) * up for a contiguous [T, 2 I] gate_up (or a split-K product's partials, summed on
-    the way in); returns [T, I]."""
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for a contiguous [T, 2 I] gate_up; returns [T, I]."""
     rows, width = gate_up.shape
     n = width // 2
     out = torch.empty((rows, n), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    args, flags = reader(gate_up)
-    _silu_mul_kernel[(rows, triton.cdiv(n, block))](args[0], out, n, *args[1:], BLOCK=block, **flags,
-                                                    **pdl.options())
+    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block, **pdl.options())
     return out
 
 

@@ -19,8 +19,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.split_k_sum import SplitKSum
-from onebit.kernels.triton_split_k import finish
+from onebit.kernels.triton_split_k import reduce_partials
 
 MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # (BLOCK_N, BLOCK_K, num_warps) tried per shape by the calibration.
@@ -94,10 +93,8 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
     store_rows(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, stride_ym, HAS_BIAS)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int],
-         defer_sum: bool = False):
-    """F.linear(x, weight, bias) for x [1, K] (contiguous) and a weight [N, K] with unit column stride
-    (one program walks all of K: nothing to defer, `defer_sum` is for `split_k_matmul`'s signature)."""
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int]):
+    """F.linear(x, weight, bias) for x [1, K] (contiguous) and a weight [N, K] with unit column stride."""
     block_n, block_k, warps = config
     n, k = weight.shape
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
@@ -108,9 +105,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  config: tuple[int, int, int], defer_sum: bool = False):
+                  config: tuple[int, int, int]):
     """F.linear(x, weight, bias) for x [M <= 16, K] (unit column stride) and a weight [N, K] with
-    unit column stride (no split of K: `defer_sum` as for `gemv`)."""
+    unit column stride."""
     block_n, block_k, warps = config
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     if m > MAX_ROWS:
@@ -153,29 +150,29 @@ def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_x
 
 
 def split_k_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   config: tuple[int, int, int, int, int], defer_sum: bool = False) -> torch.Tensor | SplitKSum:
+                   config: tuple[int, int, int, int, int]) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [M <= MAX_SPLIT_K_ROWS, K] (unit column stride) and a weight
     [N, K] with unit column stride, K split over SPLIT programs per output tile (float32 partials
-    summed in a fixed order, `triton_split_k`). config: (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps). With
-    `defer_sum` and SPLIT > 1 the result is the unsummed `SplitKSum` (its reader sums it)."""
+    summed in a fixed order, `triton_split_k`). config: (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps)."""
     block_m, block_n, block_k, split, warps = config
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     if m > MAX_SPLIT_K_ROWS:
         raise ValueError(f"split_k_matmul takes at most {MAX_SPLIT_K_ROWS} rows, got {m}")
     # Each slice a whole number of BLOCK_K tiles; the last slices may run past K (masked) or be empty.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     b_arg = bias if bias is not None else weight
     shape = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=warps)
     if split == 1:
-        y = torch.empty((m, n), dtype=x.dtype, device=x.device)
         _split_k_kernel[grid](x, weight, b_arg, y, m, n, k, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
                               0, HAS_BIAS=bias is not None, **shape, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     _split_k_kernel[grid](x, weight, b_arg, partial, m, n, k, k_per_split, x.stride(0), weight.stride(0), n, m * n,
                           HAS_BIAS=False, **shape, **pdl.options())
-    return finish(partial, None, bias, None, x.dtype, defer_sum)
+    reduce_partials(partial, None, bias, y)
+    return y
 
 
 KERNELS = {"gemv": gemv, "skinny": skinny_matmul, "split_k": split_k_matmul}

@@ -44,9 +44,8 @@ import triton.language as tl
 from onebit.kernels import pdl
 from onebit.kernels.gguf_repack import F16_TYPES, GROUPING, H2_TYPES, RepackedMatrix
 from onebit.kernels.int8_ops import dot4, transpose_bytes
-from onebit.kernels.triton_gguf import _store_partial  # split-K partials, summed in order (triton_split_k)
-from onebit.kernels.split_k_sum import SplitKSum
-from onebit.kernels.triton_split_k import finish
+from onebit.kernels.triton_gguf import _store_partial  # split-K partials, summed in order by reduce_partials
+from onebit.kernels.triton_split_k import reduce_partials
 
 MAX_KERNEL_ROWS = 16
 # Mode "int" takes its row tile as the tensor cores' narrow side (any width up to 256), so it also
@@ -814,12 +813,12 @@ def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, redu
 
 
 def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
-                    config: RepackedConfig | None = None, defer_sum: bool = False) -> torch.Tensor | SplitKSum:
+                    config: RepackedConfig | None = None) -> torch.Tensor:
     """x [M, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output is
     fine: unit column stride), M up to the mode's MODE_MAX_ROWS. config None: DEFAULT[qtype, M, N, K]
     or else DEFAULT[qtype, M] (the sweep's table; INT_MANY_ROWS_CONFIG above 16 rows where it has
-    none). With `defer_sum` (and no `out`), a launch that splits K into summed partials returns them
-    unsummed (`triton_split_k.finish`). Reference: `gguf_repack.repacked_linear_ref`."""
+    none). Reference:
+    `gguf_repack.repacked_linear_ref`."""
     m, k = x.shape
     if k != weight.cols:
         raise ValueError(f"x has {k} columns, the weight {weight.cols}")
@@ -838,21 +837,18 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
         raise ValueError(f'mode "h2" takes {", ".join(H2_TYPES)}, not {weight.qtype}')
     if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode not in ("i8", "h2")):
         raise ValueError(f"unknown config {config}")
-    if defer_sum and out is not None:
-        raise ValueError("defer_sum leaves the sum to the reader: it takes no out")
+    if out is None:
+        out = torch.empty(m, weight.rows, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     codes, high, scales, d = _operands(weight)
     ng, split, block_m, reduce = plan(weight, m, config)
     groups = weight.cols // GROUPING[weight.qtype][0]
+    target, stride_t, stride_split = out, out.stride(0), 0
     if reduce == 1:
         target = torch.empty(split, m, weight.rows, dtype=torch.float32, device=x.device)
         stride_t, stride_split = weight.rows, m * weight.rows
-    else:
-        if out is None:
-            out = torch.empty(m, weight.rows, dtype=x.dtype, device=x.device)
-        target, stride_t, stride_split = out, out.stride(0), 0
-        if reduce == 2:
-            out.zero_()
+    elif reduce == 2:
+        out.zero_()
     args = (x, codes, high, scales, d, target, m, weight.rows, groups // split, x.stride(0), codes.stride(0),
             high.stride(0), scales.stride(0), d.stride(0), stride_t, stride_split)
     grid = (triton.cdiv(weight.rows, config.block_n), split)
@@ -878,17 +874,17 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
                                REDUCE=reduce, NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
                                **pdl.options())
     if reduce == 1:
-        return finish(target, None, None, out, x.dtype, defer_sum)
+        reduce_partials(target, None, None, out)
     return out
 
 
 def matmul(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
-           config: RepackedConfig | None = None, defer_sum: bool = False) -> torch.Tensor | SplitKSum:
+           config: RepackedConfig | None = None) -> torch.Tensor:
     """x [M, K] @ weight.T into out (fresh when None): `matmul_few_rows` up to MAX_KERNEL_ROWS rows
-    (up to MAX_INT_ROWS in mode "int" with INT_ABOVE_FEW_ROWS; `defer_sum` as there), else the weight
-    dequantized to x's dtype and cuBLAS."""
+    (up to MAX_INT_ROWS in mode "int" with INT_ABOVE_FEW_ROWS), else the weight dequantized to x's
+    dtype and cuBLAS."""
     if x.shape[0] <= MAX_KERNEL_ROWS or (x.shape[0] <= MAX_INT_ROWS and INT_ABOVE_FEW_ROWS):
-        return matmul_few_rows(x, weight, out, config, defer_sum)
+        return matmul_few_rows(x, weight, out, config)
     if x.shape[1] != weight.cols:
         raise ValueError(f"x has {x.shape[1]} columns, the weight {weight.cols}")
     y = F.linear(x, dequantize(weight, x.dtype))

@@ -10,10 +10,6 @@ Tried and removed (session 14, docs/perf-history.md "G31"): folding that sum int
 program (a per-tile ticket counter, the partials read back through L2). Bit for bit the same, but
 slower on the H200 (fp8 engine B=1 340 against 355 tok/s): the last program's serial read of the
 SPLIT partials costs more than the second launch it saves.
-
-Where the product's reader is a fused per-token kernel (add + RMSNorm, SiLU * mul), the product can
-skip the second launch and hand over a `split_k_sum.SplitKSum` (`finish` with `defer`): the reader
-loads its input through `load_product`, which sums the partials as `_reduce_kernel` does.
 """
 
 from __future__ import annotations
@@ -23,34 +19,6 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.split_k_sum import SplitKSum
-
-
-@triton.jit
-def sum_partials(p_ptr, s_ptr, b_ptr, offs, col, ok, TOTAL, SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr,
-                 HAS_BIAS: tl.constexpr):
-    """float32 at flat offsets `offs` of [M, N] (columns `col`): the SPLIT slices of the partials
-    [SPLIT, M, N] (TOTAL = M N apart) added in slice order, times the column scale (per-channel FP8
-    weights; block-scaled FP8 partials come scaled and bf16 ones need none), plus the bias."""
-    acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
-    for part in tl.static_range(1, SPLIT):
-        acc += tl.load(p_ptr + part * TOTAL + offs, mask=ok, other=0.0)
-    if HAS_SCALE:
-        acc = acc * tl.load(s_ptr + col, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
-    return acc
-
-
-@triton.jit
-def load_product(x_ptr, s_ptr, b_ptr, offs, col, ok, TOTAL, DTYPE: tl.constexpr, SPLIT: tl.constexpr,
-                 HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """A product's output at flat offsets `offs` (columns `col`) of [M, N], in DTYPE: loaded from x_ptr
-    (SPLIT 0, a finished product), or summed from its partials there as `_reduce_kernel` stores it
-    (arguments from `reader_args`)."""
-    if SPLIT == 0:
-        return tl.load(x_ptr + offs, mask=ok, other=0.0)
-    return sum_partials(x_ptr, s_ptr, b_ptr, offs, col, ok, TOTAL, SPLIT, HAS_SCALE, HAS_BIAS).to(DTYPE)
 
 
 @triton.jit
@@ -59,9 +27,17 @@ def _reduce_kernel(p_ptr, s_ptr, b_ptr, y_ptr, N, TOTAL, HAS_BIAS: tl.constexpr,
     pdl.wait_for_previous(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < TOTAL
+    acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
+    for part in tl.static_range(1, SPLIT):
+        acc += tl.load(p_ptr + part * TOTAL + offs, mask=ok, other=0.0)
     row = offs // N
     col = offs - row * N
-    acc = sum_partials(p_ptr, s_ptr, b_ptr, offs, col, ok, TOTAL, SPLIT, HAS_SCALE, HAS_BIAS)
+    # HAS_SCALE: times a per-column scale (per-channel FP8 weights); block-scaled FP8 partials come
+    # scaled and bf16 ones need none.
+    if HAS_SCALE:
+        acc = acc * tl.load(s_ptr + col, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_ym + col, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
@@ -83,25 +59,3 @@ def reduce_partials(partial: torch.Tensor, scale: torch.Tensor | None, bias: tor
     _reduce_kernel[(triton.cdiv(m * n, block),)](partial, scale if scale is not None else partial, b_arg, y, n, m * n,
                                                  HAS_BIAS=bias is not None, SPLIT=split, BLOCK=block, num_warps=4,
                                                  HAS_SCALE=scale is not None, stride_ym=y.stride(0), **pdl.options())
-
-
-def finish(partial: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, y: torch.Tensor | None,
-           dtype: torch.dtype, defer: bool) -> torch.Tensor | SplitKSum:
-    """The end of a split-K product: with `defer`, the partials as a `SplitKSum` for a reader that
-    sums as it loads (y unused); else y (fresh when None) filled by `reduce_partials` and returned."""
-    if defer:
-        return SplitKSum(partial, scale, bias, dtype)
-    if y is None:
-        y = torch.empty(partial.shape[1:], dtype=dtype, device=partial.device)
-    reduce_partials(partial, scale, bias, y)
-    return y
-
-
-def reader_args(x: torch.Tensor | SplitKSum) -> tuple[tuple, dict]:
-    """The arguments of `load_product` for a reader's input x: (x_ptr, s_ptr, b_ptr, TOTAL) and the
-    constexprs (SPLIT, HAS_SCALE, HAS_BIAS); a plain tensor is SPLIT 0."""
-    if not isinstance(x, SplitKSum):
-        return (x, x, x, x.numel()), {"SPLIT": 0, "HAS_SCALE": False, "HAS_BIAS": False}
-    p = x.partial
-    return ((p, x.scale if x.scale is not None else p, x.bias if x.bias is not None else p, p[0].numel()),
-            {"SPLIT": p.shape[0], "HAS_SCALE": x.scale is not None, "HAS_BIAS": x.bias is not None})

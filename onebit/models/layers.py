@@ -6,19 +6,14 @@ import torch
 from torch import nn
 
 from onebit.kernels import gemv, ops
-from onebit.kernels.split_k_sum import SplitKSum
 
 
 class Linear(nn.Linear):
     """nn.Linear whose products of 1 to 16 rows may take a Triton kernel where one measured faster."""
 
-    # Set where the output's only reader sums split-K partials as it loads them
-    # (`transformer.defer_split_k_sums`): a split-K product then returns its `SplitKSum` unsummed.
-    defer_sum = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor | SplitKSum:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x @ weight.T + bias."""
-        return gemv.linear(x, self.weight, self.bias, self.defer_sum)
+        return gemv.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -45,6 +40,6 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=bias)
         self.intermediate = intermediate
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | SplitKSum:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the MLP to x [T, hidden]."""
         return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))

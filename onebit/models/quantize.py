@@ -22,7 +22,6 @@ from torch import nn
 
 from onebit.kernels import fp8
 from onebit.kernels import ops
-from onebit.kernels.split_k_sum import SplitKSum
 from onebit.models.layers import Linear, RMSNorm, SwiGLU
 
 METHODS = ("fp8",)
@@ -62,11 +61,9 @@ class Fp8Linear(nn.Module):
         return self.quantized_input and fp8.takes_quantized_rows(rows, self.out_features, self.in_features,
                                                                  self.bias is not None, device)
 
-    defer_sum = False  # as `Linear.defer_sum`
-
-    def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor | SplitKSum:
+    def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor:
         """x @ (qweight * scale).T + bias (x in the model's dtype, or rows already in e4m3)."""
-        return fp8.linear(x, self.qweight, self.weight_scale, self.bias, self.quantized_input, self.defer_sum)
+        return fp8.linear(x, self.qweight, self.weight_scale, self.bias, self.quantized_input)
 
 
 class Fp8InputNorm(RMSNorm):
@@ -75,9 +72,9 @@ class Fp8InputNorm(RMSNorm):
 
     consumer: Fp8Linear  # set by `fuse_input_quantization`; a plain attribute, not a submodule
 
-    def forward(self, x: torch.Tensor | SplitKSum, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """As `RMSNorm.forward`, the normalized rows as `fp8.Fp8Rows` when the consumer wants them."""
-        if len(x.shape) == 2 and self.consumer.takes_quantized_rows(x.shape[0], x.device):
+        if x.dim() == 2 and self.consumer.takes_quantized_rows(x.shape[0], x.device):
             rows, summed = fp8.add_rms_norm_quantize(x, residual, self.weight, self.eps)
             return rows if residual is None else (rows, summed)
         return super().forward(x, residual)
@@ -87,10 +84,10 @@ class Fp8SwiGLU(SwiGLU):
     """A SwiGLU MLP with FP8 products: for the row counts its down product takes e4m3
     rows at, SiLU * mul emits e4m3 rows and scales in one kernel."""
 
-    def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor | SplitKSum:
+    def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor:
         """down(silu(gate(x)) * up(x))."""
         gate_up = self.gate_up_proj(x)
-        if len(gate_up.shape) == 2 and self.down_proj.takes_quantized_rows(gate_up.shape[0], gate_up.device):
+        if gate_up.dim() == 2 and self.down_proj.takes_quantized_rows(gate_up.shape[0], gate_up.device):
             return self.down_proj(fp8.silu_mul_quantize(gate_up))
         return self.down_proj(ops.silu_mul(gate_up))
 

@@ -6,8 +6,6 @@ paged KV cache; it never sees padding or a batch dimension.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
@@ -111,32 +109,3 @@ class CausalLM(nn.Module):
         if self.lm_head is None or isinstance(self.lm_head, nn.Linear):  # not a packed GGUF head
             out["lm_head"] = (self.output_weight(), None)
         return out
-
-
-# Whether `build_engine` lets products hand their split-K partials to their readers unsummed
-# (`defer_split_k_sums`); $ONEBIT_DEFER_SPLIT_K_SUMS=0 turns it off for A/B runs (bench/gpu_defer_sums.sh).
-DEFER_SPLIT_K_SUMS = os.environ.get("ONEBIT_DEFER_SPLIT_K_SUMS", "1") != "0"
-
-
-def defer_split_k_sums(model: nn.Module) -> int:
-    """Mark the products whose only reader sums split-K partials as it loads them (the fused add +
-    RMSNorm and SiLU * mul kernels): in every decoder layer of a `layers` list followed by a final
-    RMSNorm `norm` (a `CausalLM`, an MTP head), o_proj (read by the post-attention norm), gate_up
-    (SiLU * mul) and down (the next layer's input norm, or the final norm). Such a product then skips
-    its sum's launch at the row counts where it splits K. Returns how many products were marked."""
-    marked = 0
-    for owner in model.modules():
-        layers, norm = getattr(owner, "layers", None), getattr(owner, "norm", None)
-        if not isinstance(layers, nn.ModuleList) or not isinstance(norm, RMSNorm):
-            continue
-        for layer in layers:
-            if not isinstance(layer, DecoderLayer) or not isinstance(layer.post_attention_layernorm, RMSNorm):
-                continue
-            products = [layer.self_attn.o_proj, layer.mlp.down_proj]
-            if isinstance(layer.mlp, SwiGLU):
-                products.append(layer.mlp.gate_up_proj)
-            for product in products:
-                if hasattr(product, "defer_sum"):
-                    product.defer_sum = True
-                    marked += 1
-    return marked

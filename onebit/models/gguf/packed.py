@@ -22,7 +22,6 @@ from torch import nn
 from onebit.kernels import gguf_quants
 from onebit.kernels.gguf_quants import PackedMatrix
 from onebit.kernels.gguf_repack import RepackedMatrix
-from onebit.kernels.split_k_sum import SplitKSum
 from onebit.models.gguf.files import GGUFFile
 from onebit.models.gguf.weights import CHUNK_ELEMENTS, unpermute_rows
 from onebit.models.layers import Linear
@@ -80,11 +79,9 @@ class PackedGGUFLinear(nn.Module):
                 self.register_buffer(f"part{i}_{name}", tensor)
         self.repacked = True
 
-    defer_sum = False  # as `Linear.defer_sum`
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor | SplitKSum:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W.T + bias (Triton kernels on CUDA, the dequantizing reference elsewhere)."""
-        return gguf_quants.packed_linear(x, self.parts, self.bias, defer_sum=self.defer_sum)
+        return gguf_quants.packed_linear(x, self.parts, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, parts={self.part_types}"
