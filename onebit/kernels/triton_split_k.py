@@ -9,7 +9,10 @@ per output tile, each over a slice of K, and writes an unscaled float32 partial 
 Tried and removed (session 14, docs/perf-history.md "G31"): folding that sum into each tile's last
 program (a per-tile ticket counter, the partials read back through L2). Bit for bit the same, but
 slower on the H200 (fp8 engine B=1 340 against 355 tok/s): the last program's serial read of the
-SPLIT partials costs more than the second launch it saves.
+SPLIT partials costs more than the second launch it saves. And (session 19, "Split-K sums left to
+their readers"): handing the partials to the kernel that reads the product (add + RMSNorm, SiLU * mul),
+which summed them as it loaded them. Bit for bit the same again, and slower again (Q4_K_M B=1 310
+against 297 tok/s, FP8 B=64 15,280 against 14,827): at one row that reader is one program per row.
 """
 
 from __future__ import annotations
