@@ -134,6 +134,15 @@ CONFIGS = {
     "h2-n128-t1-s1": RepackedConfig("h2", 128, 1, stages=1, programs=512, quads=1),
     "h2-n128-t1-s0": RepackedConfig("h2", 128, 1, stages=0, programs=512, quads=1),
     "h2-n128-t1-p256": RepackedConfig("h2", 128, 1, programs=256, quads=1),
+    # session 19's candidates around the stages-0 pick: more split-K programs or fewer, two rows a
+    # thread (more loads in flight a thread), and smaller programs (more of them an SM)
+    "h2-n128-t1-s0-p1024": RepackedConfig("h2", 128, 1, stages=0, programs=1024, quads=1),
+    "h2-n128-t1-s0-p256": RepackedConfig("h2", 128, 1, stages=0, programs=256, quads=1),
+    "h2-n128-t1-s0-w2": RepackedConfig("h2", 128, 1, warps=2, stages=0, programs=512, quads=1),
+    "h2-n256-t1-s0": RepackedConfig("h2", 256, 1, stages=0, programs=512, quads=1),
+    "h2-n256-t1-s0-w8": RepackedConfig("h2", 256, 1, warps=8, stages=0, programs=512, quads=1),
+    "h2-n64-t1-s0-w2": RepackedConfig("h2", 64, 1, warps=2, stages=0, programs=512, quads=1),
+    "h2-n32-t1-s0-w1": RepackedConfig("h2", 32, 1, warps=1, stages=0, programs=1024, quads=1),
     "h2-n64-t2": RepackedConfig("h2", 64, 1, programs=512, quads=2),
     "h2-n64-t2-s1": RepackedConfig("h2", 64, 1, stages=1, programs=512, quads=2),
     "h2-n64-t2-s0": RepackedConfig("h2", 64, 1, stages=0, programs=512, quads=2),
