@@ -1,6 +1,7 @@
 """Modes "f16" and "f16s" of the packed GGUF products (`triton_gguf_f16`): x's float16 preparation and
 the products against their float64 references (Triton's interpreter on CPU, the GPU where there is
-one), for Q4_K and Q5_K; rows with values past float16's range; the types the mode refuses."""
+one), for Q4_K and Q5_K, and Q6_K in "f16s"; rows with values past float16's range; the types the
+modes refuse."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 import pytest
 import torch
 
-from onebit.kernels.gguf_repack import RepackedMatrix, prepare_x_f16_ref, repacked_f16_linear_ref, repacked_linear_ref
+from onebit.kernels.gguf_repack import (RepackedMatrix, prepare_x_f16_ref, repacked_f16_linear_ref,
+                                       repacked_f16s_q6_k_linear_ref, repacked_linear_ref)
 from tests.test_gguf_kernels import random_blocks
 
 tr = pytest.importorskip("onebit.kernels.triton_gguf_repacked")
@@ -75,6 +77,28 @@ def test_f16_modes_match_their_reference(qtype):
         assert _rel(got[1:2], exact[1:2]) < 3e-3, (m, config)  # the scaled row on its own
 
 
+def test_f16s_takes_q6_k_with_its_weights_rounded_to_float16():
+    """Q6_K's weights float16(float16(d * scale) * (code - 32)): the kernel matches that float64
+    reference up to float32 sums, and stays near the exact product (weights rounded to 11 bits, x to
+    float16), the 1e6 row included. The launches: the split-K sum, the atomic add, a 64-row tile."""
+    w = _weight("Q6_K", 40, 512, seed=6)
+    for m, config in CASES[3:]:
+        x = _x(m, seed=m)
+        want = repacked_f16s_q6_k_linear_ref(x.double(), w.to("cpu"))
+        got = tr.matmul_few_rows(x.to(DEVICE), w, config=config).float()
+        assert torch.isfinite(got).all(), (m, config)
+        assert _rel(got, want) < (1e-5 if DEVICE == "cpu" else 4e-3), (m, config, _rel(got, want))
+        exact = repacked_linear_ref(x.double(), w.to("cpu"))
+        assert _rel(got, exact) < 3e-3, (m, config)
+        assert _rel(got[1:2], exact[1:2]) < 3e-3, (m, config)
+    # the reference itself: off the exact product by the weights' and x's rounding, not more
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2)).double()
+    exact = repacked_linear_ref(x, w.to("cpu"))
+    assert 0 < _rel(repacked_f16s_q6_k_linear_ref(x, w.to("cpu")), exact) < 2e-3
+    with pytest.raises(ValueError, match="Q6_K's, not Q4_K's"):
+        repacked_f16s_q6_k_linear_ref(x, _weight("Q4_K", 16, 512, seed=1).to("cpu"))
+
+
 def test_f16_reference_is_off_the_exact_product_by_the_rounding_of_x():
     """x already in float16 (and in range): the only rounding left is the sub-block means', so the
     reference is within float16's step of the exact product; with bfloat16 x there is more."""
@@ -87,8 +111,10 @@ def test_f16_reference_is_off_the_exact_product_by_the_rounding_of_x():
 
 def test_f16_modes_refuse_other_types():
     x = torch.randn(8, 512).to(DEVICE)
-    for qtype in ("Q6_K", "Q8_0"):
-        with pytest.raises(ValueError, match='mode "f16s" takes Q4_K, Q5_K'):
-            tr.matmul_few_rows(x, _weight(qtype, 16, 512, seed=1), config=tr.RepackedConfig("f16s", 32, 1))
+    with pytest.raises(ValueError, match='mode "f16s" takes Q4_K, Q5_K, Q6_K, not Q8_0'):
+        tr.matmul_few_rows(x, _weight("Q8_0", 16, 512, seed=1), config=tr.RepackedConfig("f16s", 32, 1))
+    for qtype in ("Q6_K", "Q8_0"):  # "f16" keeps weights exact: only 4- and 5-bit codes fit
+        with pytest.raises(ValueError, match='mode "f16" takes Q4_K, Q5_K, not'):
+            tr.matmul_few_rows(x, _weight(qtype, 16, 512, seed=1), config=tr.RepackedConfig("f16", 32, 1))
     with pytest.raises(ValueError, match="Q4_K and Q5_K"):
         repacked_f16_linear_ref(x.cpu(), _weight("Q8_0", 16, 512, seed=1).to("cpu"))

@@ -64,7 +64,8 @@ COMPILE = textwrap.dedent("""
         print(label, "stores", ptx.count("st.global"), "griddepcontrol", ptx.count("griddepcontrol"),
               "e4m3-mma", sum(1 for line in ptx.splitlines() if "mma" in line and ".e4m3.e4m3" in line),
               "wgmma", ptx.count("wgmma.mma_async"), "shared", kernel.metadata.shared,
-              "dp4a", ptx.count("dp4a."), "prmt", ptx.count("prmt.b32"), "hfma2", ptx.count("fma.rn.f16x2"))
+              "dp4a", ptx.count("dp4a."), "prmt", ptx.count("prmt.b32"), "hfma2", ptx.count("fma.rn.f16x2"),
+              "hsub2", ptx.count("sub.f16x2"))
 
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
@@ -90,6 +91,18 @@ COMPILE = textwrap.dedent("""
                          {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes,
                           "BLOCK_M": tr.MAX_INT_ROWS, "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1,
                           "NUM_STAGES": config.stages}, warps=config.warps)
+    elif which == "gguf-f16":  # modes "f16" / "f16s" on a 64-row tile as the shipped picks launch them, PDL on
+        from onebit.kernels import triton_gguf_repacked as tr
+        from onebit.kernels.gguf_repack import GROUPING
+        for qtype, scaled in (("Q4_K", False), ("Q4_K", True), ("Q6_K", True)):
+            group, lanes, _, planes = GROUPING[qtype]
+            compile_sm90(f"gguf-f16{'s' if scaled else ''}-{qtype}", "triton_gguf_f16", "_f16_kernel",
+                         {"x_ptr": "*fp16", "xm_ptr": "*fp16", "xe_ptr": "*fp32", "c_ptr": "*i32",
+                          "h_ptr": "*i16" if qtype == "Q6_K" else "*i32", "s_ptr": "*i32",
+                          "d_ptr": "*fp32" if qtype == "Q6_K" else "*i32", "y_ptr": "*fp32"},
+                         {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes,
+                          "BLOCK_M": 64, "BLOCK_N": 128, "REDUCE": 1, "NUM_STAGES": 2, "SCALED": scaled,
+                          "ASM": True, "PDL": True})
     elif which == "gguf-dot":  # mode "dot" of repacked Q4_K weights on a 64-row tile (17-64 rows, a candidate)
         from onebit.kernels import triton_gguf_repacked as tr
         from onebit.kernels.gguf_repack import GROUPING
@@ -232,6 +245,17 @@ def test_gguf_int_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
         fields = line.split()
         assert int(fields[2]) > 0 and int(fields[8]) > 0, line  # it stores, through wgmma
         assert int(fields[10]) <= 227 * 1024, line  # fits an H200 SM's shared memory
+
+
+def test_gguf_f16_modes_compile_for_sm90_on_the_tensor_cores():
+    """Q4_K exact and scaled, and Q6_K scaled (its codes' offset taken by the HSUB2 before the HMUL2)."""
+    lines = _compile("gguf-f16")
+    assert [line.split()[0] for line in lines] == ["gguf-f16-Q4_K", "gguf-f16s-Q4_K", "gguf-f16s-Q6_K"]
+    for line in lines:
+        fields = line.split()
+        assert int(fields[2]) > 0 and int(fields[4]) == 2 and int(fields[8]) > 0, line  # stores, PDL, wgmma
+        assert int(fields[10]) <= 227 * 1024, line
+        assert (int(fields[18]) > 0) == ("f16s" in fields[0]), line  # HSUB2 only where the weights are scaled
 
 
 def test_gguf_dot_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():

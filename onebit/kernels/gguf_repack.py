@@ -290,6 +290,25 @@ def repacked_f16_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Te
     return (y * scale.double()[:, None]).to(x.dtype)
 
 
+# The types mode "f16s" takes: F16_TYPES, and Q6_K, whose scale times code can pass float16's 11
+# significant bits (signed 8-bit scales times 6-bit codes), so its weights are rounded like f16s's:
+# float16(float16(d * scale) * (code - 32)).
+F16S_TYPES = F16_TYPES + ("Q6_K",)
+
+
+def repacked_f16s_q6_k_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor:
+    """x [T, K] @ weight.T (Q6_K) as mode "f16s" computes it, in float64 from `prepare_x_f16_ref`'s x16
+    and the kernel's float16 weights float16(float16(d * scale) * (code - 32)) (Q6_K has no minimums,
+    so the sub-block means play no part); the kernel adds float32 sums on top."""
+    if weight.qtype != "Q6_K":
+        raise ValueError(f"this reference is Q6_K's, not {weight.qtype}'s")
+    x16, _, scale = prepare_x_f16_ref(x)
+    s, _, size = sub_block_scales(weight)
+    q = sub_block_codes(weight).float().reshape(weight.rows, -1, size)
+    w16 = (s.half().float()[..., None] * q).half().double().reshape(weight.rows, -1)
+    return ((x16.double() @ w16.T) * scale.double()[:, None]).to(x.dtype)
+
+
 # The types mode "h2" of the packed products takes (one row in float16 pairs: Q4_K's scale times code is
 # exact in float16, Q6_K's rounds to 11 significant bits where it exceeds 2,048).
 H2_TYPES = ("Q4_K", "Q6_K")

@@ -1,5 +1,6 @@
 """Mode "f16" of the packed GGUF products: Q4_K and Q5_K at 8-64 activation rows on float16 tensor
-cores with the sub-block scales inside the weights.
+cores with the sub-block scales inside the weights (mode "f16s": d too, each weight rounded once to
+float16; it takes Q6_K as well, below).
 
 Mode "int" (`triton_gguf_repacked`) multiplies each 32-column sub-block on its own and rescales the
 [weight rows, activation rows] float32 accumulator per sub-block (s * D - o * sum(x)): at 64 rows that
@@ -17,6 +18,11 @@ x enters as float16, scaled per row by a power of two 2**-e so that no value exc
 range convert exactly); `xmean16` is each sub-block's mean of the scaled x, in float16. The output is
 multiplied by 2**e again. Reference: `gguf_repack.repacked_f16_linear_ref`; the error against the
 exact product comes from rounding x and the sub-block means to float16 (tests/test_gguf_f16.py).
+
+Q6_K (mode "f16s" only): its signed 8-bit scale times its 6-bit code (code - 32) reaches 4,064, past
+float16's exact integers, so its weights go in as f16s's do, float16(float16(d * scale) * (code - 32))
+(HSUB2 of 1,056 = 1,024 + 32, then HMUL2), and with no minimums a 128-column group is one chain of
+eight K = 16 dots. Reference: `gguf_repack.repacked_f16s_q6_k_linear_ref`.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import triton.language as tl
 from onebit.kernels import pdl
 from onebit.kernels.triton_gguf import _store_partial
 from onebit.kernels.triton_gguf_repacked import (_group_code_pairs, _load_scales, _pairs_to_dtype, _plane_byte,
-                                                 _plane_code_bits, _program_tile)
+                                                 _plane_code_bits, _plane_scale, _program_tile)
 
 PREPARE_BLOCK = 256  # columns a program of `prepare_x` converts (one Q4_K group; every K here is a multiple)
 
@@ -96,22 +102,25 @@ def _half(word, HIGH: tl.constexpr):
 
 
 @triton.jit
-def _scaled_codes(bits, scale, SCALED: tl.constexpr, ASM: tl.constexpr):
+def _scaled_codes(bits, scale, SCALED: tl.constexpr, ASM: tl.constexpr, SIGNED: tl.constexpr = False):
     """int32 words holding two float16s 1024 + code -> two float16s code * scale (scale float32 [BN, 1]).
     Exact scales (SCALED false, 0..63): fma(f, s, -1024 s) (one HFMA2 a pair; 1024 s <= 64,512 fits).
     SCALED (s = d * scale, any size): (f - 1024) * s (HADD2 then HMUL2), so a large s cannot overflow
-    -1024 s. Both round once. Triton's interpreter runs no PTX: with ASM false the same arithmetic in
-    float32, rounded to float16, the same value since code * s is exact in float32."""
+    -1024 s; SIGNED (Q6_K: SCALED only) takes (f - 1056) * s = (code - 32) * s. Both round once.
+    Triton's interpreter runs no PTX: with ASM false the same arithmetic in float32, rounded to
+    float16, the same value since code * s is exact in float32."""
     s = _f16_pair(scale)
     if ASM:
         if SCALED:
+            zero = 0x64206420 if SIGNED else 0x64006400  # float16 1056 (1024 + 32) or 1024 in both halves
             return tl.inline_asm_elementwise("sub.f16x2 $0, $1, $2;\n\tmul.f16x2 $0, $0, $3;", "=r,r,r,r",
-                                             [bits, bits * 0 + 0x64006400, s], dtype=tl.int32, is_pure=True, pack=1)
+                                             [bits, bits * 0 + zero, s], dtype=tl.int32, is_pure=True, pack=1)
         return tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r",
                                          [bits, s, _f16_pair(-1024.0 * scale)], dtype=tl.int32, is_pure=True, pack=1)
     h = scale.to(tl.float16).to(tl.float32)
-    return _pack_halves(((_half(bits, False) - 1024.0) * h).to(tl.float16),
-                        ((_half(bits, True) - 1024.0) * h).to(tl.float16))
+    zero_f = 1056.0 if SIGNED else 1024.0
+    return _pack_halves(((_half(bits, False) - zero_f) * h).to(tl.float16),
+                        ((_half(bits, True) - zero_f) * h).to(tl.float16))
 
 
 @triton.jit
@@ -134,6 +143,7 @@ def _f16_kernel(x_ptr, xm_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, 
     # acc [BLOCK_N weight rows, BLOCK_M activation rows]; grid and REDUCE as `_repacked_kernel`'s.
     # SCALED False: weights code * scale (exact), one rescale of acc a group. SCALED True: weights
     # float16(d * scale) * code rounded once, minimums float16(-32 dmin * min): one accumulator chain.
+    # Q6_K (QTYPE 3, SCALED only): weights float16(d * scale) * (code - 32), signed scales, no minimums.
     pid_k, rn, rn64, rm, m_ok, n_ok = _program_tile(M, N, BLOCK_M, BLOCK_N)
     lane = tl.arange(0, LANES)
     sub = tl.arange(0, 16)
@@ -153,19 +163,24 @@ def _f16_kernel(x_ptr, xm_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, 
         else:
             part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for j in tl.static_range(PLANES):
-            sc = _plane_byte(w0, w1, j).to(tl.float32)  # [BN, 1], 0..63
-            if SCALED:
-                scale = d * sc
+            if QTYPE == 3:
+                scale = _plane_scale(w0, w1, w2, w3, d, dmin, j, QTYPE)[0]  # d * signed scale
+            elif SCALED:
+                scale = d * _plane_byte(w0, w1, j).to(tl.float32)  # [BN, 1], scale 0..63
             else:
-                scale = sc
-            bits = _scaled_codes(_plane_code_bits(lo_pair, hi_pair, high_pair, j, QTYPE, True), scale, SCALED, ASM)
+                scale = _plane_byte(w0, w1, j).to(tl.float32)
+            bits = _scaled_codes(_plane_code_bits(lo_pair, hi_pair, high_pair, j, QTYPE, True), scale, SCALED, ASM,
+                                 QTYPE == 3)
             w = _pairs_to_dtype(bits, BLOCK_N, LANES, tl.float16, True)
             xt = tl.load(x_lanes + (g * GROUP + j * LANES), mask=x_ok, other=0.0)
             part = tl.dot(w, xt, part)
-        xm = tl.load(xm_rows + g * PLANES, mask=xm_ok, other=0.0)
-        if SCALED:
+        if QTYPE == 3:
+            acc = part
+        elif SCALED:
+            xm = tl.load(xm_rows + g * PLANES, mask=xm_ok, other=0.0)
             acc = tl.dot(_mins(w2, w3, -32.0 * dmin), xm, part)
         else:
+            xm = tl.load(xm_rows + g * PLANES, mask=xm_ok, other=0.0)
             low = tl.dot(_mins(w2, w3, 1.0), xm)  # sum over sub-blocks of min * mean(x)
             acc = tl.fma(-32.0 * dmin, low, tl.fma(d, part, acc))
     acc = acc * tl.load(xe_ptr + rm, mask=m_ok, other=1.0)[None, :]

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.gguf_repack import F16_TYPES, GROUPING, H2_TYPES, RepackedMatrix
+from onebit.kernels.gguf_repack import F16_TYPES, F16S_TYPES, GROUPING, H2_TYPES, RepackedMatrix
 from onebit.kernels.int8_ops import dot4, transpose_bytes
 from onebit.kernels.triton_gguf import _store_partial  # split-K partials, summed in order by reduce_partials
 from onebit.kernels.triton_split_k import reduce_partials
@@ -186,7 +186,7 @@ MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, 
 # takes `gguf_repack.H2_TYPES`; its `quads` is the threads that share a (row, group).
 # Modes "f16" and "f16s" (`triton_gguf_f16`: float16 tensor cores with the sub-block scales inside the
 # weights; "f16" keeps them exact and rescales once a 256-column group, "f16s" folds d in as well and
-# rounds each weight once to float16) take only `gguf_repack.F16_TYPES`.
+# rounds each weight once to float16) take `gguf_repack.F16_TYPES`, "f16s" Q6_K too (`F16S_TYPES`).
 F16_MODES = ("f16", "f16s")
 # (qtype, rows 1..MAX_INT_ROWS) -> config, and (qtype, rows, N, K) -> config where one product shape
 # has its own pick: the device sweep's picks (bench/gpu_gguf_repacked.py writes
@@ -840,8 +840,9 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
         raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
     if config.mode == "i8" and weight.qtype not in I8_TYPES:
         raise ValueError(f'mode "i8" takes {", ".join(I8_TYPES)}, not {weight.qtype}')
-    if config.mode in F16_MODES and weight.qtype not in F16_TYPES:
-        raise ValueError(f'mode "{config.mode}" takes {", ".join(F16_TYPES)}, not {weight.qtype}')
+    f16_types = F16_TYPES if config.mode == "f16" else F16S_TYPES
+    if config.mode in F16_MODES and weight.qtype not in f16_types:
+        raise ValueError(f'mode "{config.mode}" takes {", ".join(f16_types)}, not {weight.qtype}')
     if config.mode == "h2" and weight.qtype not in H2_TYPES:
         raise ValueError(f'mode "h2" takes {", ".join(H2_TYPES)}, not {weight.qtype}')
     if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode not in ("i8", "h2")):
