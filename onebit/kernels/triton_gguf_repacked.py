@@ -88,6 +88,7 @@ CONFIGS = {
     "int-n64-g1": RepackedConfig("int", 64, 1, programs=512),
     "int-n64-g2": RepackedConfig("int", 64, 2, programs=512),
     "int-n64-g1-s3": RepackedConfig("int", 64, 1, stages=3, programs=512),
+    "int-n64-g1-s3-p256": RepackedConfig("int", 64, 1, stages=3, programs=256),  # the Q6_K 64-row pick
     # 17-64 rows (--wide leaves "dot" out): "dot" weights (code * scale - offset in bf16) on 64-row wgmma
     # tiles, against "int"'s per-sub-block rescale of the accumulator. Session 15 (geometric mean over
     # the 8B products, Q4_K / Q6_K / Q8_0, speed-up vs bf16 cuBLAS at 32 / 64 rows): dot-n64-g1 0.55x /
