@@ -75,3 +75,35 @@ def test_the_sweep_gives_a_product_shape_its_own_pick_only_past_the_margin():
     shapes, notes = sweep.shape_picks(records, configs, table)
     assert shapes == {"Q4_K 24576x4096": {"64": configs["f16s-n128"]._asdict()}}
     assert len(notes) == 1 and "f16s-n128 (1.19x over int-n64-g1-p256)" in notes[0]
+
+
+def test_shapes_get_their_own_picks_at_every_count_timed_when_one_wins(tmp_path):
+    """--shapes: o (4096x4096) wins at 16 rows by 1.25x over its own key's pick, so its key names a
+    config at 8, 16 and 64 (the rows timed); down (4096x12288) wins nowhere past the margin and keeps
+    no new key; qkv's current pick at 64 rows was not timed, so it is left alone."""
+    names = ("int-n64-g1-p256", "f16s-n128", "f16s-n64-p512")
+    fields = {name: tr.CONFIGS[name]._asdict() for name in names}
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"Q4_K": {"8": fields["f16s-n128"], "64": fields["f16s-n128"]},
+                                 "Q4_K 4096x4096": {"16": fields["int-n64-g1-p256"]}}))
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+
+    def record(n, k, rows, us):
+        return {**_record("Q4_K", rows, f"{n}x{k}", us), "n": n, "k": k}
+
+    records = [record(4096, 4096, 8, {"f16s-n128": 10.0, "f16s-n64-p512": 9.8}),
+               record(4096, 4096, 16, {"int-n64-g1-p256": 12.5, "f16s-n64-p512": 10.0}),
+               record(4096, 4096, 64, {"f16s-n128": 20.0, "f16s-n64-p512": 19.0}),
+               record(4096, 12288, 8, {"f16s-n128": 30.0, "f16s-n64-p512": 29.0}),
+               record(6144, 4096, 64, {"f16s-n64-p512": 5.0})]
+    (sweep / "gguf_repacked.json").write_text(json.dumps({"records": records}))
+    run = subprocess.run([sys.executable, "tools/merge_repacked_table.py", str(sweep), "--table", str(table),
+                          "--min-gain", "1.15", "--shapes", "--write"], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    merged = json.loads(table.read_text())
+    assert merged["Q4_K 4096x4096"] == {"8": fields["f16s-n128"], "16": fields["f16s-n64-p512"],
+                                        "64": fields["f16s-n128"]}
+    assert "Q4_K 4096x12288" not in merged and "Q4_K 6144x4096" not in merged
+    assert merged["Q4_K"] == {"8": fields["f16s-n128"], "64": fields["f16s-n128"]}  # no type pick won
+    assert "| Q4_K 4096x4096 | 8: f16s-n128, 16: f16s-n64-p512, 64: f16s-n128 |" in run.stdout

@@ -121,6 +121,11 @@ CONFIGS = {
     "f16s-n128-p256": RepackedConfig("f16s", 128, 1, programs=256),
     "f16s-n128-p512": RepackedConfig("f16s", 128, 1, programs=512),
     "f16s-n256-w8": RepackedConfig("f16s", 256, 1, warps=8, programs=128),
+    # session 19's candidates for the 4096-row Q4_K products (o, down) at 8-64 rows, where "int" still
+    # wins: 64-row tiles with fewer programs (a longer K walk each, fewer partials), and a third stage
+    "f16s-n64-p256": RepackedConfig("f16s", 64, 1, programs=256),
+    "f16s-n64-p128": RepackedConfig("f16s", 64, 1, programs=128),
+    "f16s-n64-s3-p256": RepackedConfig("f16s", 64, 1, stages=3, programs=256),
     # 1 row, Q4_K and Q6_K: mode "h2" (`triton_gguf_h2`, float16 pairs; SASS 2.3-3.0 instructions a weight for
     # Q4_K against fma's 6.5, 3.9-4.6 for Q6_K against ~9.5); `quads` is the threads that share a (row,
     # group); stages 1 loads each group then computes it, 0 sends the first group's loads out before x's
