@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from onebit.kernels.gguf_repack import (RepackedMatrix, prepare_x_f16_ref, repacked_f16_linear_ref,
+from onebit.kernels.gguf_repack import (F16Rows, RepackedMatrix, prepare_x_f16_ref, repacked_f16_linear_ref,
                                        repacked_f16s_q6_k_linear_ref, repacked_linear_ref)
 from tests.test_gguf_kernels import random_blocks
 
@@ -118,3 +118,47 @@ def test_f16_modes_refuse_other_types():
             tr.matmul_few_rows(x, _weight(qtype, 16, 512, seed=1), config=tr.RepackedConfig("f16", 32, 1))
     with pytest.raises(ValueError, match="Q4_K and Q5_K"):
         repacked_f16_linear_ref(x.cpu(), _weight("Q8_0", 16, 512, seed=1).to("cpu"))
+
+
+# bfloat16 on the GPU only: Triton's interpreter rounds float32 to bfloat16 by truncation.
+NORM_DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+
+
+@pytest.mark.parametrize("cols", [512, 768])  # 768: a row shorter than the kernel's power-of-two block
+def test_the_input_norm_prepares_its_rows_as_prepare_x_does(cols):
+    """`add_rms_norm_f16`: the normalized rows and the residual sum bit for bit `add_rms_norm`'s, and
+    their float16 copy, means and scale bit for bit `prepare_x`'s of those rows; a norm weight of 1e5
+    on some columns pushes rows past float16's range (scale > 1)."""
+    from onebit.kernels import triton_fused
+
+    g = torch.Generator().manual_seed(cols)
+    x, residual = (torch.randn(4, cols, generator=g).to(DEVICE, NORM_DTYPE) for _ in range(2))
+    weight = torch.randn(cols, generator=g)
+    weight[:7] = 1e5
+    weight = weight.to(DEVICE, NORM_DTYPE)
+    for res in (residual, None):
+        rows, summed = tf.add_rms_norm_f16(x, res, weight, 1e-6)
+        want, want_sum = triton_fused.add_rms_norm(x, res, weight, 1e-6)
+        assert isinstance(rows, F16Rows) and torch.equal(rows.x, want)
+        assert (summed is None) == (res is None) and (res is None or torch.equal(summed, want_sum))
+        for got, expect in zip(rows[1:], tf.prepare_x(want)):
+            assert got.dtype == expect.dtype and torch.equal(got, expect)
+        assert rows.xe.max().item() > 1.0  # the 1e5 columns: scaled down by a power of two
+    with pytest.raises(ValueError, match="multiple of 256"):
+        tf.add_rms_norm_f16(torch.zeros(1, 300, device=DEVICE), None, torch.ones(300, device=DEVICE), 1e-6)
+
+
+def test_prepared_rows_give_every_mode_the_same_numbers():
+    """A product handed `F16Rows` computes what it computes from their x: modes "f16s" and "f16" read
+    the preparation, "int" reads x; through `packed_linear` with parts of both kinds too."""
+    from onebit.kernels import gguf_quants
+
+    x = torch.randn(20, 512, generator=torch.Generator().manual_seed(4)).to(DEVICE, NORM_DTYPE)
+    rows = F16Rows(x, *tf.prepare_x(x))
+    for qtype, config in (("Q4_K", tr.RepackedConfig("f16s", 32, 1, split=2)), ("Q6_K", tr.RepackedConfig("f16s", 32, 1)),
+                          ("Q4_K", tr.RepackedConfig("f16", 64, 1)), ("Q6_K", tr.RepackedConfig("int", 32, 1, split=2))):
+        w = _weight(qtype, 40, 512, seed=3)
+        assert torch.equal(tr.matmul_few_rows(rows, w, config=config), tr.matmul_few_rows(x, w, config=config)), config
+    parts = [_weight("Q4_K", 32, 512, seed=1), _weight("Q6_K", 16, 512, seed=2)]
+    assert torch.equal(gguf_quants.packed_linear(rows, parts, kernels=True), gguf_quants.packed_linear(x, parts, kernels=True))
+    assert torch.equal(gguf_quants.packed_linear(rows, parts, kernels=False), gguf_quants.packed_linear(x, parts, kernels=False))

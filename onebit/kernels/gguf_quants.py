@@ -240,21 +240,27 @@ def packed_linear_ref(x: torch.Tensor, parts: list, bias: torch.Tensor | None = 
     return F.linear(x, weight, bias)
 
 
-def packed_linear(x: torch.Tensor, parts: list, bias: torch.Tensor | None = None,
-                  kernels: bool | None = None) -> torch.Tensor:
+def packed_linear(x, parts: list, bias: torch.Tensor | None = None, kernels: bool | None = None) -> torch.Tensor:
     """x [T, K] @ the weight stacked from `parts` .T + bias: the Triton kernels for 2-D input (`triton_gguf`
     for a PackedMatrix, `triton_gguf_repacked` for a RepackedMatrix; kernels
-    None: when x is on CUDA; True also runs them on the CPU, in Triton's interpreter), else the reference."""
+    None: when x is on CUDA; True also runs them on the CPU, in Triton's interpreter), else the reference.
+    x may come as `gguf_repack.F16Rows` (its producer prepared it for modes "f16"/"f16s": the
+    repacked parts' kernels take it so, every other path its x)."""
+    from onebit.kernels.gguf_repack import F16Rows  # here: gguf_repack imports this module
+
+    plain = x.x if isinstance(x, F16Rows) else x
     if kernels is None:
-        kernels = x.is_cuda
-    if kernels and x.dim() == 2 and triton_gguf is not None:
+        kernels = plain.is_cuda
+    if kernels and plain.dim() == 2 and triton_gguf is not None:
         from onebit.kernels import triton_gguf_repacked
 
-        y = torch.empty(x.shape[0], sum(p.rows for p in parts), dtype=x.dtype, device=x.device)
+        y = torch.empty(plain.shape[0], sum(p.rows for p in parts), dtype=plain.dtype, device=plain.device)
         at = 0
         for part in parts:
-            kernel = triton_gguf.matmul if isinstance(part, PackedMatrix) else triton_gguf_repacked.matmul
-            kernel(x, part, y[:, at:at + part.rows])
+            if isinstance(part, PackedMatrix):
+                triton_gguf.matmul(plain, part, y[:, at:at + part.rows])
+            else:
+                triton_gguf_repacked.matmul(x, part, y[:, at:at + part.rows])
             at += part.rows
         return y.add_(bias) if bias is not None else y
-    return packed_linear_ref(x, parts, bias)
+    return packed_linear_ref(plain, parts, bias)

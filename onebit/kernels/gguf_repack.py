@@ -31,6 +31,7 @@ instead of 2 on d.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -259,6 +260,28 @@ def repacked_int_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Te
 # The types whose sub-block scale times code fits float16 exactly (6-bit scales, 4- or 5-bit codes): the
 # ones mode "f16" of the packed products takes.
 F16_TYPES = ("Q4_K", "Q5_K")
+
+
+class F16Rows(NamedTuple):
+    """Activation rows x [M, K] together with mode "f16"'s preparation of them, made by their producer
+    (`triton_gguf_f16.add_rms_norm_f16`) instead of a `prepare_x` launch before each product: x16
+    float16 [M, K], xm float16 [M, K / 32] and xe float32 [M] as `prepare_x` returns them. x itself
+    stays for the modes and parts that read it."""
+
+    x: torch.Tensor
+    x16: torch.Tensor
+    xm: torch.Tensor
+    xe: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        """The activations' shape, [T, K] (what the attention block reads before its product)."""
+        return self.x.shape
+
+    @property
+    def device(self) -> torch.device:
+        """Where the activations are."""
+        return self.x.device
 
 
 def prepare_x_f16_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

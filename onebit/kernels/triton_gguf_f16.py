@@ -32,11 +32,32 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
+from onebit.kernels.gguf_repack import F16Rows
+from onebit.kernels.triton_fused import _add_rms_norm_row
 from onebit.kernels.triton_gguf import _store_partial
 from onebit.kernels.triton_gguf_repacked import (_group_code_pairs, _load_scales, _pairs_to_dtype, _plane_byte,
                                                  _plane_code_bits, _plane_scale, _program_tile)
 
 PREPARE_BLOCK = 256  # columns a program of `prepare_x` converts (one Q4_K group; every K here is a multiple)
+
+
+@triton.jit
+def _row_exponent(top):
+    """e for a row whose largest magnitude is `top` (float32): the least e >= 0 with top * 2**-e < 2**15."""
+    exponent = ((top.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(top)) for normal top
+    return tl.maximum(exponent - 14, 0)
+
+
+@triton.jit
+def _store_f16_chunk(values, e, x16_row, xm_row, k0, cols, n_valid, BLOCK: tl.constexpr, SUB: tl.constexpr):
+    """Columns k0 + cols of a row (values float32 [BLOCK], the first n_valid real) as mode "f16" reads
+    them: float16(values * 2**-e) into x16_row, and each SUB-column sub-block's mean of those into xm_row."""
+    down = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    h = (values * down).to(tl.float16)
+    tl.store(x16_row + k0 + cols, h, mask=cols < n_valid)
+    means = tl.sum(tl.reshape(h.to(tl.float32), (BLOCK // SUB, SUB)), axis=1) * (1.0 / SUB)
+    subs = tl.arange(0, BLOCK // SUB)
+    tl.store(xm_row + k0 // SUB + subs, means.to(tl.float16), mask=subs * SUB < n_valid)
 
 
 @triton.jit
@@ -53,16 +74,11 @@ def _prepare_x_kernel(x_ptr, x16_ptr, xm_ptr, xe_ptr, K, stride_xm,
     amax = tl.zeros((BLOCK,), dtype=tl.float32)
     for k in range(0, K, BLOCK):
         amax = tl.maximum(amax, tl.abs(tl.load(src + k + cols).to(tl.float32)))
-    top = tl.max(amax, axis=0)
-    exponent = ((top.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2(top)) for normal top
-    e = tl.maximum(exponent - 14, 0)  # top * 2**-e < 2**15
+    e = _row_exponent(tl.max(amax, axis=0))
     if k0 == 0:
         tl.store(xe_ptr + row, ((127 + e) << 23).to(tl.float32, bitcast=True))
-    down = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    h = (tl.load(src + k0 + cols).to(tl.float32) * down).to(tl.float16)
-    tl.store(x16_ptr + row.to(tl.int64) * K + k0 + cols, h)
-    means = tl.sum(tl.reshape(h.to(tl.float32), (BLOCK // SUB, SUB)), axis=1) * (1.0 / SUB)
-    tl.store(xm_ptr + row.to(tl.int64) * (K // SUB) + k0 // SUB + tl.arange(0, BLOCK // SUB), means.to(tl.float16))
+    _store_f16_chunk(tl.load(src + k0 + cols).to(tl.float32), e, x16_ptr + row.to(tl.int64) * K,
+                     xm_ptr + row.to(tl.int64) * (K // SUB), k0, cols, BLOCK, BLOCK, SUB)
 
 
 def prepare_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,6 +94,50 @@ def prepare_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     _prepare_x_kernel[(m, k // PREPARE_BLOCK)](x, x16, xm, xe, k, x.stride(0), BLOCK=PREPARE_BLOCK, SUB=32,
                                                num_warps=4, **pdl.options())
     return x16, xm, xe
+
+
+@triton.jit
+def _add_rms_norm_f16_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x16_ptr, xm_ptr, xe_ptr, n_cols, eps,
+                             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+                             SUB: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
+    # One row: add + RMSNorm as `triton_fused.add_rms_norm` stores it, then that stored row prepared as
+    # `_prepare_x_kernel` prepares it, chunk by chunk through the same helper (the row read back from
+    # the cache after a barrier), so the float16 values and means are the launch's own.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
+    out_row = out_ptr + row * n_cols
+    tl.store(out_row + cols, out, mask=ok)
+    e = _row_exponent(tl.max(tl.where(ok, tl.abs(out.to(tl.float32)), 0.0), axis=0))
+    tl.store(xe_ptr + row, ((127 + e) << 23).to(tl.float32, bitcast=True))
+    tl.debug_barrier()  # every thread's part of the row stored before any thread reads a chunk back
+    chunk = tl.arange(0, CHUNK)
+    for k0 in range(0, n_cols, CHUNK):
+        _store_f16_chunk(tl.load(out_row + k0 + chunk).to(tl.float32), e, x16_ptr + row * n_cols,
+                         xm_ptr + row * (n_cols // SUB), k0, chunk, CHUNK, CHUNK, SUB)
+
+
+def add_rms_norm_f16(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[F16Rows, torch.Tensor | None]:
+    """(rms_norm(x + residual) with mode "f16"'s preparation of it, x + residual or None) in one launch,
+    for a contiguous [T, D] x with D a multiple of PREPARE_BLOCK: `F16Rows` whose x is what
+    `triton_fused.add_rms_norm` returns and whose x16, xm, xe are what `prepare_x` makes of it."""
+    rows, cols = x.shape
+    if cols % PREPARE_BLOCK:
+        raise ValueError(f"add_rms_norm_f16 takes a multiple of {PREPARE_BLOCK} columns, got {cols}")
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else out
+    x16 = torch.empty(rows, cols, dtype=torch.float16, device=x.device)
+    xm = torch.empty(rows, cols // 32, dtype=torch.float16, device=x.device)
+    xe = torch.empty(rows, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(cols)
+    _add_rms_norm_f16_kernel[(rows,)](x, residual if residual is not None else x, weight, out, res_out, x16, xm, xe,
+                                      cols, eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
+                                      CHUNK=PREPARE_BLOCK, SUB=32, num_warps=8 if block >= 4096 else 4,
+                                      **pdl.options())
+    return F16Rows(out, x16, xm, xe), (res_out if residual is not None else None)
 
 
 @triton.jit
@@ -190,10 +250,11 @@ def _f16_kernel(x_ptr, xm_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, 
 
 def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int, groups_per_split: int,
            stride_t: int, stride_split: int, grid: tuple[int, int], block_n: int, reduce: int, stages: int,
-           warps: int, scaled: bool, meta: dict) -> None:
+           warps: int, scaled: bool, meta: dict, prepared: F16Rows | None = None) -> None:
     """Mode "f16" of `triton_gguf_repacked.matmul_few_rows` (which checks the arguments and sums the
-    split-K partials): `prepare_x`, then the product into `target`."""
-    x16, xm, xe = prepare_x(x)
+    split-K partials): `prepare_x` (unless its producer `prepared` x already), then the product into
+    `target`."""
+    x16, xm, xe = prepare_x(x) if prepared is None else prepared[1:]
     m, k = x.shape
     _f16_kernel[grid](x16, xm, xe, codes, high, scales, d, target, m, n, k, groups_per_split, codes.stride(0),
                       high.stride(0), scales.stride(0), d.stride(0), stride_t, stride_split,

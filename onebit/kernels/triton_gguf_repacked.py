@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.gguf_repack import F16_TYPES, F16S_TYPES, GROUPING, H2_TYPES, RepackedMatrix
+from onebit.kernels.gguf_repack import F16_TYPES, F16S_TYPES, GROUPING, H2_TYPES, F16Rows, RepackedMatrix
 from onebit.kernels.int8_ops import dot4, transpose_bytes
 from onebit.kernels.triton_gguf import _store_partial  # split-K partials, summed in order by reduce_partials
 from onebit.kernels.triton_split_k import reduce_partials
@@ -827,18 +827,31 @@ def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, redu
                               ASM=x.device.type == "cuda", num_warps=config.warps, **_meta(weight), **pdl.options())
 
 
-def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
+def config_for(weight: RepackedMatrix, m: int) -> RepackedConfig:
+    """The launch `matmul_few_rows` takes for m rows of this weight when given none: DEFAULT[qtype, M, N,
+    K], else DEFAULT[qtype, M], else INT_MANY_ROWS_CONFIG."""
+    return DEFAULT.get((weight.qtype, m, weight.rows, weight.cols)) or DEFAULT.get((weight.qtype, m), INT_MANY_ROWS_CONFIG)
+
+
+def reads_f16_rows(weight: RepackedMatrix, m: int) -> bool:
+    """Whether `matmul` runs m rows of this weight in a mode that reads `F16Rows`' preparation ("f16",
+    "f16s"), so that a producer making it saves that product its `prepare_x` launch."""
+    return (m <= MAX_KERNEL_ROWS or (m <= MAX_INT_ROWS and INT_ABOVE_FEW_ROWS)) and config_for(weight, m).mode in F16_MODES
+
+
+def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torch.Tensor | None = None,
                     config: RepackedConfig | None = None) -> torch.Tensor:
     """x [M, K] @ weight.T into out [M, rows] (fresh when None; a column slice of a wider output is
-    fine: unit column stride), M up to the mode's MODE_MAX_ROWS. config None: DEFAULT[qtype, M, N, K]
-    or else DEFAULT[qtype, M] (the sweep's table; INT_MANY_ROWS_CONFIG above 16 rows where it has
-    none). Reference:
+    fine: unit column stride), M up to the mode's MODE_MAX_ROWS. config None: `config_for` (the
+    sweep's table). x may come as `F16Rows` (modes "f16"/"f16s" then skip `prepare_x`). Reference:
     `gguf_repack.repacked_linear_ref`."""
+    prepared = x if isinstance(x, F16Rows) else None
+    if prepared is not None:
+        x = prepared.x
     m, k = x.shape
     if k != weight.cols:
         raise ValueError(f"x has {k} columns, the weight {weight.cols}")
-    config = config or DEFAULT.get((weight.qtype, m, weight.rows, weight.cols)) or \
-        DEFAULT.get((weight.qtype, m), INT_MANY_ROWS_CONFIG)
+    config = config or config_for(weight, m)
     most = MODE_MAX_ROWS.get(config.mode)
     if most is None or config.reduce not in ("sum", "atomic"):
         raise ValueError(f"unknown config {config}")
@@ -880,7 +893,7 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
 
         triton_gguf_f16.launch(x, codes, high, scales, d, target, weight.rows, groups // split, stride_t, stride_split,
                                grid, config.block_n, reduce, config.stages, config.warps, config.mode == "f16s",
-                               _meta(weight))
+                               _meta(weight), prepared)
     elif config.mode == "int":
         _repacked_int_kernel[grid](*args, BLOCK_M=block_m, BLOCK_N=config.block_n, NG=ng, REDUCE=reduce,
                                    NUM_STAGES=config.stages, num_warps=config.warps, **_meta(weight),
@@ -894,13 +907,16 @@ def matmul_few_rows(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor |
     return out
 
 
-def matmul(x: torch.Tensor, weight: RepackedMatrix, out: torch.Tensor | None = None,
+def matmul(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torch.Tensor | None = None,
            config: RepackedConfig | None = None) -> torch.Tensor:
-    """x [M, K] @ weight.T into out (fresh when None): `matmul_few_rows` up to MAX_KERNEL_ROWS rows
-    (up to MAX_INT_ROWS in mode "int" with INT_ABOVE_FEW_ROWS), else the weight dequantized to x's
-    dtype and cuBLAS."""
-    if x.shape[0] <= MAX_KERNEL_ROWS or (x.shape[0] <= MAX_INT_ROWS and INT_ABOVE_FEW_ROWS):
+    """x [M, K] (or `F16Rows`) @ weight.T into out (fresh when None): `matmul_few_rows` up to
+    MAX_KERNEL_ROWS rows (up to MAX_INT_ROWS in mode "int" with INT_ABOVE_FEW_ROWS), else the weight
+    dequantized to x's dtype and cuBLAS."""
+    rows = x.x.shape[0] if isinstance(x, F16Rows) else x.shape[0]
+    if rows <= MAX_KERNEL_ROWS or (rows <= MAX_INT_ROWS and INT_ABOVE_FEW_ROWS):
         return matmul_few_rows(x, weight, out, config)
+    if isinstance(x, F16Rows):
+        x = x.x
     if x.shape[1] != weight.cols:
         raise ValueError(f"x has {x.shape[1]} columns, the weight {weight.cols}")
     y = F.linear(x, dequantize(weight, x.dtype))

@@ -21,10 +21,10 @@ from torch import nn
 
 from onebit.kernels import gguf_quants
 from onebit.kernels.gguf_quants import PackedMatrix
-from onebit.kernels.gguf_repack import RepackedMatrix
+from onebit.kernels.gguf_repack import F16Rows, RepackedMatrix
 from onebit.models.gguf.files import GGUFFile
 from onebit.models.gguf.weights import CHUNK_ELEMENTS, unpermute_rows
-from onebit.models.layers import Linear
+from onebit.models.layers import Linear, RMSNorm
 from onebit.models.loader import param_target
 
 
@@ -79,9 +79,53 @@ class PackedGGUFLinear(nn.Module):
                 self.register_buffer(f"part{i}_{name}", tensor)
         self.repacked = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ W.T + bias (Triton kernels on CUDA, the dequantizing reference elsewhere)."""
+    def takes_f16_rows(self, rows: int, device: torch.device) -> bool:
+        """Whether a producer should hand this product `F16Rows` for this many rows: on CUDA, when one of
+        its repacked parts runs them in mode "f16"/"f16s" (`triton_gguf_repacked.reads_f16_rows`)."""
+        if device.type != "cuda" or not self.repacked or self.in_features % 256:
+            return False
+        from onebit.kernels import triton_gguf_repacked
+
+        return any(triton_gguf_repacked.reads_f16_rows(part, rows) for part in self.parts)
+
+    def forward(self, x: torch.Tensor | F16Rows) -> torch.Tensor:
+        """x @ W.T + bias (Triton kernels on CUDA, the dequantizing reference elsewhere); x may come as
+        `F16Rows` from a `PackedInputNorm`."""
         return gguf_quants.packed_linear(x, self.parts, self.bias)
+
+
+class PackedInputNorm(RMSNorm):
+    """An RMSNorm whose only reader is a `PackedGGUFLinear`: for the row counts that product runs in mode
+    "f16"/"f16s", the norm's kernel also makes the float16 copy, sub-block means and scale those
+    modes read (`triton_gguf_f16.add_rms_norm_f16`) and returns `F16Rows`, so no `prepare_x` launch
+    runs before the product (G23, session 19: 0.22 / 0.47 ms a step at B = 8 / 64)."""
+
+    consumer: PackedGGUFLinear  # set by `fuse_f16_inputs`; a plain attribute, not a submodule
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """As `RMSNorm.forward`, the normalized rows as `F16Rows` when the consumer reads them."""
+        if x.dim() == 2 and x.is_contiguous() and self.consumer.takes_f16_rows(x.shape[0], x.device):
+            from onebit.kernels import triton_gguf_f16
+
+            rows, summed = triton_gguf_f16.add_rms_norm_f16(x, residual, self.weight, self.eps)
+            return rows if residual is None else (rows, summed)
+        return super().forward(x, residual)
+
+
+def fuse_f16_inputs(model: nn.Module) -> int:
+    """Turn each decoder layer's RMSNorms before qkv and gate_up into `PackedInputNorm`s where the
+    product after them is a `PackedGGUFLinear` (same parameters, same names; the class changes in
+    place); returns how many."""
+    fed = 0
+    for layer in model.modules():
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        for norm, product in ((getattr(layer, "input_layernorm", None), getattr(attn, "qkv_proj", None)),
+                              (getattr(layer, "post_attention_layernorm", None), getattr(mlp, "gate_up_proj", None))):
+            if type(norm) is RMSNorm and isinstance(product, PackedGGUFLinear):
+                norm.__class__ = PackedInputNorm
+                object.__setattr__(norm, "consumer", product)  # not registered as a second parent of it
+                fed += 1
+    return fed
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, parts={self.part_types}"
@@ -179,6 +223,8 @@ def fill_packed(model: nn.Module, gfile: GGUFFile, plans: dict[str, list[Segment
 
 
 def repack_packed(model: nn.Module, plans: dict[str, list[Segment]]) -> None:
-    """Repack every planned (filled) layer of `model` into the GPU layout (`PackedGGUFLinear.repack`)."""
+    """Repack every planned (filled) layer of `model` into the GPU layout (`PackedGGUFLinear.repack`),
+    then let the norms before the repacked products prepare their float16 input (`fuse_f16_inputs`)."""
     for module_name in plans:
         model.get_submodule(module_name).repack()
+    fuse_f16_inputs(model)
