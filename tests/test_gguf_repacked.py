@@ -95,7 +95,9 @@ def test_more_rows_go_through_the_dequantized_weight_and_a_column_slice_is_fille
     real = tr.matmul_few_rows
     monkeypatch.setattr(tr, "matmul_few_rows", lambda *a, **k: launched.append(a[0].shape[0]) or real(*a, **k))
     assert _close(tr.matmul(x, w), repacked_linear_ref(x, w)) < TOLERANCE  # dequantized, then cuBLAS
-    assert _close(tr.matmul(x[:20], w), repacked_linear_ref(x[:20], w)) < TOLERANCE  # mode "int"
+    # the table's launch at 20 rows ("f16s" for Q6_K since session 19 rounds the weights to float16)
+    few_rows_tolerance = 3e-3 if tr.config_for(w, 20).mode in tr.F16_MODES else TOLERANCE
+    assert _close(tr.matmul(x[:20], w), repacked_linear_ref(x[:20], w)) < few_rows_tolerance
     assert launched == [20]
     monkeypatch.setattr(tr, "INT_ABOVE_FEW_ROWS", False)
     assert _close(tr.matmul(x[:20], w), repacked_linear_ref(x[:20], w)) < TOLERANCE
@@ -262,7 +264,8 @@ def test_the_shipped_table_gives_every_type_and_row_count_a_launch_it_accepts():
     for (qtype, m, *shape), config in {**tr.DEFAULT, **shipped}.items():
         assert 1 <= m <= tr.MAX_INT_ROWS and config.mode in tr.MODE_MAX_ROWS, (qtype, m, config)
         assert m <= tr.MODE_MAX_ROWS[config.mode] and (config.mode != "i8" or qtype in tr.I8_TYPES), (qtype, m)
-        assert config.mode not in tr.F16_MODES or qtype in tr.F16_TYPES, (qtype, m, config)
+        assert config.mode != "f16" or qtype in tr.F16_TYPES, (qtype, m, config)
+        assert config.mode != "f16s" or qtype in tr.F16S_TYPES, (qtype, m, config)
         assert config.mode != "fma" or m <= tr.FMA_MAX_ROWS, (qtype, m, config)
         assert config.reduce in ("sum", "atomic") and config.block_n > 0 and config.ng > 0, (qtype, m, config)
     assert all((qtype, m) in tr.DEFAULT for qtype in REPACKED_TYPES for m in range(1, tr.MAX_INT_ROWS + 1))
