@@ -93,6 +93,9 @@ class PackedGGUFLinear(nn.Module):
         `F16Rows` from a `PackedInputNorm`."""
         return gguf_quants.packed_linear(x, self.parts, self.bias)
 
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, parts={self.part_types}"
+
 
 class PackedInputNorm(RMSNorm):
     """An RMSNorm whose only reader is a `PackedGGUFLinear`: for the row counts that product runs in mode
@@ -126,9 +129,6 @@ def fuse_f16_inputs(model: nn.Module) -> int:
                 object.__setattr__(norm, "consumer", product)  # not registered as a second parent of it
                 fed += 1
     return fed
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, parts={self.part_types}"
 
 
 @dataclass
