@@ -132,10 +132,11 @@ def add_rms_norm_f16(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     x16 = torch.empty(rows, cols, dtype=torch.float16, device=x.device)
     xm = torch.empty(rows, cols // 32, dtype=torch.float16, device=x.device)
     xe = torch.empty(rows, dtype=torch.float32, device=x.device)
-    block = triton.next_power_of_2(cols)
+    # 4 warps, as `add_rms_norm` and `prepare_x` launch: the same layouts, so the same order of the sums
+    # (of squares, of each sub-block) and the same numbers, bit for bit
     _add_rms_norm_f16_kernel[(rows,)](x, residual if residual is not None else x, weight, out, res_out, x16, xm, xe,
-                                      cols, eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
-                                      CHUNK=PREPARE_BLOCK, SUB=32, num_warps=8 if block >= 4096 else 4,
+                                      cols, eps, HAS_RESIDUAL=residual is not None,
+                                      BLOCK=triton.next_power_of_2(cols), CHUNK=PREPARE_BLOCK, SUB=32, num_warps=4,
                                       **pdl.options())
     return F16Rows(out, x16, xm, xe), (res_out if residual is not None else None)
 
