@@ -97,7 +97,7 @@ def runs_config(config, rows: int, qtype: str) -> bool:
     from onebit.kernels import triton_gguf_repacked as tr
 
     return (rows <= tr.MODE_MAX_ROWS[config.mode] and (config.mode != "i8" or qtype in tr.I8_TYPES)
-            and (config.mode != "f16" or qtype in tr.F16_TYPES) and (config.mode != "f16s" or qtype in tr.F16S_TYPES)
+            and (config.mode not in tr.F16_MODES or qtype in tr.F16_MODE_TYPES[config.mode])
             and (config.mode != "h2" or qtype in tr.H2_TYPES))
 
 

@@ -224,12 +224,10 @@ def _f16_kernel(x_ptr, xm_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, 
         else:
             part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for j in tl.static_range(PLANES):
-            if QTYPE == 3:
-                scale = _plane_scale(w0, w1, w2, w3, d, dmin, j, QTYPE)[0]  # d * signed scale
-            elif SCALED:
-                scale = d * _plane_byte(w0, w1, j).to(tl.float32)  # [BN, 1], scale 0..63
+            if SCALED:
+                scale = _plane_scale(w0, w1, w2, w3, d, dmin, j, QTYPE)[0]  # [BN, 1] d * scale (Q6_K's signed)
             else:
-                scale = _plane_byte(w0, w1, j).to(tl.float32)
+                scale = _plane_byte(w0, w1, j).to(tl.float32)  # the exact scale, 0..63
             bits = _scaled_codes(_plane_code_bits(lo_pair, hi_pair, high_pair, j, QTYPE, True), scale, SCALED, ASM,
                                  QTYPE == 3)
             w = _pairs_to_dtype(bits, BLOCK_N, LANES, tl.float16, True)

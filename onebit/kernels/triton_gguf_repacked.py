@@ -194,6 +194,7 @@ MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, 
 # weights; "f16" keeps them exact and rescales once a 256-column group, "f16s" folds d in as well and
 # rounds each weight once to float16) take `gguf_repack.F16_TYPES`, "f16s" Q6_K too (`F16S_TYPES`).
 F16_MODES = ("f16", "f16s")
+F16_MODE_TYPES = {"f16": F16_TYPES, "f16s": F16S_TYPES}  # the types each of them takes
 # (qtype, rows 1..MAX_INT_ROWS) -> config, and (qtype, rows, N, K) -> config where one product shape
 # has its own pick: the device sweep's picks (bench/gpu_gguf_repacked.py writes
 # them as JSON), taken from gguf_repacked_table.json beside this file, then from
@@ -833,10 +834,15 @@ def config_for(weight: RepackedMatrix, m: int) -> RepackedConfig:
     return DEFAULT.get((weight.qtype, m, weight.rows, weight.cols)) or DEFAULT.get((weight.qtype, m), INT_MANY_ROWS_CONFIG)
 
 
+def _takes_few_rows(m: int) -> bool:
+    """Whether `matmul` sends m rows to `matmul_few_rows` (else: the dequantized weight and cuBLAS)."""
+    return m <= MAX_KERNEL_ROWS or (m <= MAX_INT_ROWS and INT_ABOVE_FEW_ROWS)
+
+
 def reads_f16_rows(weight: RepackedMatrix, m: int) -> bool:
     """Whether `matmul` runs m rows of this weight in a mode that reads `F16Rows`' preparation ("f16",
     "f16s"), so that a producer making it saves that product its `prepare_x` launch."""
-    return (m <= MAX_KERNEL_ROWS or (m <= MAX_INT_ROWS and INT_ABOVE_FEW_ROWS)) and config_for(weight, m).mode in F16_MODES
+    return _takes_few_rows(m) and config_for(weight, m).mode in F16_MODES
 
 
 def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torch.Tensor | None = None,
@@ -859,9 +865,8 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
         raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
     if config.mode == "i8" and weight.qtype not in I8_TYPES:
         raise ValueError(f'mode "i8" takes {", ".join(I8_TYPES)}, not {weight.qtype}')
-    f16_types = F16_TYPES if config.mode == "f16" else F16S_TYPES
-    if config.mode in F16_MODES and weight.qtype not in f16_types:
-        raise ValueError(f'mode "{config.mode}" takes {", ".join(f16_types)}, not {weight.qtype}')
+    if config.mode in F16_MODES and weight.qtype not in F16_MODE_TYPES[config.mode]:
+        raise ValueError(f'mode "{config.mode}" takes {", ".join(F16_MODE_TYPES[config.mode])}, not {weight.qtype}')
     if config.mode == "h2" and weight.qtype not in H2_TYPES:
         raise ValueError(f'mode "h2" takes {", ".join(H2_TYPES)}, not {weight.qtype}')
     if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode not in ("i8", "h2")):
@@ -912,8 +917,7 @@ def matmul(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torch.Tensor 
     """x [M, K] (or `F16Rows`) @ weight.T into out (fresh when None): `matmul_few_rows` up to
     MAX_KERNEL_ROWS rows (up to MAX_INT_ROWS in mode "int" with INT_ABOVE_FEW_ROWS), else the weight
     dequantized to x's dtype and cuBLAS."""
-    rows = x.x.shape[0] if isinstance(x, F16Rows) else x.shape[0]
-    if rows <= MAX_KERNEL_ROWS or (rows <= MAX_INT_ROWS and INT_ABOVE_FEW_ROWS):
+    if _takes_few_rows(x.shape[0]):
         return matmul_few_rows(x, weight, out, config)
     if isinstance(x, F16Rows):
         x = x.x
