@@ -61,26 +61,23 @@ def test_prepare_x_h2_scales_each_slice_by_a_power_of_two_into_its_window():
     assert one.shape == (1,) and one[0].item() == scale[1].item()
 
 
-# (type, threads a (row, group), BLOCK_N, split, reduce, stages, prefetch): every thread split, the
-# split-K sum and the atomic add, one slice, a tile past the weight's end (40 rows), several rows a
-# thread (BLOCK_N 64 at THREADS 2 on 4 warps), the next group's loads ahead of the arithmetic (stages
-# 2), the first group's ahead of x's preparation (0) or neither (1); groups asked of L2 ahead (prefetch:
-# the interpreter skips the hint, a GPU run takes it, rows past the end and groups past the slice too).
-CASES = [("Q4_K", 1, 32, 4, "sum", 2, 0), ("Q4_K", 2, 64, 2, "sum", 1, 0), ("Q4_K", 4, 16, 1, "sum", 0, 0),
-         ("Q4_K", 8, 16, 2, "atomic", 1, 0), ("Q4_K", 2, 16, 4, "atomic", 2, 0),
-         ("Q6_K", 1, 32, 2, "sum", 1, 0), ("Q6_K", 2, 64, 4, "atomic", 2, 0), ("Q6_K", 4, 16, 1, "sum", 0, 0),
-         ("Q4_K", 1, 64, 2, "sum", 0, 2), ("Q6_K", 1, 64, 2, "sum", 0, 4)]
+# (type, threads a (row, group), BLOCK_N, split, reduce, stages): every thread split, the split-K sum
+# and the atomic add, one slice, a tile past the weight's end (40 rows), several rows a thread
+# (BLOCK_N 64 at THREADS 2 on 4 warps), the next group's loads ahead of the arithmetic (stages 2), the
+# first group's ahead of x's preparation (0) or neither (1).
+CASES = [("Q4_K", 1, 32, 4, "sum", 2), ("Q4_K", 2, 64, 2, "sum", 1), ("Q4_K", 4, 16, 1, "sum", 0),
+         ("Q4_K", 8, 16, 2, "atomic", 1), ("Q4_K", 2, 16, 4, "atomic", 2),
+         ("Q6_K", 1, 32, 2, "sum", 1), ("Q6_K", 2, 64, 4, "atomic", 2), ("Q6_K", 4, 16, 1, "sum", 0)]
 
 
-@pytest.mark.parametrize("qtype,threads,block_n,split,reduce,stages,prefetch", CASES)
-def test_h2_matches_its_reference(qtype, threads, block_n, split, reduce, stages, prefetch):
+@pytest.mark.parametrize("qtype,threads,block_n,split,reduce,stages", CASES)
+def test_h2_matches_its_reference(qtype, threads, block_n, split, reduce, stages):
     """The kernel adds only float16 sums (and for Q6_K each weight's rounding to 11 bits) to the
     reference's rounding of x: within 2e-3 of it (measured 4-9e-4 in the interpreter), and as close to
     the exact product as a bf16 copy of the weights is."""
     w = _weight(qtype, 40, seed=threads)
     x = torch.randn(1, COLS, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).float()
-    config = tr.RepackedConfig("h2", block_n, 1, split=split, reduce=reduce, stages=stages, quads=threads,
-                               prefetch=prefetch)
+    config = tr.RepackedConfig("h2", block_n, 1, split=split, reduce=reduce, stages=stages, quads=threads)
     got = tr.matmul_few_rows(x.to(DEVICE), w, config=config)  # float32 out: no bf16 rounding on top
     assert got.shape == (1, 40) and got.dtype == torch.float32
     want = repacked_h2_linear_ref(x.double(), w.to("cpu"), COLS // GROUPING[qtype][0] // split)
@@ -117,8 +114,5 @@ def test_h2_refuses_other_types_rows_and_splits():
         tr.matmul_few_rows(x, _weight("Q6_K", 16, seed=1), config=tr.RepackedConfig("h2", 16, 1, quads=8))
     with pytest.raises(ValueError, match='1 to 1 rows in mode "h2"'):
         tr.matmul_few_rows(torch.cat([x, x]), _weight("Q4_K", 16, seed=1), config=config)
-    for bad in (tr.RepackedConfig("h2", 32, 1, prefetch=-1), tr.RepackedConfig("int", 32, 1, prefetch=2)):
-        with pytest.raises(ValueError, match="unknown config"):  # prefetch is mode "h2"'s alone, and >= 0
-            tr.matmul_few_rows(x, _weight("Q4_K", 16, seed=1), config=bad)
     with pytest.raises(ValueError, match='mode "h2" takes Q4_K and Q6_K'):
         repacked_h2_linear_ref(x.cpu(), _weight("Q8_0", 16, seed=1).to("cpu"), 4)

@@ -179,31 +179,6 @@ def _plane_pair_codes(words, shifted, high2, jp: tl.constexpr, QTYPE: tl.constex
 
 
 @triton.jit
-def _prefetch_l2(ptr, ASM: tl.constexpr):
-    """Asks L2 for the line holding each address of `ptr` (PTX prefetch.global.L2: a hint that no
-    register waits on, so it costs an issue slot and no occupancy). The interpreter (ASM false) has
-    no cache to warm and skips it."""
-    if ASM:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptr], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_group(row_codes, row_high, s_rows, d_rows, g, LANES: tl.constexpr, QTYPE: tl.constexpr,
-                    ASM: tl.constexpr):
-    """Group g's lines of each row ([BN] pointers to the rows' starts): its codes, Q6_K's top bits, its
-    scale words and its d, asked of L2 ahead of `_load_group`."""
-    _prefetch_l2(row_codes + g * LANES, ASM)
-    if QTYPE == 3:
-        _prefetch_l2(row_high + g * LANES, ASM)
-        _prefetch_l2(s_rows + 2 * g, ASM)
-        _prefetch_l2(d_rows + g // 2, ASM)
-    else:
-        _prefetch_l2(s_rows + 4 * g, ASM)
-        _prefetch_l2(d_rows + g, ASM)
-
-
-@triton.jit
 def _slice_exponent(x_ptr, k0, SLICE: tl.constexpr, GROUP: tl.constexpr):
     """e (int32) with max |x[k0 : k0 + SLICE]| * 2**-e in [2**12, 2**13), clamped to -126..126 (a zero
     or subnormal slice: -126)."""
@@ -305,7 +280,7 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
                stride_ysplit, QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, W_SCALE: tl.constexpr,
                STRIDE: tl.constexpr,
                SLICE_GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, THREADS: tl.constexpr, REDUCE: tl.constexpr,
-               NUM_STAGES: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+               NUM_STAGES: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     # Program (pid_n, pid_k): weight rows pid_n * BLOCK_N.., groups pid_k * SLICE_GROUPS... REDUCE as
     # `triton_gguf_repacked._repacked_kernel`'s (0 store, 1 split-K partial, 2 atomic add).
@@ -325,17 +300,6 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
     t = tl.arange(0, THREADS)[None, :]
     s_rows = s_ptr + rn64 * stride_sn
     d_rows = d_ptr + rn64 * stride_dn
-    # PREFETCH > 0: the group PREFETCH ahead of each group's loads is asked of L2 first (the first
-    # PREFETCH before x's preparation), so that those loads wait on L2 rather than on DRAM without
-    # holding registers as stages 2 does (rows past N ask for row N - 1's lines; past the slice, its
-    # last group's).
-    safe = tl.minimum(rn64, N - 1)
-    pf_codes = c_ptr + safe * stride_cn
-    pf_high = h_ptr + safe * stride_hn
-    pf_scales = s_ptr + safe * stride_sn
-    pf_d = d_ptr + safe * stride_dn
-    for ahead in tl.static_range(1, PREFETCH + 1):
-        _prefetch_group(pf_codes, pf_high, pf_scales, pf_d, tl.minimum(g_first + ahead, g_end - 1), LANES, QTYPE, ASM)
     # NUM_STAGES 1: each group's loads, then its arithmetic; 0: the same, but the first group's loads
     # go out before x's preparation (they wait through it instead of after it); 2: the next group's
     # codes and scales are loaded into registers before this group's arithmetic (and the first before
@@ -353,9 +317,6 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
                            CH, LANES, QTYPE, ASM)
         g_loop = g_first + 1
     for g in tl.range(g_loop, g_end, num_stages=1):
-        if PREFETCH > 0:
-            _prefetch_group(pf_codes, pf_high, pf_scales, pf_d, tl.minimum(g + PREFETCH, g_end - 1), LANES, QTYPE,
-                            ASM)
         if NUM_STAGES == 2:
             ahead = tl.minimum(g + 1, g_end - 1)  # the last turn loads its own group again (a cache hit)
             n_words, n_high2, n_w0, n_w1, n_w2, n_w3, n_dw = _load_group(row_words, row_high, row_ok, s_rows, d_rows,
@@ -373,7 +334,7 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
 
 def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int, qtype: str,
            groups_per_split: int, stride_split: int, grid: tuple[int, int], block_n: int, threads: int, reduce: int,
-           stages: int, warps: int, prefetch: int = 0) -> None:
+           stages: int, warps: int) -> None:
     """Mode "h2" of `triton_gguf_repacked.matmul_few_rows` (which checks the arguments and sums the
     split-K partials): x [1, K] times the Q4_K or Q6_K weight into `target`."""
     meta = kernel_constants(qtype)
@@ -383,5 +344,5 @@ def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int
     scratch = torch.empty(x.shape[1] // meta["GROUP"] * meta["STRIDE"], dtype=torch.int32, device=x.device)
     _h2_kernel[grid](x, scratch, codes, high, scales, d, target, n, codes.stride(0), high.stride(0), scales.stride(0),
                      d.stride(0), stride_split, SLICE_GROUPS=groups_per_split, BLOCK_N=block_n, THREADS=threads,
-                     REDUCE=reduce, NUM_STAGES=stages, ASM=x.device.type == "cuda", PREFETCH=prefetch,
-                     num_warps=warps, **meta, **pdl.options())
+                     REDUCE=reduce, NUM_STAGES=stages, ASM=x.device.type == "cuda", num_warps=warps, **meta,
+                     **pdl.options())

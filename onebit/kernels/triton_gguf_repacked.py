@@ -62,8 +62,7 @@ class RepackedConfig(NamedTuple):
     cores) or "i8" (1 row, int8 x); BLOCK_N weight rows per program; NG groups per loop turn; split:
     programs along K (0: enough for about `programs` programs); reduce "sum" or "atomic"; warps;
     pipeline stages; quads (mode "i8"): how many of a (row, group)'s quads of four lanes are read at
-    once, one a thread (1: one thread walks them all; up to LANES / 4); prefetch (mode "h2"): how many
-    groups ahead of its loads a program asks L2 for (0: none)."""
+    once, one a thread (1: one thread walks them all; up to LANES / 4)."""
 
     mode: str = "fma"
     block_n: int = 16
@@ -74,7 +73,6 @@ class RepackedConfig(NamedTuple):
     stages: int = 2
     programs: int = 1024
     quads: int = 1
-    prefetch: int = 0
 
 
 # Candidates bench/gpu_gguf_repacked.py sweeps (named so its table can say which won). Dropped after the
@@ -159,13 +157,6 @@ CONFIGS = {
     "h2-n64-t2-p256": RepackedConfig("h2", 64, 1, programs=256, quads=2),
     "h2-n64-t4": RepackedConfig("h2", 64, 1, programs=512, quads=4),
     "h2-n64-t4-s1": RepackedConfig("h2", 64, 1, stages=1, programs=512, quads=4),
-    # session 20's candidates: the next groups' lines asked of L2 ahead of their loads (PTX prefetch: no
-    # registers held, where stages 2's register prefetch lost to the occupancy it cost)
-    "h2-n128-t1-s0-f1": RepackedConfig("h2", 128, 1, stages=0, programs=512, quads=1, prefetch=1),
-    "h2-n128-t1-s0-f2": RepackedConfig("h2", 128, 1, stages=0, programs=512, quads=1, prefetch=2),
-    "h2-n128-t1-s0-f4": RepackedConfig("h2", 128, 1, stages=0, programs=512, quads=1, prefetch=4),
-    "h2-n128-t1-s0-p256-f2": RepackedConfig("h2", 128, 1, stages=0, programs=256, quads=1, prefetch=2),
-    "h2-n64-t2-s1-f2": RepackedConfig("h2", 64, 1, stages=1, programs=512, quads=2, prefetch=2),
     "i8-n32-g4-s1": RepackedConfig("i8", 32, 4, stages=1, programs=512),
     "i8-n128-g2-w8-s1": RepackedConfig("i8", 128, 2, warps=8, stages=1, programs=256),
     "i8-n128-g1-s1-p1024": RepackedConfig("i8", 128, 1, stages=1, programs=1024),
@@ -880,8 +871,6 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
         raise ValueError(f'mode "h2" takes {", ".join(H2_TYPES)}, not {weight.qtype}')
     if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode not in ("i8", "h2")):
         raise ValueError(f"unknown config {config}")
-    if config.prefetch < 0 or (config.prefetch and config.mode != "h2"):
-        raise ValueError(f"unknown config {config}")
     if out is None:
         out = torch.empty(m, weight.rows, dtype=x.dtype, device=x.device)
     x = x.contiguous()
@@ -903,8 +892,7 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
         from onebit.kernels import triton_gguf_h2  # beside triton_gguf_f16, which builds on this module
 
         triton_gguf_h2.launch(x, codes, high, scales, d, target, weight.rows, weight.qtype, groups // split,
-                              stride_split, grid, config.block_n, config.quads, reduce, config.stages, config.warps,
-                              config.prefetch)
+                              stride_split, grid, config.block_n, config.quads, reduce, config.stages, config.warps)
     elif config.mode in F16_MODES:
         from onebit.kernels import triton_gguf_f16  # it builds on this module's helpers
 
