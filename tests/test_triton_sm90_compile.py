@@ -190,7 +190,7 @@ COMPILE = textwrap.dedent("""
             ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}),
             # mode "f16"'s x preparation: its own launch, and the input norm that makes it instead
             ("triton_gguf_f16", "_prepare_x_kernel", {"x16_ptr": "*fp16", "xm_ptr": "*fp16", "xe_ptr": "*fp32"},
-             {"BLOCK": 256, "SUB": 32}),
+             {"BLOCK": 256, "SUB": 32, "CHUNKS": 16}),
             ("triton_gguf_f16", "_add_rms_norm_f16_kernel", {"x16_ptr": "*fp16", "xm_ptr": "*fp16", "xe_ptr": "*fp32"},
              {"HAS_RESIDUAL": True, "BLOCK": 4096, "CHUNK": 256, "SUB": 32}),
             ("triton_gemv", "_skinny_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}),
