@@ -5,7 +5,7 @@
 # "new" is the tree as carried; "old" a copy of its onebit/, bench/, tests/ and tools/ with every file under .ab/old laid over
 # it (same relative paths). The runs alternate (RUNS, default new,old,new,old) so that a machine's
 # drift shows as a spread within each side instead of a difference between them; each run is
-# bench/gpu_gguf_quant.py --skip-kernels (G26) with RUN_ARGS, its JSON kept as $OUT/RUN-I.json, and a
+# bench/gpu_gguf_quant.py --skip-kernels (G26) with RUN_ARGS, its JSON kept as $OUT/SIDE-I.json (old-2.json, ...), and a
 # table of decode tok/s per run is printed last. Session 20 left this for the unrolled prepare_x and
 # norm loops (7546150): `git show 7546150~1:onebit/kernels/triton_gguf_f16.py`.
 # Environment: RUNS, RUN_ARGS (--runs q4km-packed --batches 8,64), OLD (.ab/old), WHEELS (1), OUT. A CPU try
@@ -40,7 +40,6 @@ python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 rows = []
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1])):
-    side = path.stem.split("-")[0]
     for run, data in json.loads(path.read_text()).items():
         rows.append((path.stem, run, data["decode_tok_s"]))
 batches = sorted({b for _, _, d in rows for b in d}, key=int)

@@ -61,14 +61,15 @@ def _store_f16_chunk(values, e, x16_row, xm_row, k0, cols, n_valid, BLOCK: tl.co
 
 
 @triton.jit
-def _prepare_x_kernel(x_ptr, x16_ptr, xm_ptr, xe_ptr, K, stride_xm,
+def _prepare_x_kernel(x_ptr, x16_ptr, xm_ptr, xe_ptr, stride_xm,
                       BLOCK: tl.constexpr, SUB: tl.constexpr, CHUNKS: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     # Program (row, chunk): the whole row's largest magnitude (every chunk of a row reads the row, so
     # that one launch does it all: a few L2 reads of a <= 24 KB row), then its own BLOCK columns
     # scaled by 2**-e into float16 and each SUB-column sub-block's mean of those float16 values.
-    # The row's CHUNKS = K / BLOCK reads are unrolled, so that they go out together: as a runtime loop
-    # each waited for the one before (ncu, session 20: 4.2-4.9 us a launch at K = 4096, ~11 at 12,288).
+    # The row's CHUNKS reads (K = CHUNKS * BLOCK columns) are unrolled, so that they go out together: as
+    # a runtime loop each waited for the one before (ncu, session 20: 4.2-4.9 us a launch at K = 4096).
+    K: tl.constexpr = CHUNKS * BLOCK
     row = tl.program_id(0)
     k0 = tl.program_id(1) * BLOCK
     cols = tl.arange(0, BLOCK)
@@ -93,7 +94,7 @@ def prepare_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     x16 = torch.empty(m, k, dtype=torch.float16, device=x.device)
     xm = torch.empty(m, k // 32, dtype=torch.float16, device=x.device)
     xe = torch.empty(m, dtype=torch.float32, device=x.device)
-    _prepare_x_kernel[(m, k // PREPARE_BLOCK)](x, x16, xm, xe, k, x.stride(0), BLOCK=PREPARE_BLOCK, SUB=32,
+    _prepare_x_kernel[(m, k // PREPARE_BLOCK)](x, x16, xm, xe, x.stride(0), BLOCK=PREPARE_BLOCK, SUB=32,
                                                CHUNKS=k // PREPARE_BLOCK, num_warps=4, **pdl.options())
     return x16, xm, xe
 
