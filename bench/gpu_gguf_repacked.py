@@ -7,8 +7,9 @@ Kernels: Q4_K, Q6_K, Q8_0 weights (random bf16 encoded by onebit.testing.gguf_en
 `gguf_repack.RepackedMatrix`) at the Qwen3-8B products (qkv 6144x4096, o 4096x4096, gate_up 24576x4096,
 down 4096x12288) and the head (151936x4096), 1/2/4/8/16 activation rows (--rows: others, "int" and "dot" up to 64): every
 `triton_gguf_repacked.CONFIGS` entry (each mode up to its MODE_MAX_ROWS) and bf16 cuBLAS on the dequantized
-weight, each timed inside a CUDA graph (`onebit.kernels.timing.graph_us`); TB/s counts the bytes each
-reads (repacked bytes; bf16: 2 per weight). Each config's result is checked against the float32
+weight, each timed inside a CUDA graph (`onebit.kernels.timing.graph_us`; modes "f16"/"f16s" on rows
+prepared beforehand at the products whose producer prepares them, PREPARED_PRODUCTS); TB/s counts the
+bytes each reads (repacked bytes; bf16: 2 per weight). Each config's result is checked against the float32
 product with the dequantized weight, and the Triton dequantizer against the torch reference bit for
 bit. The kernels of the sweep are compiled first in parallel worker processes (Triton's disk cache),
 so the timing loop compiles nothing.
@@ -42,6 +43,12 @@ import torch
 
 PRODUCTS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096),
             "down_proj": (4096, 12288), "lm_head": (151936, 4096)}
+# The products whose producer hands them `F16Rows` in the engine (the input norms before qkv and
+# gate_up, SiLU * mul before down: `onebit.models.gguf.packed.fuse_f16_inputs`): modes "f16"/"f16s" are
+# timed there on rows prepared outside the timing, as the engine runs them (before session 21 every
+# product paid its own `prepare_x` launch here, 4-5 us, which held "int" ahead at some of them); o_proj
+# and the head prepare x themselves.
+PREPARED_PRODUCTS = ("qkv_proj", "gate_up_proj", "down_proj")
 # --rows, --types, --configs and --wide set $ONEBIT_SWEEP_ROWS, _TYPES, _CONFIGS and _WIDE so that
 # the compile workers sweep the same counts, types and configs.
 TYPES = tuple(os.environ.get("ONEBIT_SWEEP_TYPES", "Q4_K,Q6_K,Q8_0").split(","))
@@ -180,7 +187,9 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
     import torch.nn.functional as F
 
     from onebit.kernels import triton_gguf_repacked as tr
+    from onebit.kernels.gguf_repack import F16Rows
     from onebit.kernels.timing import graph_us
+    from onebit.kernels.triton_gguf_f16 import prepare_x
 
     dev = torch.device(device)
     graph_us = timer or graph_us
@@ -199,15 +208,19 @@ def sweep(out: Path, errors: dict, device: str = "cuda", timer=None) -> tuple[li
             for m in ROWS:
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 want = x.float() @ dense.t()
+                prepared = x
+                if name in PREPARED_PRODUCTS and m <= tr.MAX_INT_ROWS:
+                    prepared = F16Rows(x, *prepare_x(x))
                 rec = {"product": name, "n": n, "k": k, "qtype": qtype, "rows": m, "bytes": w.nbytes,
                        "bf16_us": graph_us(lambda: F.linear(x, dense16)), "us": {}, "rel_err": {}}
                 for label, config in configs.items():
                     if not runs_config(config, m, qtype) or errors.get((qtype, label)):
                         continue
+                    xin = prepared if config.mode in tr.F16_MODES else x
                     try:
-                        got = tr.matmul_few_rows(x, w, config=config).float()
+                        got = tr.matmul_few_rows(xin, w, config=config).float()
                         rec["rel_err"][label] = ((got - want).norm() / want.norm()).item()
-                        rec["us"][label] = graph_us(lambda: tr.matmul_few_rows(x, w, config=config))
+                        rec["us"][label] = graph_us(lambda: tr.matmul_few_rows(xin, w, config=config))
                     except Exception as err:  # a launch failure is a result, not a crash
                         print(f"{name} {qtype} {m} {label}: {type(err).__name__}: {str(err)[:200]}", flush=True)
                 records.append(rec)

@@ -111,3 +111,24 @@ def test_the_quant_checks_name_configs_the_sweep_and_the_stalls_script_know(monk
     monkeypatch.setenv("ONEBIT_SWEEP_CONFIGS", "fma-n64-g2,no-such-config")
     with pytest.raises(SystemExit, match="no-such-config"):
         gpu_gguf_repacked.sweep_configs()
+
+
+def test_the_prepared_rows_sweep_times_every_shipped_pick_it_may_replace():
+    """bench/gpu_prepared_rows.sh's configs are `triton_gguf_repacked.CONFIGS` entries and include the
+    shipped table's pick at each of its types and row counts (type and shape keys): the merge only
+    replaces a pick that the sweep timed beside its rival."""
+    import json
+    import re
+
+    from onebit.kernels import triton_gguf_repacked as tr
+
+    script = (ROOT / "bench" / "gpu_prepared_rows.sh").read_text()
+    configs = re.search(r"CONFIGS=\$\{CONFIGS:-([^}]+)\}", script).group(1).split(",")
+    types = re.search(r"TYPES=\$\{TYPES:-([^}]+)\}", script).group(1).split(",")
+    rows = re.search(r"ROWS=\$\{ROWS:-([^}]+)\}", script).group(1).split(",")
+    assert set(configs) <= set(tr.CONFIGS)
+    names = {tuple(c): name for name, c in tr.CONFIGS.items()}
+    table = json.loads(tr.TABLE_FILE.read_text())
+    shipped = {names[tuple(tr.RepackedConfig(**table[key][m]))] for key in table if key.split()[0] in types
+               for m in rows if m in table[key]}
+    assert shipped and shipped <= set(configs), shipped - set(configs)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Producers that prepare the packed products' float16 rows, in one device call (#20, session 21; ~7 min
+# with a cold start; carry .whl and .ab):
+#   here:    mkdir -p .ab/old/onebit/models/gguf .ab/old/onebit/kernels
+#            git show REV:onebit/models/gguf/packed.py > .ab/old/onebit/models/gguf/packed.py
+#            git show REV:onebit/kernels/gguf_repacked_table.json > .ab/old/onebit/kernels/gguf_repacked_table.json
+#   device:  run(command="OUT=$OUT bash bench/gpu_prepared_rows.sh", carry=[".whl", ".ab"], timeout_s=600)
+# with REV the commit before `PackedSwiGLU` (SiLU * mul handing the down product `F16Rows`).
+#   1. tests/test_gguf_f16.py's producer tests on the GPU (bfloat16, inline PTX);
+#   2. the 8-64-row sweep of TYPES on CONFIGS (bench/gpu_gguf_repacked.py), modes "f16"/"f16s" now timed
+#      on prepared rows at the products whose producer prepares them (qkv, gate_up, down);
+#   3. its winners merged into this tree's table where they beat the shipped pick by MIN_GAIN
+#      (tools/merge_repacked_table.py --shapes --write; the merged table comes back as
+#      gguf_repacked_table.json);
+#   4. the engine, Q4_K_M packed at B = 8 / 64, alternating (bench/gpu_file_ab.sh, RUNS): "new" is this
+#      tree with the merged table, "old" the tree with .ab/old laid over it (the producers and table
+#      before the change). A table of decode tok/s per run is printed last.
+# Environment: TYPES, ROWS, CONFIGS, MIN_GAIN (1.03), RUNS (new,old,new), OUT.
+set -u
+. "$(dirname "$0")/device_lib.sh"
+OUT=${OUT:-/tmp/out}
+TYPES=${TYPES:-Q4_K,Q6_K}
+ROWS=${ROWS:-8,16,32,64}
+# the shipped picks at 8-64 rows (the merge compares each against the sweep's best) and their neighbours
+CONFIGS=${CONFIGS:-int-n64-g1-s3,int-n64-g1-p256,int-n64-g1-s3-p256,f16s-n128,f16s-n128-p256,f16s-n128-p512,f16s-n64-p512,f16-n128}
+mkdir -p "$OUT"
+[[ -d .ab/old ]] || { echo "no .ab/old: put the old producers and table there (see the header)"; exit 1; }
+install_wheels || exit 1
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+say "1: producer tests on the GPU"
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gguf_f16.py \
+    -k "prepares or prepared" > "$OUT/pytest.txt" 2>&1
+tail -1 "$OUT/pytest.txt"
+say "2: sweep of $TYPES at $ROWS rows"
+timeout 240 python3 bench/gpu_gguf_repacked.py --out "$OUT/sweep" --types "$TYPES" \
+    --rows "$ROWS" --configs "$CONFIGS" > "$OUT/sweep.log" 2>&1 || echo "sweep: rc $? (log: sweep.log)"
+say "3: merge"
+python3 tools/merge_repacked_table.py "$OUT/sweep" --min-gain "${MIN_GAIN:-1.03}" --shapes --write \
+    > "$OUT/merge.txt" 2>&1 || echo "merge: rc $?"
+cat "$OUT/merge.txt"
+cp onebit/kernels/gguf_repacked_table.json "$OUT/"
+rm -f "$OUT"/sweep/*.pt
+say "4: engine A/B"
+WHEELS=0 RUNS=${RUNS:-new,old,new} OUT=$OUT bash bench/gpu_file_ab.sh
