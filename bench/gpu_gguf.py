@@ -19,6 +19,7 @@ import argparse
 import json
 import random
 import resource
+import statistics
 import shutil
 import subprocess
 import sys
@@ -144,9 +145,11 @@ def child(model: str, device: str, out: Path) -> None:
     print(json.dumps(record))
 
 
-def decode_tok_s(llm, batches) -> dict[int, float]:
+def decode_tok_s(llm, batches, repeats: int = 3) -> dict[int, float]:
     """Decode tokens/s of `llm` at each batch size: 64 new tokens after 128-token random prompts, the
-    time of a 1-token run with other prompts subtracted (prefill), after a short warm-up run."""
+    time of a 1-token run with other prompts subtracted (prefill), after a short warm-up run; the
+    median of `repeats` such pairs (one pair moved B=8 by up to 12% between runs of one tree on one
+    machine, session 21)."""
     from onebit import SamplingParams
 
     rng = random.Random(0)
@@ -159,7 +162,7 @@ def decode_tok_s(llm, batches) -> dict[int, float]:
             llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
             return time.perf_counter() - start
         run(4)  # warm-up
-        speed[b] = round(b * 64 / max(run(65) - run(1), 1e-9), 1)
+        speed[b] = round(statistics.median(b * 64 / max(run(65) - run(1), 1e-9) for _ in range(repeats)), 1)
     return speed
 
 

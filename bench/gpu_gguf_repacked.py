@@ -44,11 +44,11 @@ import torch
 PRODUCTS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (24576, 4096),
             "down_proj": (4096, 12288), "lm_head": (151936, 4096)}
 # The products whose producer hands them `F16Rows` in the engine (the input norms before qkv and
-# gate_up, SiLU * mul before down: `onebit.models.gguf.packed.fuse_f16_inputs`): modes "f16"/"f16s" are
-# timed there on rows prepared outside the timing, as the engine runs them (before session 21 every
-# product paid its own `prepare_x` launch here, 4-5 us, which held "int" ahead at some of them); o_proj
-# and the head prepare x themselves.
-PREPARED_PRODUCTS = ("qkv_proj", "gate_up_proj", "down_proj")
+# gate_up: `onebit.models.gguf.packed.fuse_f16_inputs`): modes "f16"/"f16s" are timed there on rows
+# prepared outside the timing, as the engine runs them (before session 21 every product paid its own
+# `prepare_x` launch here, 4-5 us, which held "int" ahead at some of them); o_proj, down_proj and the
+# head prepare x themselves.
+PREPARED_PRODUCTS = ("qkv_proj", "gate_up_proj")
 # --rows, --types, --configs and --wide set $ONEBIT_SWEEP_ROWS, _TYPES, _CONFIGS and _WIDE so that
 # the compile workers sweep the same counts, types and configs.
 TYPES = tuple(os.environ.get("ONEBIT_SWEEP_TYPES", "Q4_K,Q6_K,Q8_0").split(","))

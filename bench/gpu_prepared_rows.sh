@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Producers that prepare the packed products' float16 rows, in one device call (#20, session 21; ~7 min
-# with a cold start; carry .whl and .ab):
+# The 8-64-row sweep with f16 modes timed as the engine runs them, merged, then an engine A/B against the
+# tree before, in one device call (#20, session 21; ~7 min with a cold start; carry .whl and .ab). Session 21
+# ran it with SiLU * mul preparing the down product's rows (`PackedSwiGLU`, since removed: it lost 24% at B=8):
 #   here:    mkdir -p .ab/old/onebit/models/gguf .ab/old/onebit/kernels
 #            git show REV:onebit/models/gguf/packed.py > .ab/old/onebit/models/gguf/packed.py
 #            git show REV:onebit/kernels/gguf_repacked_table.json > .ab/old/onebit/kernels/gguf_repacked_table.json

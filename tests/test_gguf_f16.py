@@ -148,27 +148,6 @@ def test_the_input_norm_prepares_its_rows_as_prepare_x_does(cols):
         tf.add_rms_norm_f16(torch.zeros(1, 300, device=DEVICE), None, torch.ones(300, device=DEVICE), 1e-6)
 
 
-@pytest.mark.parametrize("cols", [512, 1280])  # 1280: past the kernel's 1024-column SiLU blocks, masked
-def test_silu_mul_prepares_its_rows_as_prepare_x_does(cols):
-    """`silu_mul_f16`: the activations bit for bit `silu_mul`'s, and their float16 copy, means and scale
-    bit for bit `prepare_x`'s of them; a row with large gate and up values passes float16's range
-    (scale > 1), the others do not."""
-    from onebit.kernels import triton_fused
-
-    gate_up = torch.randn(3, 2 * cols, generator=torch.Generator().manual_seed(cols))
-    gate_up[1, :5] = 300.0  # silu(300) * 300: 90,000, past 2**15
-    gate_up[1, cols:cols + 5] = 300.0
-    gate_up = gate_up.to(DEVICE, NORM_DTYPE)
-    rows = tf.silu_mul_f16(gate_up)
-    want = triton_fused.silu_mul(gate_up)
-    assert isinstance(rows, F16Rows) and torch.equal(rows.x, want)
-    for got, expect in zip(rows[1:], tf.prepare_x(want)):
-        assert got.dtype == expect.dtype and torch.equal(got, expect)
-    assert rows.xe[1].item() > 1.0 and rows.xe[0].item() == rows.xe[2].item() == 1.0
-    with pytest.raises(ValueError, match="multiple of 256"):
-        tf.silu_mul_f16(torch.zeros(1, 600, device=DEVICE))
-
-
 def test_prepared_rows_give_every_mode_the_same_numbers():
     """A product handed `F16Rows` computes what it computes from their x: modes "f16s" and "f16" read
     the preparation, "int" reads x; through `packed_linear` with parts of both kinds too."""

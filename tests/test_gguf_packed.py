@@ -20,18 +20,15 @@ from tests.model_probe import all_logits
 Q = gguf.GGMLQuantizationType
 PROMPT = list(range(3, 40, 2))
 # Every packed type, fused q/k/v and gate/up rows of different types, one matrix of a type the kernels
-# do not read (so that layer stays dequantized), the untied head packed, the embedding dequantized;
-# layer 0's ffn_down Q6_K (mode "f16s" at the prompt's rows, so SiLU * mul prepares its input).
+# do not read (so that layer stays dequantized), the untied head packed, the embedding dequantized.
 MIXED = {"attn_q": Q.Q4_K, "attn_k": Q.Q8_0, "attn_v": Q.Q6_K, "attn_output": Q.Q4_K, "ffn_gate": Q.Q4_K,
          "ffn_up": Q.Q6_K, "ffn_down": Q.Q8_0, "output": Q.Q6_K, "token_embd": Q.Q4_K}
 
 
 def mixed_type(name: str, tensor: torch.Tensor) -> Q:
-    """MIXED's type for a GGUF matrix name, Q4_0 for blk.1.attn_output, Q6_K for blk.0.ffn_down."""
+    """MIXED's type for a GGUF matrix name, Q4_0 for blk.1.attn_output."""
     if name == "blk.1.attn_output.weight":
         return Q.Q4_0
-    if name == "blk.0.ffn_down.weight":
-        return Q.Q6_K
     return MIXED.get(name.split(".")[-2], Q.F32)  # vectors stay F32 anyway
 
 
@@ -140,22 +137,19 @@ def test_the_triton_kernels_inside_the_model_give_the_same_logits(loads, monkeyp
     assert ((got - want).norm() / want.norm()).item() < 2e-3
 
 
-def test_the_producers_of_packed_products_prepare_their_float16_rows(loads, monkeypatch):
-    """The input norms before qkv and gate_up become `PackedInputNorm`s and the MLPs `PackedSwiGLU`s
-    (only in the packed model); made to hand `F16Rows` on CPU (the GPU's condition, in Triton's
-    interpreter) they leave the logits bit for bit those of the kernels that prepare x themselves
-    (every norm and SiLU * mul through its Triton kernel in both runs, as on the GPU: off CUDA the plain
-    ones would take the torch reference)."""
-    from onebit.kernels import gguf_quants, ops, triton_gguf_f16
-    from onebit.models.gguf.packed import PackedInputNorm, PackedSwiGLU
+def test_the_norms_before_packed_products_prepare_their_float16_rows(loads, monkeypatch):
+    """The input norms before qkv and gate_up become `PackedInputNorm`s (only in the packed model); made
+    to hand `F16Rows` on CPU (the GPU's condition, in Triton's interpreter) they leave the logits bit
+    for bit those of the kernels that prepare x themselves (every norm through its Triton kernel in
+    both runs, as on the GPU: off CUDA the plain norms would take the torch reference)."""
+    from onebit.kernels import gguf_quants, ops
+    from onebit.models.gguf.packed import PackedInputNorm
 
     pytest.importorskip("onebit.kernels.triton_gguf_f16")
     packed, dequantized = loads
     norms = [name for name, m in packed.engine.runner.model.named_modules() if isinstance(m, PackedInputNorm)]
     assert sorted(norms) == [f"layers.{i}.{n}" for i in range(2) for n in ("input_layernorm", "post_attention_layernorm")]
-    mlps = [name for name, m in packed.engine.runner.model.named_modules() if isinstance(m, PackedSwiGLU)]
-    assert sorted(mlps) == ["layers.0.mlp", "layers.1.mlp"]
-    assert not any(isinstance(m, (PackedInputNorm, PackedSwiGLU)) for m in dequantized.engine.runner.model.modules())
+    assert not any(isinstance(m, PackedInputNorm) for m in dequantized.engine.runner.model.modules())
     reference = gguf_quants.packed_linear
     monkeypatch.setattr(gguf_quants, "packed_linear", lambda x, parts, bias=None: reference(x, parts, bias, True))
     monkeypatch.setattr(ops, "_triton", lambda t: ops.triton_fused is not None)
@@ -168,15 +162,5 @@ def test_the_producers_of_packed_products_prepare_their_float16_rows(loads, monk
         return takes(self, rows, torch.device("cuda"))
 
     monkeypatch.setattr(PackedGGUFLinear, "takes_f16_rows", on_any_device)
-    prepared_by_silu = []
-    silu_mul_f16 = triton_gguf_f16.silu_mul_f16
-
-    def counted(gate_up):
-        prepared_by_silu.append(gate_up.shape[0])
-        return silu_mul_f16(gate_up)
-
-    monkeypatch.setattr(triton_gguf_f16, "silu_mul_f16", counted)
     assert torch.equal(all_logits(packed, PROMPT), plain)
     assert len(PROMPT) in handed  # the prompt's rows went through the fused norm (Q6_K parts: "f16s")
-    # layer 0's Q6_K down product took the prompt's rows from SiLU * mul; layer 1's Q8_0 ("int") did not
-    assert prepared_by_silu.count(len(PROMPT)) == 1

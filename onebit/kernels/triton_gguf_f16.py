@@ -33,7 +33,7 @@ import triton.language as tl
 
 from onebit.kernels import pdl
 from onebit.kernels.gguf_repack import F16Rows
-from onebit.kernels.triton_fused import _add_rms_norm_row, _silu_mul_row
+from onebit.kernels.triton_fused import _add_rms_norm_row
 from onebit.kernels.triton_gguf import _store_partial
 from onebit.kernels.triton_gguf_repacked import (_group_code_pairs, _load_scales, _pairs_to_dtype, _plane_byte,
                                                  _plane_code_bits, _plane_scale, _program_tile)
@@ -143,52 +143,6 @@ def add_rms_norm_f16(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
                                       BLOCK=triton.next_power_of_2(cols), CHUNK=PREPARE_BLOCK, SUB=32, num_warps=4,
                                       **pdl.options())
     return F16Rows(out, x16, xm, xe), (res_out if residual is not None else None)
-
-
-@triton.jit
-def _silu_mul_f16_kernel(gu_ptr, out_ptr, x16_ptr, xm_ptr, xe_ptr, N: tl.constexpr, ACT_BLOCK: tl.constexpr,
-                         CHUNK: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.wait_for_previous(PDL)
-    # One row: silu(gate) * up as `triton_fused.silu_mul` stores it (the same elementwise arithmetic),
-    # its largest magnitude on the way, then that stored row prepared as `_prepare_x_kernel` prepares
-    # it, chunk by chunk through the same helper after a barrier (as `_add_rms_norm_f16_kernel`).
-    # Both loops are unrolled so that their reads go out together.
-    row = tl.program_id(0).to(tl.int64)
-    gu_row = gu_ptr + row * 2 * N
-    out_row = out_ptr + row * N
-    cols = tl.arange(0, ACT_BLOCK)
-    amax = tl.zeros((ACT_BLOCK,), dtype=tl.float32)
-    for k0 in tl.static_range(0, N, ACT_BLOCK):
-        ok = k0 + cols < N
-        act = _silu_mul_row(gu_row, k0 + cols, ok, N)
-        tl.store(out_row + k0 + cols, act, mask=ok)
-        amax = tl.maximum(amax, tl.where(ok, tl.abs(act.to(tl.float32)), 0.0))
-    e = _row_exponent(tl.max(amax, axis=0))
-    tl.store(xe_ptr + row, ((127 + e) << 23).to(tl.float32, bitcast=True))
-    tl.debug_barrier()  # every thread's part of the row stored before any thread reads a chunk back
-    chunk = tl.arange(0, CHUNK)
-    for k0 in tl.static_range(0, N, CHUNK):
-        _store_f16_chunk(tl.load(out_row + k0 + chunk).to(tl.float32), e, x16_ptr + row * N, xm_ptr + row * (N // SUB),
-                         k0, chunk, CHUNK, CHUNK, SUB)
-
-
-def silu_mul_f16(gate_up: torch.Tensor) -> F16Rows:
-    """silu(gate) * up for a contiguous [T, 2 I] gate_up (I a multiple of PREPARE_BLOCK) with mode
-    "f16"'s preparation of it, in one launch: `F16Rows` whose x is what `triton_fused.silu_mul`
-    returns and whose x16, xm, xe are what `prepare_x` makes of it (the input of a down product that
-    runs in mode "f16"/"f16s")."""
-    rows, width = gate_up.shape
-    n = width // 2
-    if n % PREPARE_BLOCK:
-        raise ValueError(f"silu_mul_f16 takes a multiple of {PREPARE_BLOCK} columns a half, got {n}")
-    out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
-    x16 = torch.empty(rows, n, dtype=torch.float16, device=gate_up.device)
-    xm = torch.empty(rows, n // 32, dtype=torch.float16, device=gate_up.device)
-    xe = torch.empty(rows, dtype=torch.float32, device=gate_up.device)
-    # 4 warps and PREPARE_BLOCK chunks, as `prepare_x` launches: the same sums of each sub-block, bit for bit
-    _silu_mul_f16_kernel[(rows,)](gate_up, out, x16, xm, xe, N=n, ACT_BLOCK=1024, CHUNK=PREPARE_BLOCK, SUB=32,
-                                  num_warps=4, **pdl.options())
-    return F16Rows(out, x16, xm, xe)
 
 
 @triton.jit

@@ -24,7 +24,7 @@ from onebit.kernels.gguf_quants import PackedMatrix
 from onebit.kernels.gguf_repack import F16Rows, RepackedMatrix
 from onebit.models.gguf.files import GGUFFile
 from onebit.models.gguf.weights import CHUNK_ELEMENTS, unpermute_rows
-from onebit.models.layers import Linear, RMSNorm, SwiGLU
+from onebit.models.layers import Linear, RMSNorm
 from onebit.models.loader import param_target
 
 
@@ -115,27 +115,10 @@ class PackedInputNorm(RMSNorm):
         return super().forward(x, residual)
 
 
-class PackedSwiGLU(SwiGLU):
-    """A SwiGLU MLP whose down product is a `PackedGGUFLinear`: for the row counts that product runs in
-    mode "f16"/"f16s", SiLU * mul also makes the float16 copy, sub-block means and scale those modes
-    read (`triton_gguf_f16.silu_mul_f16`), so no `prepare_x` launch runs before it."""
-
-    def forward(self, x) -> torch.Tensor:
-        """down(silu(gate(x)) * up(x)); x may come as `F16Rows` from a `PackedInputNorm`."""
-        gate_up = self.gate_up_proj(x)
-        if gate_up.dim() == 2 and gate_up.is_contiguous() and self.down_proj.takes_f16_rows(gate_up.shape[0],
-                                                                                            gate_up.device):
-            from onebit.kernels import triton_gguf_f16
-
-            return self.down_proj(triton_gguf_f16.silu_mul_f16(gate_up))
-        return super().forward(x)
-
-
 def fuse_f16_inputs(model: nn.Module) -> int:
-    """Let the producers of the packed products' inputs prepare the float16 rows modes "f16"/"f16s" read:
-    each decoder layer's RMSNorms before qkv and gate_up become `PackedInputNorm`s, and its SwiGLU a
-    `PackedSwiGLU`, where the product they feed is a `PackedGGUFLinear` (same parameters, same names;
-    the class changes in place); returns how many products are fed."""
+    """Turn each decoder layer's RMSNorms before qkv and gate_up into `PackedInputNorm`s where the
+    product after them is a `PackedGGUFLinear` (same parameters, same names; the class changes in
+    place); returns how many."""
     fed = 0
     for layer in model.modules():
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -145,9 +128,6 @@ def fuse_f16_inputs(model: nn.Module) -> int:
                 norm.__class__ = PackedInputNorm
                 object.__setattr__(norm, "consumer", product)  # not registered as a second parent of it
                 fed += 1
-        if type(mlp) is SwiGLU and isinstance(mlp.down_proj, PackedGGUFLinear):
-            mlp.__class__ = PackedSwiGLU
-            fed += 1
     return fed
 
 
