@@ -47,17 +47,28 @@ PRODUCTS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (2
             "down_proj": (4096, 12288)}
 
 
+CANDIDATES_ENV = "ONEBIT_TILE_CANDIDATES"  # --candidates: a comma-separated subset of tile_candidates()
+
+
 def tile_candidates() -> dict:
-    """name -> (RepackedConfig, block_m): the shipped TILE_CONFIG and its neighbours."""
+    """name -> (RepackedConfig, block_m): the shipped TILE_CONFIG and its neighbours (only those named in
+    $ONEBIT_TILE_CANDIDATES when set)."""
     from onebit.kernels import triton_gguf_tiles as tt
     from onebit.kernels.triton_gguf_repacked import RepackedConfig
 
-    return {"n128-m64": (tt.TILE_CONFIG, 64),
+    every = {"n128-m64": (tt.TILE_CONFIG, 64),
             "n64-m64": (RepackedConfig("f16s", 64, 1, programs=256), 64),
             "n128-m64-s3": (RepackedConfig("f16s", 128, 1, stages=3, programs=256), 64),
             "n128-m32": (RepackedConfig("f16s", 128, 1, programs=256), 32),
             "n256-m64-w8": (RepackedConfig("f16s", 256, 1, warps=8, programs=256), 64),
             "n128-m128-w8": (RepackedConfig("f16s", 128, 1, warps=8, programs=256), 128)}
+    chosen = os.environ.get(CANDIDATES_ENV)
+    if not chosen:
+        return every
+    unknown = [name for name in chosen.split(",") if name not in every]
+    if unknown:
+        raise SystemExit(f"--candidates: no such candidate {', '.join(unknown)} (names: {', '.join(every)})")
+    return {name: every[name] for name in chosen.split(",")}
 
 
 def geomean(values: list[float]) -> float:
@@ -227,9 +238,13 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen3-8b", help="--engine's model shape")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--skip-kernels", action="store_true", help="only --engine")
+    ap.add_argument("--candidates", default=None, help="comma-separated candidate names: time only these")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--logits", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.candidates:
+        os.environ[CANDIDATES_ENV] = args.candidates
+        tile_candidates()  # an unknown name stops here
     if args.child:
         prefill_child(args.child, args.logits, args.device)
         return 0
