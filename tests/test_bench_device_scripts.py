@@ -133,33 +133,3 @@ def test_the_prepared_rows_sweep_times_every_shipped_pick_it_may_replace():
                for m in rows if m in table[key]}
     assert shipped and shipped <= set(configs), shipped - set(configs)
 
-
-def test_the_tiles_bench_measures_every_candidate_and_finds_the_reach(monkeypatch):
-    """bench/gpu_gguf_tiles.py at toy size in Triton's interpreter: every candidate runs and is near the
-    float32 product, the report has its tables; `supported_max_rows` stops at the first row count
-    where no candidate beats the dequantized weight."""
-    from bench import gpu_gguf_tiles as bench
-
-    records = bench.measure({"toy": (96, 512)}, ["Q4_K"], [80], device="cpu", timer=lambda run: 1.0)
-    (rec,) = records
-    assert set(rec["us"]) == {"dequant", "bf16", *bench.tile_candidates()}
-    assert all(isinstance(e, float) and e < 1e-2 for e in rec["rel_err"].values()), rec["rel_err"]
-    lines = bench.report(records, [80])
-    assert any(line.startswith("| toy 96x512 | Q4_K | 80 |") for line in lines)
-    assert lines[-1] == "TILES_MAX_ROWS this run supports: 0 (no candidate beat the dequantized weight)"
-
-    def record(rows, tile_us):
-        return {"rows": rows, "us": {"dequant": 10.0, "n64-m64": tile_us}, "rel_err": {"n64-m64": 1e-3}}
-
-    synthetic = [record(128, 5.0), record(256, 8.0), record(512, 12.0), record(1024, 9.0)]
-    assert bench.supported_max_rows(synthetic, [128, 256, 512, 1024]) == (256, "n64-m64")  # 1024 is past a loss
-    assert bench.supported_max_rows(synthetic[2:], [512, 1024]) == (0, None)
-
-
-def test_the_tiles_bench_engine_prefill_runs_both_settings(tmp_path):
-    """bench/gpu_gguf_tiles.py --engine at toy size on the CPU: the Q4_K_M file written, both children
-    served (tiles off, tiles on), the prefill table and the logits line printed."""
-    out = _run(["bench/gpu_gguf_tiles.py", "--out", str(tmp_path / "out"), "--skip-kernels", "--engine", "4096",
-                "--shape", "qwen3-tiny", "--device", "cpu", "--work", str(tmp_path / "work")])
-    assert "| off |" in out and "| up to 4096 rows |" in out
-    assert "tiles against off: RMS difference" in out

@@ -205,14 +205,11 @@ def _f16_kernel(x_ptr, xm_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, 
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, REDUCE: tl.constexpr, NUM_STAGES: tl.constexpr,
                 SCALED: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
-    # acc [BLOCK_N weight rows, BLOCK_M activation rows]; grid and REDUCE as `_repacked_kernel`'s, and
-    # a third grid axis over BLOCK_M-row tiles of x (`triton_gguf_tiles`: more rows than one tile).
+    # acc [BLOCK_N weight rows, BLOCK_M activation rows]; grid and REDUCE as `_repacked_kernel`'s.
     # SCALED False: weights code * scale (exact), one rescale of acc a group. SCALED True: weights
     # float16(d * scale) * code rounded once, minimums float16(-32 dmin * min): one accumulator chain.
     # Q6_K (QTYPE 3, SCALED only): weights float16(d * scale) * (code - 32), signed scales, no minimums.
     pid_k, rn, rn64, rm, m_ok, n_ok = _program_tile(M, N, BLOCK_M, BLOCK_N)
-    rm = tl.program_id(2) * BLOCK_M + rm
-    m_ok = rm < M
     lane = tl.arange(0, LANES)
     sub = tl.arange(0, 16)
     one = tl.arange(0, 1)
@@ -255,16 +252,15 @@ def _f16_kernel(x_ptr, xm_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, 
 
 
 def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int, groups_per_split: int,
-           stride_t: int, stride_split: int, grid: tuple[int, ...], block_n: int, reduce: int, stages: int,
-           warps: int, scaled: bool, meta: dict, prepared: F16Rows | None = None, block_m: int | None = None) -> None:
-    """Mode "f16" of `triton_gguf_repacked.matmul_few_rows` and `triton_gguf_tiles.matmul_tiles` (which
-    check the arguments and sum the split-K partials): `prepare_x` (unless its producer `prepared` x
-    already), then the product into `target`; block_m None: one tile of every row (the grid's third
-    axis, when given, walks tiles of block_m rows)."""
+           stride_t: int, stride_split: int, grid: tuple[int, int], block_n: int, reduce: int, stages: int,
+           warps: int, scaled: bool, meta: dict, prepared: F16Rows | None = None) -> None:
+    """Mode "f16" of `triton_gguf_repacked.matmul_few_rows` (which checks the arguments and sums the
+    split-K partials): `prepare_x` (unless its producer `prepared` x already), then the product into
+    `target`."""
     x16, xm, xe = prepare_x(x) if prepared is None else prepared[1:]
     m, k = x.shape
     _f16_kernel[grid](x16, xm, xe, codes, high, scales, d, target, m, n, k, groups_per_split, codes.stride(0),
                       high.stride(0), scales.stride(0), d.stride(0), stride_t, stride_split,
-                      BLOCK_M=block_m or max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, REDUCE=reduce,
+                      BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, REDUCE=reduce,
                       NUM_STAGES=stages, SCALED=scaled, ASM=x.device.type == "cuda", num_warps=warps, **meta,
                       **pdl.options())

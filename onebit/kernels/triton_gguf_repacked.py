@@ -841,13 +841,8 @@ def _takes_few_rows(m: int) -> bool:
 
 def reads_f16_rows(weight: RepackedMatrix, m: int) -> bool:
     """Whether `matmul` runs m rows of this weight in a mode that reads `F16Rows`' preparation ("f16",
-    "f16s", and the tiles above MAX_INT_ROWS), so that a producer making it saves that product its
-    `prepare_x` launch."""
-    if not _takes_few_rows(m):
-        from onebit.kernels import triton_gguf_tiles  # it builds on this module
-
-        return triton_gguf_tiles.takes_tiles(weight, m)
-    return config_for(weight, m).mode in F16_MODES
+    "f16s"), so that a producer making it saves that product its `prepare_x` launch."""
+    return _takes_few_rows(m) and config_for(weight, m).mode in F16_MODES
 
 
 def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torch.Tensor | None = None,
@@ -920,15 +915,10 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
 def matmul(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torch.Tensor | None = None,
            config: RepackedConfig | None = None) -> torch.Tensor:
     """x [M, K] (or `F16Rows`) @ weight.T into out (fresh when None): `matmul_few_rows` up to
-    MAX_KERNEL_ROWS rows (up to MAX_INT_ROWS in mode "int" with INT_ABOVE_FEW_ROWS), then up to
-    `triton_gguf_tiles.TILES_MAX_ROWS` its tiles (Q4_K, Q5_K, Q6_K), else the weight dequantized to x's
-    dtype and cuBLAS."""
+    MAX_KERNEL_ROWS rows (up to MAX_INT_ROWS in mode "int" with INT_ABOVE_FEW_ROWS), else the weight
+    dequantized to x's dtype and cuBLAS."""
     if _takes_few_rows(x.shape[0]):
         return matmul_few_rows(x, weight, out, config)
-    from onebit.kernels import triton_gguf_tiles  # it builds on this module
-
-    if triton_gguf_tiles.takes_tiles(weight, x.shape[0]):
-        return triton_gguf_tiles.matmul_tiles(x, weight, out)
     if isinstance(x, F16Rows):
         x = x.x
     if x.shape[1] != weight.cols:
