@@ -2,33 +2,49 @@
 # A/B of a change to a few files, in the engine, in one device call (carry .whl and .ab):
 #   here:    mkdir -p .ab/old/onebit/kernels && git show REV:onebit/kernels/FILE.py > .ab/old/onebit/kernels/FILE.py
 #   device:  run(command="OUT=$OUT bash bench/gpu_file_ab.sh", carry=[".whl", ".ab"], timeout_s=600)
-# "new" is the tree as carried; "old" a copy of its onebit/, bench/, tests/ and tools/ with every file under .ab/old laid over
-# it (same relative paths). The runs alternate (RUNS, default new,old,new,old) so that a machine's
-# drift shows as a spread within each side instead of a difference between them; each run is
-# bench/gpu_gguf_quant.py --skip-kernels (G26) with RUN_ARGS, its JSON kept as $OUT/SIDE-I.json (old-2.json, ...), and a
-# table of decode tok/s per run is printed last. Session 20 left this for the unrolled prepare_x and
-# norm loops (7546150): `git show 7546150~1:onebit/kernels/triton_gguf_f16.py`.
-# Environment: RUNS, RUN_ARGS (--runs q4km-packed --batches 8,64), OLD (.ab/old), WHEELS (1), OUT. A CPU try
-# of the mechanics: PATH=$PWD/.venv/bin:$PATH WHEELS=0 RUNS=new,old
+# "new" is the tree as carried; any other side NAME a copy of its onebit/, bench/, tests/ and tools/ with
+# every file under .ab/NAME laid over it (same relative paths): "old" by default, and more variants
+# as more folders (RUNS=new,old,alt,... with .ab/alt). The runs alternate (RUNS, default
+# new,old,new,old) so that a machine's drift shows as a spread within each side instead of a difference
+# between them; each run is bench/gpu_gguf_quant.py --skip-kernels (G26) with RUN_ARGS, its JSON kept as
+# $OUT/SIDE-I.json (old-2.json, ...); a table of decode tok/s per run, then each side's mean and range, is
+# printed last. Session 21 ran it for the unrolled prepare_x and norm loops (7546150: kept) and the
+# prepared-rows shape picks (kept).
+# Environment: RUNS (side names: letters, digits, _), RUN_ARGS (--runs q4km-packed --batches 8,64), AB_DIR
+# (the folders' parent, .ab), OLD (the folder of side "old", AB_DIR/old), WHEELS (1), OUT. A CPU try of the
+# mechanics (tests/test_bench_device_scripts.py runs one):
+#   PATH=$PWD/.venv/bin:$PATH WHEELS=0 RUNS=new,old
 #   RUN_ARGS="--runs q4km-packed --batches 1 --shape qwen3-tiny --device cpu" bash bench/gpu_file_ab.sh
 set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
 RUNS=${RUNS:-new,old,new,old}
 RUN_ARGS=${RUN_ARGS:---runs q4km-packed --batches 8,64}
-OLD=${OLD:-.ab/old}
+AB_DIR=${AB_DIR:-.ab}
+OLD=${OLD:-$AB_DIR/old}
 mkdir -p "$OUT"
-[[ -d $OLD ]] || { echo "no $OLD: put the old versions of the files there (see the header)"; exit 1; }
+IFS=',' read -ra sides <<< "$RUNS"
+overlay() {  # the folder laid over the tree for side $1
+    if [[ $1 == old ]]; then echo "$OLD"; else echo "$AB_DIR/$1"; fi
+}
+for side in $(printf '%s\n' "${sides[@]}" | sort -u); do
+    [[ $side =~ ^[A-Za-z0-9_]+$ ]] || { echo "side name \"$side\": letters, digits and _ only"; exit 1; }
+    [[ $side == new || -d $(overlay "$side") ]] || {
+        echo "no $(overlay "$side") for side $side: put its versions of the files there (see the header)"; exit 1; }
+done
 if [[ ${WHEELS:-1} == 1 ]]; then install_wheels || exit 1; fi  # WHEELS=0: a CPU try in the venv
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-OLD_TREE=/tmp/ab-old
-rm -rf "$OLD_TREE" && mkdir -p "$OLD_TREE" && cp -r onebit bench tests tools "$OLD_TREE"/ && cp -r "$OLD"/. "$OLD_TREE"/
-say "old tree: $(cd "$OLD" && find . -type f | tr '\n' ' ')"
+TREES=$(mktemp -d)  # the other sides' trees
+for side in $(printf '%s\n' "${sides[@]}" | sort -u); do
+    [[ $side == new ]] && continue
+    tree=$TREES/$side
+    rm -rf "$tree" && mkdir -p "$tree" && cp -r onebit bench tests tools "$tree"/ && cp -r "$(overlay "$side")"/. "$tree"/
+    say "$side tree: $(cd "$(overlay "$side")" && find . -type f | tr '\n' ' ')"
+done
 i=0
-IFS=',' read -ra sides <<< "$RUNS"
 for side in "${sides[@]}"; do
     i=$((i + 1))
-    if [[ $side == old ]]; then root=$OLD_TREE; else root=$PWD; fi
+    if [[ $side == new ]]; then root=$PWD; else root=$TREES/$side; fi
     say "$i: $side"
     # shellcheck disable=SC2086
     (cd "$root" && PYTHONPATH=$WHEEL_SITE:$root timeout 200 python3 bench/gpu_gguf_quant.py $RUN_ARGS --skip-kernels \
@@ -36,6 +52,7 @@ for side in "${sides[@]}"; do
     cp "$OUT/run-$i/gguf_quant.json" "$OUT/$side-$i.json" 2>/dev/null
     rm -f "$OUT"/run-"$i"/*.pt
 done
+rm -rf "$TREES"
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 rows = []
@@ -47,4 +64,13 @@ print("| run | engine | " + " | ".join(f"B={b}" for b in batches) + " |")
 print("|---|---|" + "---:|" * len(batches))
 for stem, run, d in rows:
     print(f"| {stem} | {run} | " + " | ".join(str(d.get(b, "-")) for b in batches) + " |")
+print("\n| side | engine | runs | " + " | ".join(f"B={b} mean (range)" for b in batches) + " |")
+print("|---|---|---:|" + "---|" * len(batches))
+for side, run in dict.fromkeys((stem.split("-")[0], run) for stem, run, _ in rows):
+    mine = [d for stem, r, d in rows if stem.split("-")[0] == side and r == run]
+    cells = []
+    for b in batches:
+        values = [d[b] for d in mine if b in d]
+        cells.append(f"{sum(values) / len(values):,.1f} ({min(values):,.1f}-{max(values):,.1f})" if values else "-")
+    print(f"| {side} | {run} | {len(mine)} | " + " | ".join(cells) + " |")
 PY

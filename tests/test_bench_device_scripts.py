@@ -133,3 +133,30 @@ def test_the_prepared_rows_sweep_times_every_shipped_pick_it_may_replace():
                for m in rows if m in table[key]}
     assert shipped and shipped <= set(configs), shipped - set(configs)
 
+
+
+def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
+    """bench/gpu_file_ab.sh on the CPU at toy size: side "old" runs on the tree with its folder laid
+    over it, each run's figures and each side's mean and range are printed; a side without a folder,
+    or with a name that would not make a file name, stops it before any run."""
+    old = tmp_path / "ab" / "old" / "onebit" / "kernels"
+    old.mkdir(parents=True)
+    (old / "gguf_repacked_table.json").write_text((ROOT / "onebit/kernels/gguf_repacked_table.json").read_text())
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "WHEELS": "0",
+           "AB_DIR": str(tmp_path / "ab"), "OUT": str(tmp_path / "out"), "TQDM_DISABLE": "1",
+           "RUN_ARGS": "--runs q4km-packed --batches 1 --shape qwen3-tiny --device cpu --work " + str(tmp_path / "w")}
+
+    def ab(runs: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, env={**env, "RUNS": runs},
+                              capture_output=True, text=True, timeout=300)
+
+    done = ab("new,old")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "old tree: ./onebit/kernels/gguf_repacked_table.json" in done.stdout
+    assert "| new-1 | Q4_K_M packed |" in done.stdout and "| old-2 | Q4_K_M packed |" in done.stdout
+    assert "| new | Q4_K_M packed | 1 |" in done.stdout and "| old | Q4_K_M packed | 1 |" in done.stdout
+    assert {p.name for p in (tmp_path / "out").glob("*.json")} == {"new-1.json", "old-2.json"}
+    missing = ab("new,alt")
+    assert missing.returncode == 1 and "no " + str(tmp_path / "ab" / "alt") + " for side alt" in missing.stdout
+    bad = ab("new,old-2")
+    assert bad.returncode == 1 and 'side name "old-2"' in bad.stdout
