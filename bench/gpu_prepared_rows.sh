@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# The 8-64-row sweep with f16 modes timed as the engine runs them, merged, then an engine A/B against the
-# tree before, in one device call (#20, session 21; ~7 min with a cold start; carry .whl and .ab). Session 21
-# ran it with SiLU * mul preparing the down product's rows (`PackedSwiGLU`, since removed: it lost 24% at B=8):
-#   here:    mkdir -p .ab/old/onebit/models/gguf .ab/old/onebit/kernels
-#            git show REV:onebit/models/gguf/packed.py > .ab/old/onebit/models/gguf/packed.py
+# The 8-64-row sweep with f16 modes timed as the engine runs them, merged into the table, then an engine A/B
+# against an older tree, in one device call (#20; ~7 min with a cold start; carry .whl and .ab):
+#   here:    mkdir -p .ab/old/onebit/kernels
 #            git show REV:onebit/kernels/gguf_repacked_table.json > .ab/old/onebit/kernels/gguf_repacked_table.json
+#            (and any other file of REV the old side should run, at its path under .ab/old)
 #   device:  run(command="OUT=$OUT bash bench/gpu_prepared_rows.sh", carry=[".whl", ".ab"], timeout_s=600)
-# with REV the commit before `PackedSwiGLU` (SiLU * mul handing the down product `F16Rows`).
 #   1. tests/test_gguf_f16.py's producer tests on the GPU (bfloat16, inline PTX);
-#   2. the 8-64-row sweep of TYPES on CONFIGS (bench/gpu_gguf_repacked.py), modes "f16"/"f16s" now timed
-#      on prepared rows at the products whose producer prepares them (qkv, gate_up, down);
+#   2. the 8-64-row sweep of TYPES on CONFIGS (bench/gpu_gguf_repacked.py), modes "f16"/"f16s" timed on
+#      prepared rows at the products whose producer prepares them (its PREPARED_PRODUCTS);
 #   3. its winners merged into this tree's table where they beat the shipped pick by MIN_GAIN
 #      (tools/merge_repacked_table.py --shapes --write; the merged table comes back as
 #      gguf_repacked_table.json);
 #   4. the engine, Q4_K_M packed at B = 8 / 64, alternating (bench/gpu_file_ab.sh, RUNS): "new" is this
-#      tree with the merged table, "old" the tree with .ab/old laid over it (the producers and table
-#      before the change). A table of decode tok/s per run is printed last.
+#      tree with the merged table, "old" the tree with .ab/old laid over it. Tables of decode tok/s per
+#      run and per side are printed last.
+# Session 21 ran it with SiLU * mul also preparing the down product's rows (`PackedSwiGLU`, b1f1c0a, old
+# side: that commit's parent's packed.py and table): -24% at B=8, removed.
 # Environment: TYPES, ROWS, CONFIGS, MIN_GAIN (1.03), RUNS (new,old,new), OUT.
 set -u
 . "$(dirname "$0")/device_lib.sh"
