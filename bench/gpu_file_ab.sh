@@ -24,10 +24,11 @@ AB_DIR=${AB_DIR:-.ab}
 OLD=${OLD:-$AB_DIR/old}
 mkdir -p "$OUT"
 IFS=',' read -ra sides <<< "$RUNS"
+mapfile -t distinct < <(printf '%s\n' "${sides[@]}" | sort -u)
 overlay() {  # the folder laid over the tree for side $1
     if [[ $1 == old ]]; then echo "$OLD"; else echo "$AB_DIR/$1"; fi
 }
-for side in $(printf '%s\n' "${sides[@]}" | sort -u); do
+for side in "${distinct[@]}"; do
     [[ $side =~ ^[A-Za-z0-9_]+$ ]] || { echo "side name \"$side\": letters, digits and _ only"; exit 1; }
     [[ $side == new || -d $(overlay "$side") ]] || {
         echo "no $(overlay "$side") for side $side: put its versions of the files there (see the header)"; exit 1; }
@@ -35,7 +36,7 @@ done
 if [[ ${WHEELS:-1} == 1 ]]; then install_wheels || exit 1; fi  # WHEELS=0: a CPU try in the venv
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 TREES=$(mktemp -d)  # the other sides' trees
-for side in $(printf '%s\n' "${sides[@]}" | sort -u); do
+for side in "${distinct[@]}"; do
     [[ $side == new ]] && continue
     tree=$TREES/$side
     rm -rf "$tree" && mkdir -p "$tree" && cp -r onebit bench tests tools "$tree"/ && cp -r "$(overlay "$side")"/. "$tree"/

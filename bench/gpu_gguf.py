@@ -19,8 +19,8 @@ import argparse
 import json
 import random
 import resource
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import threading

@@ -134,7 +134,6 @@ def test_the_prepared_rows_sweep_times_every_shipped_pick_it_may_replace():
     assert shipped and shipped <= set(configs), shipped - set(configs)
 
 
-
 def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     """bench/gpu_file_ab.sh on the CPU at toy size: side "old" runs on the tree with its folder laid
     over it, each run's figures and each side's mean and range are printed; a side without a folder,
