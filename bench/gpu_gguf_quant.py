@@ -21,7 +21,8 @@
    gives) written as GGUF Q4_K_M (llama.cpp's recipe: Q6_K for the head and for attn_v/ffn_down of
    some layers, Q4_K elsewhere; encoders: round to nearest, no scale search) and Q8_0. Each served
    in a fresh child: the original bf16 weights (dummy load), each file packed, the Q4_K_M file
-   dequantized to bf16 at load. Per run: logits of a fixed 64-token prompt, decode tok/s at
+   dequantized to bf16 at load, and (`--runs fp8`, not by default) the original weights under
+   `--quantize fp8` with the head in FP8 too. Per run: logits of a fixed 64-token prompt, decode tok/s at
    B = 1, 8, 32, 64 (128-token prompts, 64 new tokens; the time of a 1-token run subtracted).
    Logit errors: against the original bf16 weights (quantization + kernels) and, for the packed
    Q4_K_M, against the same file dequantized (the kernels alone).
@@ -215,14 +216,18 @@ def write_gguf_files(shape_dir: Path, out_dir: Path, recipes: list[str], device:
     return files
 
 
-def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: str, batches: list[int]) -> None:
-    """In a fresh process: load, record logits of PROBE and decode tok/s at each batch size."""
+def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: str, batches: list[int],
+          quantize: str | None = None) -> None:
+    """In a fresh process: load (`quantize`: "fp8" for `--quantize fp8`, the head too), record logits of
+    PROBE and decode tok/s at each batch size."""
     from bench.gpu_gguf import decode_tok_s
     from onebit import LLM
     from tests.model_probe import all_logits
 
     start = time.perf_counter()
     options = {"load_format": "dummy"} if dummy else {"gguf_keep_packed": keep_packed == "1"}
+    if quantize:
+        options.update(quantize=quantize, quantize_lm_head=True)
     llm = LLM(model, device=device, parallel=max(batches), ctx_size=512, dtype="bfloat16", **options)
     record = {"start_s": time.perf_counter() - start,
               "gpu_gb": torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")}
@@ -231,10 +236,11 @@ def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: s
     print(json.dumps(record))
 
 
-def run_child(model: Path, keep_packed: bool, logits: Path, dummy: bool, device: str, batches: list[int]) -> dict:
+def run_child(model: Path, keep_packed: bool, logits: Path, dummy: bool, device: str, batches: list[int],
+              quantize: str | None = None) -> dict:
     cmd = [sys.executable, __file__, "--child", str(model), "--packed", "1" if keep_packed else "0",
            "--logits", str(logits), "--device", device, "--batches", ",".join(map(str, batches))] + \
-        (["--dummy"] if dummy else [])
+        (["--dummy"] if dummy else []) + (["--quantize", quantize] if quantize else [])
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     if done.returncode:
         raise SystemExit(f"child failed on {model}:\n{done.stderr[-4000:]}")
@@ -242,11 +248,12 @@ def run_child(model: Path, keep_packed: bool, logits: Path, dummy: bool, device:
 
 
 RUN_NAMES = {"bf16": "bf16 (original weights)", "q4km-packed": "Q4_K_M packed",
-             "q4km-dequantized": "Q4_K_M dequantized to bf16", "q8-packed": "Q8_0 packed"}
+             "q4km-dequantized": "Q4_K_M dequantized to bf16", "q8-packed": "Q8_0 packed",
+             "fp8": "FP8 (--quantize fp8, head too)"}
 
 
 def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: list[int],
-                 chosen: tuple[str, ...] = tuple(RUN_NAMES)) -> list[str]:
+                 chosen: tuple[str, ...] = tuple(k for k in RUN_NAMES if k != "fp8")) -> list[str]:
     """Write the files (under work_root), serve each chosen run (`RUN_NAMES` keys) in a child, compare
     logits (under out; errors left out where a run they need was not chosen); markdown lines."""
     from bench.make_shape_model import fill_vocab, make_shape_model
@@ -261,13 +268,14 @@ def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: l
              if any(key in chosen for key in keys)]
     files = write_gguf_files(work, work_root, types, device)
     print(f"wrote the GGUF files in {time.perf_counter() - start:.0f} s", flush=True)
-    every = {"bf16": (work, False, True), "q4km-packed": (files.get("Q4_K_M"), True, False),
-             "q4km-dequantized": (files.get("Q4_K_M"), False, False), "q8-packed": (files.get("Q8_0"), True, False)}
+    every = {"bf16": (work, False, True, None), "q4km-packed": (files.get("Q4_K_M"), True, False, None),
+             "q4km-dequantized": (files.get("Q4_K_M"), False, False, None),
+             "q8-packed": (files.get("Q8_0"), True, False, None), "fp8": (work, False, True, "fp8")}
     runs = {RUN_NAMES[key]: every[key] for key in RUN_NAMES if key in chosen}
     results, logits = {}, {}
-    for label, (path, packed, dummy) in runs.items():
+    for label, (path, packed, dummy, quantize) in runs.items():
         slug = label.split(" (")[0].replace(" ", "_")
-        results[label] = run_child(path, packed, out / f"logits-{slug}.pt", dummy, device, batches)
+        results[label] = run_child(path, packed, out / f"logits-{slug}.pt", dummy, device, batches, quantize)
         logits[label] = torch.load(out / f"logits-{slug}.pt")
         print(label, json.dumps(results[label]), flush=True)
     ref = logits.get("bf16 (original weights)")
@@ -309,15 +317,16 @@ def main() -> int:
     ap.add_argument("--packed", default="1", help=argparse.SUPPRESS)
     ap.add_argument("--logits", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dummy", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="decode batch sizes timed")
-    ap.add_argument("--runs", default=",".join(RUN_NAMES), help=f"engine runs, of {', '.join(RUN_NAMES)}")
+    ap.add_argument("--runs", default=",".join(k for k in RUN_NAMES if k != "fp8"), help=f"engine runs, of {', '.join(RUN_NAMES)}")
     args = ap.parse_args()
     unknown = set(args.runs.split(",")) - set(RUN_NAMES)
     if unknown:
         ap.error(f"--runs: unknown {', '.join(sorted(unknown))} (of {', '.join(RUN_NAMES)})")
     batches = [int(b) for b in args.batches.split(",")]
     if args.child:
-        child(args.child, args.packed, args.logits, args.dummy, args.device, batches)
+        child(args.child, args.packed, args.logits, args.dummy, args.device, batches, args.quantize)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
