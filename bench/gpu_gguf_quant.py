@@ -233,6 +233,8 @@ def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: s
               "gpu_gb": torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")}
     torch.save(all_logits(llm, PROBE).float().cpu(), logits_out)
     record["decode_tok_s"] = decode_tok_s(llm, batches)
+    from onebit.kernels import fp8, gemv  # the calibrations' picks per product shape and row count
+    record["fp8_picks"], record["bf16_picks"] = fp8.picks(), gemv.picks()
     print(json.dumps(record))
 
 
@@ -319,7 +321,8 @@ def main() -> int:
     ap.add_argument("--dummy", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="decode batch sizes timed")
-    ap.add_argument("--runs", default=",".join(k for k in RUN_NAMES if k != "fp8"), help=f"engine runs, of {', '.join(RUN_NAMES)}")
+    ap.add_argument("--runs", default=",".join(k for k in RUN_NAMES if k != "fp8"),
+                    help=f"engine runs, of {', '.join(RUN_NAMES)}")
     args = ap.parse_args()
     unknown = set(args.runs.split(",")) - set(RUN_NAMES)
     if unknown:

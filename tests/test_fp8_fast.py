@@ -49,10 +49,10 @@ def test_every_listed_config_runs_on_a_small_product():
 
 
 # e4m3 rows (w8a8): fewer rows than the tile, and more; N not a multiple of BLOCK_N; K past the
-# last whole tile; fp32 partials (SPLIT > 1) with a bias; a 128-row tile.
+# last whole tile; fp32 partials (SPLIT > 1) with a bias; a 128-row tile; a deeper pipeline (sixth element).
 W8A8_CASES = [(16, 70, 640, True, (64, 64, 256, 2, 4)), (5, 48, 768, False, (64, 32, 256, 4, 4)),
               (70, 96, 512, True, (64, 64, 256, 1, 4)), (130, 50, 384, False, (128, 64, 128, 2, 8)),
-              (64, 80, 300, True, (64, 64, 128, 4, 4))]
+              (64, 80, 300, True, (64, 64, 128, 4, 4)), (40, 130, 1024, True, (64, 128, 128, 2, 4, 5))]
 
 
 @pytest.mark.parametrize("m,n,k,bias,config", W8A8_CASES)
@@ -74,6 +74,9 @@ def test_w8a8_candidates_start_at_16_rows_and_refuse_what_they_cannot_take():
     assert triton_fast.w8a8_candidates(8) == [] and triton_fast.w8a8_candidates(triton_fast.MAX_ROWS + 1) == []
     assert all(c[0] >= 64 for m in (16, 64, 256) for c in triton_fast.w8a8_candidates(m))
     assert all(c[0] == 64 for c in triton_fast.w8a8_candidates(64))  # no 128-row tile for 64 rows
+    # the deeper pipelines are timed from DEEP_FROM_ROWS rows on
+    assert all(len(c) == 5 for c in triton_fast.w8a8_candidates(triton_fast.DEEP_FROM_ROWS - 1))
+    assert {len(c) for c in triton_fast.w8a8_candidates(triton_fast.DEEP_FROM_ROWS)} == {5, 6}
     kinds = {kind for kind, _ in fp8.candidates(64, 4096, 4096)}
     assert {"split_k", "scaled_mm", "split_k_w8a8"} <= kinds
     assert "split_k_w8a8" not in {kind for kind, _ in fp8.candidates(8, 4096, 4096)}
@@ -218,3 +221,12 @@ def test_a_block_product_takes_its_calibrated_kernel_else_the_first(clean_choice
     assert fp8.block_choice_for(1, 96, 512, (128, 128), False) == a
     assert fp8.block_choice_for(8, 96, 512, (128, 128), False) == ("weight_only", None)
     assert fp8.block_choice_for(1, 96, 512, (64, 64), False) == ("weight_only", None)  # another block: uncalibrated
+
+
+def test_picks_report_each_table_by_shape_and_rows(monkeypatch):
+    monkeypatch.setattr(fp8, "_CHOSEN", {(4096, 1024, False): [(1, ("split_k", (1, 16, 512, 4, 4))),
+                                                               (64, ("scaled_mm", None))]})
+    monkeypatch.setattr(fp8, "_CHOSEN_QUANTIZED_INPUT", {(6144, 1024, True): [(64, ("split_k_w8a8",
+                                                                                      (64, 64, 256, 1, 4, 4)))]})
+    assert fp8.picks() == {"4096x1024": {1: "split_k (1, 16, 512, 4, 4)", 64: "scaled_mm None"},
+                           "e4m3 rows 6144x1024": {64: "split_k_w8a8 (64, 64, 256, 1, 4, 4)"}}

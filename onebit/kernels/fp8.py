@@ -350,6 +350,14 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
     return lines
 
 
+def picks() -> dict[str, dict[int, str]]:
+    """The calibrated choices, for reports: {"NxK" (with "e4m3 rows " before it for a fused producer's
+    table): {rows: "kind config"}}."""
+    return {f"{'e4m3 rows ' if pre else ''}{n}x{k}": {rows: f"{kind} {config}" for rows, (kind, config) in table}
+            for pre, chosen in ((False, _CHOSEN), (True, _CHOSEN_QUANTIZED_INPUT))
+            for (n, k, _), table in chosen.items()}
+
+
 def reset() -> None:
     """Forget every calibrated choice (tests, A/B runs)."""
     _CHOSEN.clear()

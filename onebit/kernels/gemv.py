@@ -119,6 +119,14 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor | None]], rows:
     return lines
 
 
+def picks() -> dict[str, dict[int, str]]:
+    """The calibrated Triton choices, for reports: {"NxK": {rows: "kernel config"}} (cuBLAS elsewhere)."""
+    out: dict[str, dict[int, str]] = {}
+    for (_, rows, n, k, _, _), (kernel, config) in sorted(_CHOSEN.items(), key=lambda item: item[0][1]):
+        out.setdefault(f"{n}x{k}", {})[rows] = f"{kernel} {config}"
+    return out
+
+
 def reset() -> None:
     """Forget every choice (tests)."""
     _CHOSEN.clear()

@@ -47,6 +47,15 @@ MANY_ROW_CONFIGS = [(32, 32, 256, 4, 4), (32, 64, 256, 2, 4), (64, 32, 128, 2, 4
 # them against the rest.
 W8A8_CONFIGS = [(64, 64, 256, 2, 4), (64, 64, 256, 4, 4), (64, 32, 256, 4, 4), (64, 128, 128, 2, 4),
                 (64, 128, 256, 1, 8), (64, 64, 512, 2, 4), (128, 64, 128, 1, 8)]
+# From 32 rows, a sixth element: the pipeline's stages (3 otherwise, Triton's default). Deeper pipelines
+# and wider column tiles keep more of the weight in flight per SM (session 13: at 64 rows the w8a8 tiles
+# streamed 1.5-2.8 TB/s of the 4.24).
+# Session 22 on the H200: these four took 32-256 rows of every 8B product shape from the older configs
+# (FP8 B=32 +3.8%, B=64 +3.6% in an alternating A/B); (64, 128, 128, 2, 4, 5), (64, 256, 128, 1, 8, 3),
+# (64, 64, 512, 1, 4, 3) and (64, 128, 256, 2, 8, 3) were never picked and were dropped (each candidate
+# adds to the start-up calibration).
+W8A8_DEEP_CONFIGS = [(64, 64, 256, 1, 4, 4), (64, 128, 128, 1, 4, 4), (64, 64, 128, 2, 4, 6), (64, 128, 256, 1, 8, 4)]
+DEEP_FROM_ROWS = 32
 
 
 @triton.jit
@@ -160,13 +169,14 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
             x_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype.
 
-    config is (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); BLOCK_M 1 walks the rows one program
+    config is (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps[, num_stages]); BLOCK_M 1 walks the rows one program
     each without tensor cores, otherwise row tiles of BLOCK_M (at least 16) go through `tl.dot`.
     With `block` (bn, bk), scale is [ceil(N/bn), ceil(K/bk)] float32, one per weight block; BLOCK_K
     must divide bk, or (one row) be a multiple of it. With `x_scale` [M] float32, x is e4m3 rows
     quantized per token (`quantize_rows`) and the tiles multiply in e4m3 (w8a8; tensor-core tiles
     and per-column scales only); the result is in `out_dtype`."""
-    block_m, block_n, block_k, split, warps = config
+    block_m, block_n, block_k, split, warps, *stages = config
+    stages = {"num_stages": stages[0]} if stages else {}
     m, n, k = x.shape[0], q.shape[0], q.shape[1]
     if m > MAX_ROWS:
         raise ValueError(f"split_k takes at most {MAX_ROWS} rows, got {m}")
@@ -187,12 +197,12 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     if split == 1:
         _split_k_kernel[grid](x, q, scale, b_arg, y, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), 0,
                               HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                              SPLIT=1, EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
+                              SPLIT=1, EVEN_K=even_k, num_warps=warps, **stages, **blocks, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
                           HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
-                          EVEN_K=even_k, num_warps=warps, **blocks, **pdl.options())
+                          EVEN_K=even_k, num_warps=warps, **stages, **blocks, **pdl.options())
     reduce_partials(partial, scale if block is None else None, bias, y)
     return y
 
@@ -206,12 +216,13 @@ def candidates(rows: int) -> list[tuple[int, int, int, int, int]]:
     return MANY_ROW_CONFIGS if rows <= MAX_ROWS else []
 
 
-def w8a8_candidates(rows: int) -> list[tuple[int, int, int, int, int]]:
+def w8a8_candidates(rows: int) -> list[tuple[int, ...]]:
     """The split_k configs worth timing for this many e4m3 rows (none below 16 rows: one or a few
     rows read the weight faster than quantizing them pays)."""
     if rows < 16 or rows > MAX_ROWS:
         return []
-    return [c for c in W8A8_CONFIGS if c[0] == 64 or rows > 64]
+    deep = W8A8_DEEP_CONFIGS if rows >= DEEP_FROM_ROWS else []
+    return [c for c in W8A8_CONFIGS + deep if c[0] == 64 or rows > 64]
 
 
 def default_config(rows: int) -> tuple[int, int, int, int, int]:
