@@ -126,6 +126,13 @@ CONFIGS = {
     "f16s-n64-p256": RepackedConfig("f16s", 64, 1, programs=256),
     "f16s-n64-p128": RepackedConfig("f16s", 64, 1, programs=128),
     "f16s-n64-s3-p256": RepackedConfig("f16s", 64, 1, stages=3, programs=256),
+    # unmeasured (written in session 22, whose device time ran out first): a pipeline stage more or less for
+    # the shipped f16s tile at 32-64 rows, and a fourth stage for "int" (the e4m3 tiles gained 4-7% at
+    # 64-256 rows from deeper pipelines that session; bf16's split-K tiles nothing)
+    "f16s-n128-s3-p256": RepackedConfig("f16s", 128, 1, stages=3, programs=256),
+    "f16s-n128-s1-p256": RepackedConfig("f16s", 128, 1, stages=1, programs=256),
+    "int-n64-g1-s4": RepackedConfig("int", 64, 1, stages=4, programs=512),
+    "int-n64-g1-s4-p256": RepackedConfig("int", 64, 1, stages=4, programs=256),
     # 1 row, Q4_K and Q6_K: mode "h2" (`triton_gguf_h2`, float16 pairs; SASS 2.3-3.0 instructions a weight for
     # Q4_K against fma's 6.5, 3.9-4.6 for Q6_K against ~9.5); `quads` is the threads that share a (row,
     # group); stages 1 loads each group then computes it, 0 sends the first group's loads out before x's
