@@ -235,6 +235,7 @@ def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: s
     record["decode_tok_s"] = decode_tok_s(llm, batches)
     from onebit.kernels import fp8, gemv  # the calibrations' picks per product shape and row count
     record["fp8_picks"], record["bf16_picks"] = fp8.picks(), gemv.picks()
+    record["startup_s"] = llm.engine.runner.startup_s
     print(json.dumps(record))
 
 

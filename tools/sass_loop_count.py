@@ -7,7 +7,9 @@ SASS (no GPU needed: Triton's ahead-of-time compiler and its bundled `nvdisasm`)
 launch specializes it (pointers and strides divisible by 16: without that the codes load one lane a
 thread and the count nearly doubles), finds the longest backward branch (the K loop) and prints
 its instruction count x threads / weights a turn, then the most frequent opcodes, then the
-kernel's registers a thread (from the bundled `cuobjdump`) and shared memory. A proxy for a
+kernel's registers a thread (from the bundled `cuobjdump`) and shared memory. Run it on the device's
+Triton (`bash tools/device_triton.sh`, then PYTHONPATH=.device_triton): another version allocates
+registers differently (h2-n128-t1-s0: 160 a thread with 3.6.0, 108 with 3.9.0). A proxy for a
 kernel bound by instruction issue (session 13: the 1-row "fma" kernel runs 7.4 a weight); whether
 it is bound by that is for the device to say.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,9 @@ class ModelRunner:
         self.graph_steps = self.graph_rows = self.eager_steps = 0  # for the engine's step summary
         rows = max(parallel, min(parallel * max_graph_chunk, LADDER[-1]))  # the graphs' largest step
         self.gemv_report: list[str] = []  # the few-row calibration's lines, for logs and benchmarks
+        # seconds of each CUDA start-up phase (calibration, graph capture, eager warm-up), for logs and benches
+        self.startup_s: dict[str, float] = {}
+        started = time.perf_counter()
         if triton_gemv and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
             # Before capture, so each graph records whichever product won for its row count.
             few_rows = [b for b in ladder_for(rows) if b <= gemv.MAX_CALIBRATED_ROWS]
@@ -106,13 +110,20 @@ class ModelRunner:
             for line in lines:
                 log.info(line)
             self.gemv_report += lines
+        if device.type == "cuda":
+            self.startup_s["calibration"] = time.perf_counter() - started
+            started = time.perf_counter()
         if cuda_graphs and device.type == "cuda":
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
                                            -(-ctx_size // block_size), self.num_splits, ctx_size)
             with batch_invariant.mode(deterministic):
                 self.graphs.capture()
+            self.startup_s["graph capture"] = time.perf_counter() - started
+            started = time.perf_counter()
         if device.type == "cuda":
             self.warm_up_eager(num_blocks)
+            self.startup_s["eager warm-up"] = time.perf_counter() - started
+            log.info("start-up on the GPU: %s", ", ".join(f"{phase} {s:.1f} s" for phase, s in self.startup_s.items()))
 
     @torch.inference_mode()
     def warm_up_eager(self, scratch_block: int) -> None:
