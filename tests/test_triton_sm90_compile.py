@@ -114,6 +114,28 @@ COMPILE = textwrap.dedent("""
                      {"QTYPE": tr.QTYPE_IDS["Q4_K"], "GROUP": group, "LANES": lanes, "PLANES": planes,
                       "BLOCK_M": 64, "BLOCK_N": config.block_n, "NG": config.ng, "USE_DOT": True, "REDUCE": 1,
                       "NUM_STAGES": config.stages}, warps=config.warps)
+    elif which == "gguf-g16":  # mode "g16" (Gluon, Q4_K at 8-64 rows) at the tiles its configs launch
+        import re
+        from onebit.kernels import gluon_gguf_q4k as g16
+        if not g16.available():
+            sys.exit(3)
+        from triton.experimental.gluon._runtime import GluonASTSource
+        fn = g16._g16_kernel
+        types = {"x_ptr": "*fp16", "xe_ptr": "*fp32", "c_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32",
+                 "y_ptr": "*fp32"}
+        for block_m, block_n, reduce, prefetch in ((8, 64, 1, True), (64, 128, 1, False), (16, 128, 0, False)):
+            constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "REDUCE": reduce, "PREFETCH": prefetch}
+            # pointers and strides divisible by 16 as a launch specializes them (x16's rows: K a multiple of 256),
+            # without which the x copy could not be 16-byte cp.async
+            aligned = [name for name in fn.arg_names if name.endswith("_ptr") or name.startswith("stride_")]
+            attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+            source = GluonASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs,
+                                    attrs=attrs)
+            kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": g16.WARPS})
+            ptx = kernel.asm["ptx"]
+            waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
+            print(f"gguf-g16-m{block_m}-n{block_n}", "wgmma", ptx.count("wgmma.mma_async"), "wait1", waits.count("1"),
+                  "wait0", waits.count("0"), "shared", kernel.metadata.shared, "stores", ptx.count("st.global"))
     elif which == "gguf-i8":  # mode "i8" (1 row, DP4A) for its types as the sweep's configs launch it, PDL on
         from onebit.kernels import triton_gguf_repacked as tr
         from onebit.kernels.gguf_repack import GROUPING
@@ -277,6 +299,19 @@ def test_gguf_h2_mode_compiles_for_sm90_with_float16_pair_fmas():
         fields = line.split()
         assert int(fields[2]) > 0 and fields[4] == "2", line  # it stores (the partial, the scratch); PDL's wait
         assert int(fields[16]) >= 2, line  # the weights' and the sums' HFMA2 (inline PTX), not emulated
+
+
+def test_gguf_g16_mode_compiles_for_sm90_with_one_wgmma_left_in_flight():
+    """Mode "g16" (Gluon): eight planes a group, each plane's wgmma waited for only down to one in flight
+    (`wait_group 1`), so that the next plane's dequantization overlaps it; one full wait a group, before
+    the x buffers are written again."""
+    lines = _compile("gguf-g16")
+    assert [line.split()[0] for line in lines] == ["gguf-g16-m8-n64", "gguf-g16-m64-n128", "gguf-g16-m16-n128"]
+    for line in lines:
+        fields = line.split()
+        assert int(fields[2]) >= 8, line  # the eight planes' products (more where a tile takes two instructions)
+        assert int(fields[4]) == 8 and int(fields[6]) >= 1, line
+        assert int(fields[8]) <= 227 * 1024 and int(fields[10]) > 0, line
 
 
 def test_gguf_i8_mode_compiles_for_sm90_with_dp4a_and_prmt():

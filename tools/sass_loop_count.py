@@ -48,6 +48,8 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
     from onebit.kernels.gguf_repack import GROUPING
 
     config = tr.CONFIGS[config_name]
+    if config.mode == "g16":
+        return _compile_g16_sass(config, rows)
     group, lanes, _, planes = GROUPING[qtype]
     f16 = config.mode in tr.F16_MODES
     block_m = max(16, triton.next_power_of_2(rows)) if config.mode == "dot" or f16 else triton.next_power_of_2(rows)
@@ -70,6 +72,35 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
              for name in DIVISIBLE if name in fn.arg_names and name not in constexprs}
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": config.warps})
+    sass, resources = _disassemble(kernel)
+    return sass, config.warps, config.block_n * config.ng * group, resources
+
+
+def _compile_g16_sass(config, rows: int) -> tuple[str, int, int, str]:
+    """`compile_sass` for mode "g16" (a Gluon kernel: Q4_K only, its own source class)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from onebit.kernels import gluon_gguf_q4k as g16
+
+    fn = g16._g16_kernel
+    constexprs = {"BLOCK_M": max(8, triton.next_power_of_2(rows)), "BLOCK_N": config.block_n, "REDUCE": 1,
+                  "PREFETCH": config.stages >= 2}
+    types = {"x_ptr": "*fp16", "xe_ptr": "*fp32", "c_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32"}
+    signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in fn.arg_names
+             if name.endswith("_ptr") or name.startswith("stride_")}
+    kernel = triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": g16.WARPS})
+    sass, resources = _disassemble(kernel)
+    return sass, g16.WARPS, config.block_n * 256, resources
+
+
+def _disassemble(kernel) -> tuple[str, str]:
+    """(SASS text, a line naming registers a thread and shared memory) of a compiled kernel."""
+    import triton
+
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
@@ -78,9 +109,8 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
         usage = subprocess.run([str(nvdisasm.with_name("cuobjdump")), "--dump-resource-usage", str(cubin)],
                                capture_output=True, text=True).stdout
     registers = re.search(r"REG:(\d+)", usage)
-    resources = (f"{registers.group(1) if registers else '?'} registers a thread, "
-                 f"{kernel.metadata.shared} bytes of shared memory a program")
-    return sass, config.warps, config.block_n * config.ng * group, resources
+    return sass, (f"{registers.group(1) if registers else '?'} registers a thread, "
+                  f"{kernel.metadata.shared} bytes of shared memory a program")
 
 
 def loop_body(sass: str) -> list[str]:

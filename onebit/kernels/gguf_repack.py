@@ -332,6 +332,20 @@ def repacked_f16s_q6_k_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> to
     return ((x16.double() @ w16.T) * scale.double()[:, None]).to(x.dtype)
 
 
+def repacked_g16_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor:
+    """x [T, K] @ weight.T (Q4_K) as mode "g16" (`gluon_gguf_q4k`) computes it, in float64 from
+    `prepare_x_f16_ref`'s x16 and the kernel's float16 weights float16(code * float16(d * scale) -
+    float16(dmin * min)), each rounded once (one HFMA; the minimums folded into the weights); the kernel
+    adds float32 sums on top."""
+    if weight.qtype != "Q4_K":
+        raise ValueError(f'mode "g16" takes Q4_K, not {weight.qtype}')
+    x16, _, scale = prepare_x_f16_ref(x)
+    s, o, size = sub_block_scales(weight)
+    q = sub_block_codes(weight).double().reshape(weight.rows, -1, size)
+    w16 = (s.half().double()[..., None] * q - o.half().double()[..., None]).half().double().reshape(weight.rows, -1)
+    return ((x16.double() @ w16.T) * scale.double()[:, None]).to(x.dtype)
+
+
 # The types mode "h2" of the packed products takes (one row in float16 pairs: Q4_K's scale times code is
 # exact in float16, Q6_K's rounds to 11 significant bits where it exceeds 2,048).
 H2_TYPES = ("Q4_K", "Q6_K")

@@ -126,6 +126,15 @@ CONFIGS = {
     "f16s-n64-p256": RepackedConfig("f16s", 64, 1, programs=256),
     "f16s-n64-p128": RepackedConfig("f16s", 64, 1, programs=128),
     "f16s-n64-s3-p256": RepackedConfig("f16s", 64, 1, stages=3, programs=256),
+    # 8-64 rows, Q4_K: mode "g16" (`gluon_gguf_q4k`, Gluon): f16s's float16 tensor-core products with each
+    # plane's wgmma left in flight while the next plane is dequantized (f16s waits for every one); the
+    # minimums folded into the weights. Unmeasured (written in session 22, compiled to sm_90 offline).
+    # stages 2: the next group's code words prefetched into registers (at 128 rows a program they spill).
+    "g16-n128-s1-p256": RepackedConfig("g16", 128, 1, stages=1, programs=256),
+    "g16-n128-s1-p128": RepackedConfig("g16", 128, 1, stages=1, programs=128),
+    "g16-n64-p512": RepackedConfig("g16", 64, 1, programs=512),
+    "g16-n64-p256": RepackedConfig("g16", 64, 1, programs=256),
+    "g16-n64-s1-p512": RepackedConfig("g16", 64, 1, stages=1, programs=512),
     # unmeasured (written in session 22, whose device time ran out first): a pipeline stage more or less for
     # the shipped f16s tile at 32-64 rows, and a fourth stage for "int" (the e4m3 tiles gained 4-7% at
     # 64-256 rows from deeper pipelines that session; bf16's split-K tiles nothing)
@@ -194,14 +203,15 @@ I8_TYPES = ("Q4_K", "Q8_0")
 INT_MANY_ROWS_CONFIG = CONFIGS["int-n64-g1"]
 FMA_MAX_ROWS = 4
 MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, "i8": 1, "f16": MAX_INT_ROWS,
-                 "f16s": MAX_INT_ROWS, "h2": 1}
+                 "f16s": MAX_INT_ROWS, "g16": MAX_INT_ROWS, "h2": 1}
 # Mode "h2" (`triton_gguf_h2`: one row in float16 pairs on the CUDA cores, x scaled per split-K slice)
 # takes `gguf_repack.H2_TYPES`; its `quads` is the threads that share a (row, group).
 # Modes "f16" and "f16s" (`triton_gguf_f16`: float16 tensor cores with the sub-block scales inside the
 # weights; "f16" keeps them exact and rescales once a 256-column group, "f16s" folds d in as well and
 # rounds each weight once to float16) take `gguf_repack.F16_TYPES`, "f16s" Q6_K too (`F16S_TYPES`).
-F16_MODES = ("f16", "f16s")
-F16_MODE_TYPES = {"f16": F16_TYPES, "f16s": F16S_TYPES}  # the types each of them takes
+# Mode "g16" (`gluon_gguf_q4k`, Q4_K on a CUDA device whose Triton has Gluon) reads the same preparation.
+F16_MODES = ("f16", "f16s", "g16")
+F16_MODE_TYPES = {"f16": F16_TYPES, "f16s": F16S_TYPES, "g16": ("Q4_K",)}  # the types each of them takes
 # (qtype, rows 1..MAX_INT_ROWS) -> config, and (qtype, rows, N, K) -> config where one product shape
 # has its own pick: the device sweep's picks (bench/gpu_gguf_repacked.py writes
 # them as JSON), taken from gguf_repacked_table.json beside this file, then from
@@ -874,6 +884,10 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
         raise ValueError(f'mode "i8" takes {", ".join(I8_TYPES)}, not {weight.qtype}')
     if config.mode in F16_MODES and weight.qtype not in F16_MODE_TYPES[config.mode]:
         raise ValueError(f'mode "{config.mode}" takes {", ".join(F16_MODE_TYPES[config.mode])}, not {weight.qtype}')
+    if config.mode == "g16" and (x.device.type != "cuda" or config.block_n not in (64, 128)
+                                 or config.reduce != "sum"):
+        raise ValueError(f'mode "g16" runs on a CUDA device with 64 or 128 weight rows a program and split-K sums, '
+                         f'not {x.device.type} with {config.block_n} and "{config.reduce}"')
     if config.mode == "h2" and weight.qtype not in H2_TYPES:
         raise ValueError(f'mode "h2" takes {", ".join(H2_TYPES)}, not {weight.qtype}')
     if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode not in ("i8", "h2")):
@@ -900,6 +914,14 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
 
         triton_gguf_h2.launch(x, codes, high, scales, d, target, weight.rows, weight.qtype, groups // split,
                               stride_split, grid, config.block_n, config.quads, reduce, config.stages, config.warps)
+    elif config.mode == "g16":
+        from onebit.kernels import gluon_gguf_q4k, triton_gguf_f16
+
+        if not gluon_gguf_q4k.available():
+            raise ValueError('mode "g16" needs a Triton with Gluon (3.5 or later)')
+        x16, _, xe = triton_gguf_f16.prepare_x(x) if prepared is None else prepared[1:]
+        gluon_gguf_q4k.launch(x16, xe, codes, scales, d, target, weight.rows, groups // split, stride_t, stride_split,
+                              grid, config.block_n, reduce, config.stages >= 2)
     elif config.mode in F16_MODES:
         from onebit.kernels import triton_gguf_f16  # it builds on this module's helpers
 
