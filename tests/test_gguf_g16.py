@@ -89,3 +89,22 @@ def test_g16_matches_its_reference_on_the_gpu(m, config):
     xc = x.to("cuda", torch.bfloat16)
     assert torch.equal(tr.matmul_few_rows(F16Rows(xc, *triton_gguf_f16.prepare_x(xc)), w, config=config),
                        tr.matmul_few_rows(xc, w, config=config))
+
+
+def test_tiles_are_refused_off_cuda_and_for_other_types():
+    if ON_GPU:
+        pytest.skip("the refusal of a CPU tensor is checked where there is no GPU")
+    with pytest.raises(ValueError, match='"g16" tiles take Q4_K on a CUDA device'):
+        g16.matmul_tiles(torch.randn(130, 512), _weight(16, 512, seed=1))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="Gluon's wgmma needs a Hopper GPU; the CPU compiles it (test_triton_sm90_compile)")
+@pytest.mark.parametrize("block_n,block_m,prefetch", [(64, 128, True), (64, 128, False), (128, 64, False)])
+def test_tiles_walk_many_rows_in_activation_tiles(block_n, block_m, prefetch):
+    """300 rows: three tiles of 128 (the last partial) or five of 64, N = 200 past the last weight tile."""
+    w = _weight(200, 1024, seed=7, device="cuda")
+    x = _x(300, 1024, seed=7).to(torch.bfloat16)
+    got = g16.matmul_tiles(x.cuda(), w, block_n, block_m, prefetch).float()
+    assert got.shape == (300, 200) and torch.isfinite(got).all()
+    assert _rel(got, repacked_g16_linear_ref(x.double(), w.to("cpu"))) < 4e-3
+    assert _rel(got[256:], repacked_g16_linear_ref(x[256:].double(), w.to("cpu"))) < 4e-3  # the partial tile

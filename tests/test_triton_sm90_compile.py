@@ -123,7 +123,8 @@ COMPILE = textwrap.dedent("""
         fn = g16._g16_kernel
         types = {"x_ptr": "*fp16", "xe_ptr": "*fp32", "c_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32",
                  "y_ptr": "*fp32"}
-        for block_m, block_n, reduce, prefetch in ((8, 64, 1, True), (64, 128, 1, False), (16, 128, 0, False)):
+        for block_m, block_n, reduce, prefetch in ((8, 64, 1, True), (64, 128, 1, False), (16, 128, 0, False),
+                                                   (g16.TILE_BLOCK_M, g16.TILE_BLOCK_N, 0, True)):
             constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "REDUCE": reduce, "PREFETCH": prefetch}
             # pointers and strides divisible by 16 as a launch specializes them (x16's rows: K a multiple of 256),
             # without which the x copy could not be 16-byte cp.async
@@ -306,7 +307,8 @@ def test_gguf_g16_mode_compiles_for_sm90_with_one_wgmma_left_in_flight():
     (`wait_group 1`), so that the next plane's dequantization overlaps it; one full wait a group, before
     the x buffers are written again."""
     lines = _compile("gguf-g16")
-    assert [line.split()[0] for line in lines] == ["gguf-g16-m8-n64", "gguf-g16-m64-n128", "gguf-g16-m16-n128"]
+    assert [line.split()[0] for line in lines] == ["gguf-g16-m8-n64", "gguf-g16-m64-n128", "gguf-g16-m16-n128",
+                                                   "gguf-g16-m128-n64"]  # the last: the many-row tile
     for line in lines:
         fields = line.split()
         assert int(fields[2]) >= 8, line  # the eight planes' products (more where a tile takes two instructions)

@@ -82,6 +82,7 @@ if gluon is not None:
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
+        m0 = gl.program_id(2) * BLOCK_M  # activation rows m0.. (one tile up to BLOCK_M rows)
         rn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_a)
         rn64 = gl.where(rn < N, rn, 0).to(gl.int64)  # rows past N read row 0 (never stored)
         lane = gl.arange(0, LANES, layout=cols_a)
@@ -89,7 +90,7 @@ if gluon is not None:
         s_rows = s_ptr + rn64 * stride_sn
         d_rows = d_ptr + rn64 * stride_dn
 
-        xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
+        xm = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
         xk = gl.arange(0, LANES, layout=gl.SliceLayout(0, x_load))
         x_rows = x_ptr + xm[:, None].to(gl.int64) * stride_xm + xk[None, :]
         x_ok = (xm[:, None] < M) & (xk[None, :] < LANES)
@@ -135,7 +136,7 @@ if gluon is not None:
             else:
                 words, w0, w1, w2, w3, dw = _group_words(code_rows, s_rows, d_rows, gl.minimum(g + 1, last))
         async_copy.wait_group(0)
-        rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
+        rm = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         acc = acc * gl.load(xe_ptr + rm, mask=rm < M, other=1.0)[None, :]
         on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
         ok = (rm[None, :] < M) & (on[:, None] < N)
@@ -148,14 +149,43 @@ if gluon is not None:
 
 def launch(x16: torch.Tensor, xe: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, d: torch.Tensor,
            target: torch.Tensor, n: int, groups_per_split: int, stride_t: int, stride_split: int,
-           grid: tuple[int, int], block_n: int, reduce: int, prefetch: bool) -> None:
+           grid: tuple[int, int], block_n: int, reduce: int, prefetch: bool, block_m: int | None = None) -> None:
     """Mode "g16" of `triton_gguf_repacked.matmul_few_rows`: x16 [M, K] float16 and its row scales xe
     (`triton_gguf_f16.prepare_x`) times the Q4_K weight into `target` (reduce 0: the output; 1: split-K
     partials [split, M, N] float32, summed by the caller); prefetch: load the next group's code words
     into registers during this group's products (32 more registers a thread at 128 rows a program: they
-    spill there, so the configs use it at 64)."""
+    spill there, so the configs use it at 64). block_m: activation rows a program (default: all M, at
+    most MAX_ROWS), the grid's third axis walking M in such tiles."""
     m = x16.shape[0]
-    block_m = max(8, triton.next_power_of_2(m))
-    _g16_kernel[grid](x16, xe, codes, scales, d, target, m, n, groups_per_split, x16.stride(0), codes.stride(0), scales.stride(0),
-                      d.stride(0), stride_t, stride_split, BLOCK_M=block_m, BLOCK_N=block_n, REDUCE=reduce,
-                      PREFETCH=prefetch, num_warps=WARPS)
+    block_m = block_m or max(8, triton.next_power_of_2(m))
+    _g16_kernel[grid + (triton.cdiv(m, block_m),)](
+        x16, xe, codes, scales, d, target, m, n, groups_per_split, x16.stride(0), codes.stride(0), scales.stride(0),
+        d.stride(0), stride_t, stride_split, BLOCK_M=block_m, BLOCK_N=block_n, REDUCE=reduce, PREFETCH=prefetch,
+        num_warps=WARPS)
+
+
+# Tiles for many rows (prefill chunks): 64 weight rows by 128 activation rows a program (161 registers,
+# 128 KB of shared memory for two groups of x16; 128 x 128 spills, 256 activation rows overflow shared
+# memory). Unmeasured: bench/gpu_gguf_g16_tiles.py times them against the weight dequantized for cuBLAS.
+TILE_BLOCK_N, TILE_BLOCK_M = 64, 128
+
+
+def matmul_tiles(x: torch.Tensor, weight, block_n: int = TILE_BLOCK_N, block_m: int = TILE_BLOCK_M,
+                 prefetch: bool = True) -> torch.Tensor:
+    """x [M, K] (any M) @ weight.T for a Q4_K `RepackedMatrix` on a CUDA device: x prepared as mode "f16"
+    takes it (`triton_gguf_f16.prepare_x`), then `_g16_kernel` over tiles of block_m activation rows and
+    block_n weight rows, the whole K a program (no split), the result in x's dtype."""
+    from onebit.kernels import triton_gguf_f16
+    from onebit.kernels.triton_gguf_repacked import _operands
+
+    if not available() or x.device.type != "cuda" or weight.qtype not in TYPES:
+        raise ValueError(f'mode "g16" tiles take Q4_K on a CUDA device with Gluon, not {weight.qtype} on '
+                         f'{x.device.type}')
+    if x.shape[1] != weight.cols:
+        raise ValueError(f"x has {x.shape[1]} columns, the weight {weight.cols}")
+    x16, _, xe = triton_gguf_f16.prepare_x(x.contiguous())
+    codes, _, scales, d = _operands(weight)
+    out = torch.empty(x.shape[0], weight.rows, dtype=x.dtype, device=x.device)
+    launch(x16, xe, codes, scales, d, out, weight.rows, weight.cols // 256, out.stride(0), 0,
+           (triton.cdiv(weight.rows, block_n), 1), block_n, 0, prefetch, block_m)
+    return out
