@@ -177,3 +177,23 @@ def test_g16_tiles_bench_reports_speedups_only_where_every_product_ran_right():
     lines = bench.report(records, [128, 512])
     assert lines[2].startswith("| qkv_proj | 128 | 100.0 | 50.0 | 50.0")
     assert any(line.startswith(f"| {label} | 1.00x | nanx |") for line in lines)
+
+
+def test_the_g16_call_times_its_launches_beside_every_shipped_q4_k_pick():
+    """bench/gpu_g16.sh's configs are `triton_gguf_repacked.CONFIGS` entries, hold every g16 launch and the
+    shipped Q4_K picks at its row counts (the merge replaces only a pick timed beside its rival)."""
+    import json
+    import re
+
+    from onebit.kernels import triton_gguf_repacked as tr
+
+    script = (ROOT / "bench" / "gpu_g16.sh").read_text()
+    configs = re.search(r"CONFIGS=\$\{CONFIGS:-([^}]+)\}", script).group(1).split(",")
+    rows = re.search(r"ROWS=\$\{ROWS:-([^}]+)\}", script).group(1).split(",")
+    assert set(configs) <= set(tr.CONFIGS)
+    assert {name for name, c in tr.CONFIGS.items() if c.mode == "g16"} <= set(configs)
+    names = {tuple(c): name for name, c in tr.CONFIGS.items()}
+    table = json.loads(tr.TABLE_FILE.read_text())
+    shipped = {names[tuple(tr.RepackedConfig(**table[key][m]))] for key in table if key.split()[0] == "Q4_K"
+               for m in rows if m in table[key]}
+    assert shipped and shipped <= set(configs), shipped - set(configs)
