@@ -54,7 +54,8 @@ def measure(rows: list[int]) -> list[dict]:
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             want = x.float() @ dense.t()
-            runs = {"dequant": lambda: F.linear(x, tr.dequantize(w, torch.bfloat16)), "bf16": lambda: F.linear(x, dense16)}
+            runs = {"dequant": lambda: F.linear(x, tr.dequantize(w, torch.bfloat16)),
+                    "bf16": lambda: F.linear(x, dense16)}
             for label, (block_n, block_m, prefetch) in CANDIDATES.items():
                 runs[label] = lambda bn=block_n, bm=block_m, p=prefetch: g16.matmul_tiles(x, w, bn, bm, p)
             rec = {"product": name, "rows": m, "us": {}, "rel_err": {}}

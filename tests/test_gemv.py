@@ -192,7 +192,8 @@ def test_split_k_partials_sum_in_slice_order_with_scale_bias_and_a_strided_outpu
 
 def test_picks_report_the_triton_choices_by_shape_in_row_order(monkeypatch):
     key = ("cuda", 64, 4096, 1024, torch.bfloat16, False)
-    monkeypatch.setattr(gemv, "_CHOSEN", {key: ("split_k", (64, 64, 128, 4, 4)), ("cuda", 1) + key[2:]: ("gemv", (8, 512, 4))})
+    monkeypatch.setattr(gemv, "_CHOSEN", {key: ("split_k", (64, 64, 128, 4, 4)),
+                                          ("cuda", 1) + key[2:]: ("gemv", (8, 512, 4))})
     picks = gemv.picks()
     assert picks == {"4096x1024": {1: "gemv (8, 512, 4)", 64: "split_k (64, 64, 128, 4, 4)"}}
     assert list(picks["4096x1024"]) == [1, 64]

@@ -15,6 +15,7 @@ tr = pytest.importorskip("onebit.kernels.triton_gguf_repacked")
 g16 = pytest.importorskip("onebit.kernels.gluon_gguf_q4k")
 
 ON_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) and g16.available()
+NEEDS_GPU = "Gluon's wgmma needs a Hopper GPU; the CPU compiles it (test_triton_sm90_compile)"
 
 
 def _weight(rows: int, cols: int, seed: int, device: str = "cpu", qtype: str = "Q4_K") -> RepackedMatrix:
@@ -67,12 +68,13 @@ def test_g16_is_refused_off_cuda_and_for_other_types_and_reductions():
 # (rows, config): a row tile of 8 and of 64, past the weight's end (N = 200), split-K sums and one
 # program along K, with and without the code-word prefetch; every config the sweep times.
 CASES = [(1, tr.RepackedConfig("g16", 64, 1, split=2)), (8, tr.RepackedConfig("g16", 64, 1, split=4, stages=1)),
-         (13, tr.RepackedConfig("g16", 128, 1, split=1, stages=1)), (tr.MAX_INT_ROWS, tr.RepackedConfig("g16", 64, 1, split=1)),
+         (13, tr.RepackedConfig("g16", 128, 1, split=1, stages=1)),
+         (tr.MAX_INT_ROWS, tr.RepackedConfig("g16", 64, 1, split=1)),
          (tr.MAX_INT_ROWS, tr.RepackedConfig("g16", 128, 1, split=2, stages=1))]
 CASES += [(m, config) for name, config in tr.CONFIGS.items() if config.mode == "g16" for m in (8, 64)]
 
 
-@pytest.mark.skipif(not ON_GPU, reason="Gluon's wgmma needs a Hopper GPU; the CPU compiles it (test_triton_sm90_compile)")
+@pytest.mark.skipif(not ON_GPU, reason=NEEDS_GPU)
 @pytest.mark.parametrize("m,config", CASES)
 def test_g16_matches_its_reference_on_the_gpu(m, config):
     w = _weight(200, 1024, seed=m, device="cuda")
@@ -98,7 +100,7 @@ def test_tiles_are_refused_off_cuda_and_for_other_types():
         g16.matmul_tiles(torch.randn(130, 512), _weight(16, 512, seed=1))
 
 
-@pytest.mark.skipif(not ON_GPU, reason="Gluon's wgmma needs a Hopper GPU; the CPU compiles it (test_triton_sm90_compile)")
+@pytest.mark.skipif(not ON_GPU, reason=NEEDS_GPU)
 @pytest.mark.parametrize("block_n,block_m,prefetch", [(64, 128, True), (64, 128, False), (128, 64, False)])
 def test_tiles_walk_many_rows_in_activation_tiles(block_n, block_m, prefetch):
     """300 rows: three tiles of 128 (the last partial) or five of 64, N = 200 past the last weight tile."""

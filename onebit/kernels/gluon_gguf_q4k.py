@@ -10,15 +10,18 @@ leaves one in flight, so the CUDA cores dequantize plane j + 1 while the tensor 
 (the registers of plane j stay reserved until its wait, through `warpgroup_mma_wait`'s deps).
 
 Per 256-column group of the program's BLOCK_N weight rows:
-    x16 [BLOCK_M, 256] (float16, prepared as `triton_gguf_f16.prepare_x` prepares it) -> shared memory,
-    one [BLOCK_M, 32] buffer a plane (the wgmma's B operand, K-major);
-    plane j: weights float16((code - 0) * s16 - o16), s16 = float16(d * scale_j), o16 = float16(dmin *
-    min_j), made in the register layout of wgmma's A operand (each thread reads the code words of its
-    own rows and columns, 8 bytes at a time), then acc += weights @ x16_j.
+    x16 [BLOCK_M, 256] (float16, prepared as `triton_gguf_f16.prepare_x` prepares it) copied into shared
+    memory asynchronously, one [BLOCK_M, 32] buffer a plane (wgmma's B operand, K-major), two groups'
+    buffers so that the next group's copy runs during this group's products;
+    plane j: weights float16(code * s16 - o16), s16 = float16(d * scale_j), o16 = float16(dmin * min_j),
+    made in the register layout of wgmma's A operand (each thread reads the code words of its own rows
+    and columns, 8 bytes at a time), then acc += weights @ x16_j.
 The minimums are folded into the weights (mode "f16s" multiplies them by the sub-block means of x in a
 ninth product), so a group is eight products. acc (float32) is multiplied by each row's 2**e at the end.
-Reference: `gguf_repack.repacked_g16_linear_ref`. Gluon runs in no interpreter: on the CPU the kernel
-is only compiled (to sm_90 SASS, tests/test_gguf_g16.py); its numbers are checked on the device.
+A third grid axis walks the activation rows in tiles, so the same kernel serves prefill chunks
+(`matmul_tiles`). Reference: `gguf_repack.repacked_g16_linear_ref`. Gluon runs in no interpreter: on
+the CPU the kernel is only compiled to sm_90 (tests/test_triton_sm90_compile.py checks its waits); its
+numbers are checked on the device (tests/test_gguf_g16.py).
 """
 
 from __future__ import annotations
