@@ -35,5 +35,5 @@ if [[ ${TILES:-1} == 1 ]]; then
     rm -rf "$OUT/tiles" "$OUT/tiles.log"
 fi
 say "3: sweep, merge, engine A/B"
-TYPES=Q4_K ROWS=$ROWS CONFIGS=$CONFIGS RUNS=${RUNS:-new,old,new} OUT=$OUT bash bench/gpu_prepared_rows.sh
+WHEELS=0 TYPES=Q4_K ROWS=$ROWS CONFIGS=$CONFIGS RUNS=${RUNS:-new,old,new} OUT=$OUT bash bench/gpu_prepared_rows.sh
 rm -rf "$OUT"/run-* "$OUT/pytest.txt"

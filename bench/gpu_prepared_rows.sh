@@ -16,7 +16,8 @@
 #      run and per side are printed last.
 # Session 21 ran it with SiLU * mul also preparing the down product's rows (`PackedSwiGLU`, b1f1c0a, old
 # side: that commit's parent's packed.py and table): -24% at B=8, removed.
-# Environment: TYPES, ROWS, CONFIGS, MIN_GAIN (1.03), RUNS (new,old,new), OUT.
+# Environment: TYPES, ROWS, CONFIGS, MIN_GAIN (1.03), RUNS (new,old,new), WHEELS (1; 0: a caller installed them),
+# OUT.
 set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
@@ -27,7 +28,7 @@ CONFIGS=${CONFIGS:-int-n64-g1-s3,int-n64-g1-p256,int-n64-g1-s3-p256,f16s-n128,f1
 mkdir -p "$OUT"
 # checked here too, so that a missing old side stops the call before the sweep instead of after it
 [[ -d .ab/old ]] || { echo "no .ab/old: put the old side's files there (see the header)"; exit 1; }
-install_wheels || exit 1
+if [[ ${WHEELS:-1} == 1 ]]; then install_wheels || exit 1; fi
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 say "1: producer tests on the GPU"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gguf_f16.py \

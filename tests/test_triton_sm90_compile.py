@@ -119,20 +119,9 @@ COMPILE = textwrap.dedent("""
         from onebit.kernels import gluon_gguf_q4k as g16
         if not g16.available():
             sys.exit(3)
-        from triton.experimental.gluon._runtime import GluonASTSource
-        fn = g16._g16_kernel
-        types = {"x_ptr": "*fp16", "xe_ptr": "*fp32", "c_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32",
-                 "y_ptr": "*fp32"}
         for block_m, block_n, reduce, prefetch in ((8, 64, 1, True), (64, 128, 1, False), (16, 128, 0, False),
                                                    (g16.TILE_BLOCK_M, g16.TILE_BLOCK_N, 0, True)):
-            constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "REDUCE": reduce, "PREFETCH": prefetch}
-            # pointers and strides divisible by 16 as a launch specializes them (x16's rows: K a multiple of 256),
-            # without which the x copy could not be 16-byte cp.async
-            aligned = [name for name in fn.arg_names if name.endswith("_ptr") or name.startswith("stride_")]
-            attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-            source = GluonASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs,
-                                    attrs=attrs)
-            kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": g16.WARPS})
+            kernel = g16.compile_sm90(block_m, block_n, reduce, prefetch)
             ptx = kernel.asm["ptx"]
             waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
             print(f"gguf-g16-m{block_m}-n{block_n}", "wgmma", ptx.count("wgmma.mma_async"), "wait1", waits.count("1"),

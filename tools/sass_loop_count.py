@@ -77,22 +77,12 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
 
 
 def _compile_g16_sass(config, rows: int) -> tuple[str, int, int, str]:
-    """`compile_sass` for mode "g16" (a Gluon kernel: Q4_K only, its own source class)."""
+    """`compile_sass` for mode "g16" (a Gluon kernel: Q4_K only, compiled by its module's `compile_sm90`)."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from onebit.kernels import gluon_gguf_q4k as g16
 
-    fn = g16._g16_kernel
-    constexprs = {"BLOCK_M": max(8, triton.next_power_of_2(rows)), "BLOCK_N": config.block_n, "REDUCE": 1,
-                  "PREFETCH": config.stages >= 2}
-    types = {"x_ptr": "*fp16", "xe_ptr": "*fp32", "c_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32"}
-    signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in fn.arg_names
-             if name.endswith("_ptr") or name.startswith("stride_")}
-    kernel = triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": g16.WARPS})
+    kernel = g16.compile_sm90(max(8, triton.next_power_of_2(rows)), config.block_n, 1, config.stages >= 2)
     sass, resources = _disassemble(kernel)
     return sass, g16.WARPS, config.block_n * 256, resources
 

@@ -167,6 +167,24 @@ def launch(x16: torch.Tensor, xe: torch.Tensor, codes: torch.Tensor, scales: tor
         num_warps=WARPS)
 
 
+def compile_sm90(block_m: int, block_n: int, reduce: int, prefetch: bool):
+    """`_g16_kernel` compiled ahead of time for the H200 (sm_90; no GPU needed), specialized as a launch
+    specializes it: pointers and strides divisible by 16 (x16's rows: K a multiple of 256; without it the
+    x copy could not be 16-byte cp.async). For the offline SASS counts (tools/sass_loop_count.py) and
+    the compile test (tests/test_triton_sm90_compile.py). Returns Triton's compiled kernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _g16_kernel
+    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "REDUCE": reduce, "PREFETCH": prefetch}
+    types = {"x_ptr": "*fp16", "xe_ptr": "*fp32", "c_ptr": "*i32", "s_ptr": "*i32", "d_ptr": "*i32", "y_ptr": "*fp32"}
+    signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in fn.arg_names
+             if name.endswith("_ptr") or name.startswith("stride_")}
+    return triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
+
+
 # Tiles for many rows (prefill chunks): 64 weight rows by 128 activation rows a program (161 registers,
 # 128 KB of shared memory for two groups of x16; 128 x 128 spills, 256 activation rows overflow shared
 # memory). Unmeasured: bench/gpu_gguf_g16_tiles.py times them against the weight dequantized for cuBLAS.

@@ -176,7 +176,7 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     quantized per token (`quantize_rows`) and the tiles multiply in e4m3 (w8a8; tensor-core tiles
     and per-column scales only); the result is in `out_dtype`."""
     block_m, block_n, block_k, split, warps, *stages = config
-    stages = {"num_stages": stages[0]} if stages else {}
+    pipeline = {"num_stages": stages[0]} if stages else {}
     m, n, k = x.shape[0], q.shape[0], q.shape[1]
     if m > MAX_ROWS:
         raise ValueError(f"split_k takes at most {MAX_ROWS} rows, got {m}")
@@ -197,12 +197,12 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     if split == 1:
         _split_k_kernel[grid](x, q, scale, b_arg, y, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), 0,
                               HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                              SPLIT=1, EVEN_K=even_k, num_warps=warps, **stages, **blocks, **pdl.options())
+                              SPLIT=1, EVEN_K=even_k, num_warps=warps, **pipeline, **blocks, **pdl.options())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
                           HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
-                          EVEN_K=even_k, num_warps=warps, **stages, **blocks, **pdl.options())
+                          EVEN_K=even_k, num_warps=warps, **pipeline, **blocks, **pdl.options())
     reduce_partials(partial, scale if block is None else None, bias, y)
     return y
 
