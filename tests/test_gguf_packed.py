@@ -131,10 +131,11 @@ def test_the_triton_kernels_inside_the_model_give_the_same_logits(loads, monkeyp
     reference = gguf_quants.packed_linear
     monkeypatch.setattr(gguf_quants, "packed_linear", lambda x, parts, bias=None: reference(x, parts, bias, True))
     got, want = all_logits(packed, PROMPT), all_logits(dequantized, PROMPT)
-    # The prompt's rows (17-64) go through mode "int" for Q4_K and Q8_0 (float32 reassociation,
-    # bounded in test_gguf_repacked: 1.1e-5 alone) and "f16s" for Q6_K, whose weights it rounds to
-    # float16 (2**-11 relative each; tests/test_gguf_f16.py): 8e-4 here.
-    assert ((got - want).norm() / want.norm()).item() < 2e-3
+    # The prompt's rows (17-64) go through mode "int" for Q8_0 (float32 reassociation, bounded in
+    # test_gguf_repacked: 1.1e-5 alone) and "f16s" for Q6_K and Q4_K (Q4_K: the stand-in off Hopper for
+    # the table's g16 picks, which round the same way), whose weights it rounds to float16 (2**-11
+    # relative each; tests/test_gguf_f16.py): 8e-4 with Q6_K alone, 2.1e-3 with both.
+    assert ((got - want).norm() / want.norm()).item() < 4e-3
 
 
 def test_the_norms_before_packed_products_prepare_their_float16_rows(loads, monkeypatch):

@@ -82,9 +82,10 @@ def _compile_g16_sass(config, rows: int) -> tuple[str, int, int, str]:
 
     from onebit.kernels import gluon_gguf_q4k as g16
 
-    kernel = g16.compile_sm90(max(8, triton.next_power_of_2(rows)), config.block_n, 1, config.stages >= 2)
+    kernel = g16.compile_sm90(max(8, triton.next_power_of_2(rows)), config.block_n, 1, config.stages >= 2,
+                              config.warps)
     sass, resources = _disassemble(kernel)
-    return sass, g16.WARPS, config.block_n * 256, resources
+    return sass, config.warps, config.block_n * 256, resources
 
 
 def _disassemble(kernel) -> tuple[str, str]:

@@ -31,6 +31,7 @@ activations' dtype (`dequantize`, same plane code) and multiplies with cuBLAS. R
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -128,13 +129,17 @@ CONFIGS = {
     "f16s-n64-s3-p256": RepackedConfig("f16s", 64, 1, stages=3, programs=256),
     # 8-64 rows, Q4_K: mode "g16" (`gluon_gguf_q4k`, Gluon): f16s's float16 tensor-core products with each
     # plane's wgmma left in flight while the next plane is dequantized (f16s waits for every one); the
-    # minimums folded into the weights. Unmeasured (written in session 22, compiled to sm_90 offline).
-    # stages 2: the next group's code words prefetched into registers (at 128 rows a program they spill).
+    # minimums folded into the weights. Session 23's sweep: 1.11-1.32x the shipped picks at 8-64 rows
+    # (g16-n64-p256 and -p512 picked for most shapes; g16-n128-s1-p128 dropped, never near the best).
+    # stages 2: the next group's code words prefetched into registers (at 128 rows a warp group they spill).
+    # w8: two warp groups of 64 rows sharing one copy of x16 (half the x traffic of n64 at 64 rows).
     "g16-n128-s1-p256": RepackedConfig("g16", 128, 1, stages=1, programs=256),
-    "g16-n128-s1-p128": RepackedConfig("g16", 128, 1, stages=1, programs=128),
     "g16-n64-p512": RepackedConfig("g16", 64, 1, programs=512),
     "g16-n64-p256": RepackedConfig("g16", 64, 1, programs=256),
     "g16-n64-s1-p512": RepackedConfig("g16", 64, 1, stages=1, programs=512),
+    "g16-n128-w8-p256": RepackedConfig("g16", 128, 1, warps=8, programs=256),
+    "g16-n128-w8-p128": RepackedConfig("g16", 128, 1, warps=8, programs=128),
+    "g16-n128-w8-s1-p256": RepackedConfig("g16", 128, 1, warps=8, stages=1, programs=256),
     # unmeasured (written in session 22, whose device time ran out first): a pipeline stage more or less for
     # the shipped f16s tile at 32-64 rows, and a fourth stage for "int" (the e4m3 tiles gained 4-7% at
     # 64-256 rows from deeper pipelines that session; bf16's split-K tiles nothing)
@@ -847,8 +852,27 @@ def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, redu
 
 def config_for(weight: RepackedMatrix, m: int) -> RepackedConfig:
     """The launch `matmul_few_rows` takes for m rows of this weight when given none: DEFAULT[qtype, M, N,
-    K], else DEFAULT[qtype, M], else INT_MANY_ROWS_CONFIG."""
-    return DEFAULT.get((weight.qtype, m, weight.rows, weight.cols)) or DEFAULT.get((weight.qtype, m), INT_MANY_ROWS_CONFIG)
+    K], else DEFAULT[qtype, M], else INT_MANY_ROWS_CONFIG; a "g16" pick (Hopper's wgmma, measured on the
+    H200) becomes G16_ELSEWHERE on a device that cannot run it."""
+    config = (DEFAULT.get((weight.qtype, m, weight.rows, weight.cols))
+              or DEFAULT.get((weight.qtype, m), INT_MANY_ROWS_CONFIG))
+    if config.mode == "g16" and not runs_g16(weight.codes.device):
+        return G16_ELSEWHERE
+    return config
+
+
+# What a "g16" pick runs where g16 cannot (a GPU other than Hopper, or a Triton without Gluon): the
+# float16 tensor-core mode it came from, the Q4_K pick at 8-64 rows before g16 (session 21's table).
+G16_ELSEWHERE = CONFIGS["f16s-n128-p256"]
+
+
+@functools.lru_cache(maxsize=None)
+def runs_g16(device: torch.device) -> bool:
+    """Whether mode "g16" runs on this device: a CUDA GPU of compute capability 9.x (wgmma) and Gluon."""
+    from onebit.kernels import gluon_gguf_q4k
+
+    return (device.type == "cuda" and gluon_gguf_q4k.available()
+            and torch.cuda.get_device_capability(device)[0] == 9)
 
 
 def _takes_few_rows(m: int) -> bool:
@@ -921,7 +945,7 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
             raise ValueError('mode "g16" needs a Triton with Gluon (3.5 or later)')
         x16, _, xe = triton_gguf_f16.prepare_x(x) if prepared is None else prepared[1:]
         gluon_gguf_q4k.launch(x16, xe, codes, scales, d, target, weight.rows, groups // split, stride_t, stride_split,
-                              grid, config.block_n, reduce, config.stages >= 2)
+                              grid, config.block_n, reduce, config.stages >= 2, config.warps)
     elif config.mode in F16_MODES:
         from onebit.kernels import triton_gguf_f16  # it builds on this module's helpers
 
