@@ -24,7 +24,7 @@ OUT=${OUT:-/tmp/out}
 TYPES=${TYPES:-Q4_K,Q6_K}
 ROWS=${ROWS:-8,16,32,64}
 # the shipped picks at 8-64 rows (the merge compares each against the sweep's best) and their neighbours
-CONFIGS=${CONFIGS:-int-n64-g1-s3,int-n64-g1-p256,int-n64-g1-s3-p256,f16s-n128,f16s-n128-p256,f16s-n128-p512,f16s-n64-p512,f16-n128,g16-n64-p256,g16-n64-p512,g16-n64-s1-p512}
+CONFIGS=${CONFIGS:-int-n64-g1-s3,int-n64-g1-p256,int-n64-g1-s3-p256,f16s-n128,f16s-n128-p256,f16s-n128-p512,f16s-n64-p512,f16-n128,g16-n64-p256,g16-n64-p512,g16-n64-s1-p512,g16-n128-s1-p256}
 mkdir -p "$OUT"
 # checked here too, so that a missing old side stops the call before the sweep instead of after it
 [[ -d .ab/old ]] || { echo "no .ab/old: put the old side's files there (see the header)"; exit 1; }

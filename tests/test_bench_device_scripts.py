@@ -161,9 +161,9 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     assert bad.returncode == 1 and 'side name "old-2"' in bad.stdout
 
 
-def test_the_g16_call_times_its_launches_beside_every_shipped_q4_k_pick():
+def test_the_g16_call_times_its_launches_beside_every_shipped_pick_of_its_types():
     """bench/gpu_g16.sh's configs are `triton_gguf_repacked.CONFIGS` entries, hold every g16 launch and the
-    shipped Q4_K picks at its row counts (the merge replaces only a pick timed beside its rival)."""
+    shipped Q4_K and Q6_K picks at its row counts (the merge replaces only a pick timed beside its rival)."""
     import json
     import re
 
@@ -176,6 +176,7 @@ def test_the_g16_call_times_its_launches_beside_every_shipped_q4_k_pick():
     assert {name for name, c in tr.CONFIGS.items() if c.mode == "g16"} <= set(configs)
     names = {tuple(c): name for name, c in tr.CONFIGS.items()}
     table = json.loads(tr.TABLE_FILE.read_text())
-    shipped = {names[tuple(tr.RepackedConfig(**table[key][m]))] for key in table if key.split()[0] == "Q4_K"
+    types = re.search(r"TYPES=\$\{TYPES:-([^}]+)\}", script).group(1).split(",")
+    shipped = {names[tuple(tr.RepackedConfig(**table[key][m]))] for key in table if key.split()[0] in types
                for m in rows if m in table[key]}
-    assert shipped and shipped <= set(configs), shipped - set(configs)
+    assert types == ["Q4_K", "Q6_K"] and shipped and shipped <= set(configs), shipped - set(configs)

@@ -1,4 +1,4 @@
-"""Mode "g16" of the packed GGUF products (`gluon_gguf_q4k`: Q4_K at 8-64 rows in Gluon, each plane's wgmma
+"""Mode "g16" of the packed GGUF products (`gluon_gguf_g16`: Q4_K at 8-64 rows in Gluon, each plane's wgmma
 left in flight while the next plane is dequantized): its float64 reference against the exact product
 (CPU), the kernel against that reference on the GPU (Gluon runs in no interpreter; the sm_90 compile
 is checked on the CPU in tests/test_triton_sm90_compile.py), and the inputs it refuses."""
@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onebit.kernels.gguf_repack import F16Rows, RepackedMatrix, repacked_g16_linear_ref, repacked_linear_ref
+from onebit.kernels.gguf_repack import (F16Rows, RepackedMatrix, repacked_f16s_q6_k_linear_ref, repacked_g16_linear_ref,
+                                       repacked_linear_ref)
 from tests.test_gguf_kernels import random_blocks
 
 tr = pytest.importorskip("onebit.kernels.triton_gguf_repacked")
-g16 = pytest.importorskip("onebit.kernels.gluon_gguf_q4k")
+g16 = pytest.importorskip("onebit.kernels.gluon_gguf_g16")
 
 ON_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) and g16.available()
 NEEDS_GPU = "Gluon's wgmma needs a Hopper GPU; the CPU compiles it (test_triton_sm90_compile)"
@@ -46,8 +47,17 @@ def test_reference_rounds_each_weight_once_to_float16_with_the_minimum_folded_in
     assert 0 < _rel(ref, exact) < 2e-3
     big = _x(4, 512, seed=3).double()  # the 1e6 row on its own: the prepared scale keeps it in range
     assert _rel(repacked_g16_linear_ref(big, w)[1:2], repacked_linear_ref(big, w)[1:2]) < 2e-3
-    with pytest.raises(ValueError, match='takes Q4_K, not Q6_K'):
-        repacked_g16_linear_ref(x, _weight(16, 512, seed=1, qtype="Q6_K"))
+    with pytest.raises(ValueError, match='takes Q4_K and Q6_K, not Q8_0'):
+        repacked_g16_linear_ref(x, _weight(16, 512, seed=1, qtype="Q8_0"))
+
+
+def test_q6_k_reference_is_f16s_rounding():
+    """Q6_K's weights round as mode "f16s" rounds them: float16(float16(d * scale) * (code - 32))."""
+    w = _weight(24, 512, seed=6, qtype="Q6_K")
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2)).double()
+    ref = repacked_g16_linear_ref(x, w)
+    assert torch.equal(ref, repacked_f16s_q6_k_linear_ref(x, w))
+    assert 0 < _rel(ref, repacked_linear_ref(x, w)) < 2e-3
 
 
 def test_g16_is_refused_off_cuda_and_for_other_types_and_reductions():
@@ -56,8 +66,8 @@ def test_g16_is_refused_off_cuda_and_for_other_types_and_reductions():
         with pytest.raises(ValueError, match='mode "g16" runs on a CUDA device'):
             tr.matmul_few_rows(x, _weight(16, 512, seed=1), config=tr.CONFIGS["g16-n64-p512"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    with pytest.raises(ValueError, match='mode "g16" takes Q4_K, not Q6_K'):
-        tr.matmul_few_rows(x.to(device), _weight(16, 512, seed=1, device=device, qtype="Q6_K"),
+    with pytest.raises(ValueError, match='mode "g16" takes Q4_K, Q6_K, not Q8_0'):
+        tr.matmul_few_rows(x.to(device), _weight(16, 512, seed=1, device=device, qtype="Q8_0"),
                            config=tr.CONFIGS["g16-n64-p512"])
     with pytest.raises(ValueError, match="split-K sums"):
         tr.matmul_few_rows(x.to(device), _weight(16, 512, seed=1, device=device),
@@ -88,9 +98,10 @@ CASES += [(m, config) for name, config in tr.CONFIGS.items() if config.mode == "
 
 
 @pytest.mark.skipif(not ON_GPU, reason=NEEDS_GPU)
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("m,config", CASES)
-def test_g16_matches_its_reference_on_the_gpu(m, config):
-    w = _weight(200, 1024, seed=m, device="cuda")
+def test_g16_matches_its_reference_on_the_gpu(m, config, qtype):
+    w = _weight(200, 1024, seed=m, device="cuda", qtype=qtype)
     x = _x(m, 1024, seed=m)
     got = tr.matmul_few_rows(x.to("cuda", torch.bfloat16), w, config=config).float()
     xb = x.to(torch.bfloat16).double()

@@ -116,17 +116,18 @@ COMPILE = textwrap.dedent("""
                       "NUM_STAGES": config.stages}, warps=config.warps)
     elif which == "gguf-g16":  # mode "g16" (Gluon, Q4_K at 8-64 rows) at the tiles its configs launch
         import re
-        from onebit.kernels import gluon_gguf_q4k as g16
+        from onebit.kernels import gluon_gguf_g16 as g16
         if not g16.available():
             sys.exit(3)
-        for block_m, block_n, reduce, prefetch, warps in ((8, 64, 1, True, 4), (64, 128, 1, False, 4),
-                                                          (16, 128, 0, False, 4), (64, 128, 1, True, 8)):
-            kernel = g16.compile_sm90(block_m, block_n, reduce, prefetch, warps)
+        for block_m, block_n, reduce, prefetch, warps, qtype in (
+                (8, 64, 1, True, 4, "Q4_K"), (64, 128, 1, False, 4, "Q4_K"), (16, 128, 0, False, 4, "Q4_K"),
+                (64, 128, 1, True, 8, "Q4_K"), (8, 64, 1, True, 4, "Q6_K"), (64, 64, 0, False, 4, "Q6_K")):
+            kernel = g16.compile_sm90(block_m, block_n, reduce, prefetch, warps, qtype)
             ptx = kernel.asm["ptx"]
             waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
-            print(f"gguf-g16-m{block_m}-n{block_n}-w{warps}", "wgmma", ptx.count("wgmma.mma_async"), "wait1",
+            print(f"gguf-g16-{qtype}-m{block_m}-n{block_n}-w{warps}", "wgmma", ptx.count("wgmma.mma_async"), "wait1",
                   waits.count("1"), "wait0", waits.count("0"), "shared", kernel.metadata.shared, "stores",
-                  ptx.count("st.global"), "barriers", ptx.count("bar.sync"), "hfma2", ptx.count("fma.rn.f16x2"))
+                  ptx.count("st.global"), "barriers", ptx.count("bar.sync"), "f16x2", ptx.count("fma.rn.f16x2") + ptx.count("mul.rn.f16x2"))
     elif which == "gguf-i8":  # mode "i8" (1 row, DP4A) for its types as the sweep's configs launch it, PDL on
         from onebit.kernels import triton_gguf_repacked as tr
         from onebit.kernels.gguf_repack import GROUPING
@@ -297,17 +298,19 @@ def test_gguf_g16_mode_compiles_for_sm90_with_one_wgmma_left_in_flight():
     (`wait_group 1`), so that the next plane's dequantization overlaps it; one full wait a group, before
     the x buffers are written again."""
     lines = _compile("gguf-g16")
-    assert [line.split()[0] for line in lines] == ["gguf-g16-m8-n64-w4", "gguf-g16-m64-n128-w4", "gguf-g16-m16-n128-w4",
-                                                   "gguf-g16-m64-n128-w8"]  # the last: two warp groups
+    assert [line.split()[0] for line in lines] == [
+        "gguf-g16-Q4_K-m8-n64-w4", "gguf-g16-Q4_K-m64-n128-w4", "gguf-g16-Q4_K-m16-n128-w4",
+        "gguf-g16-Q4_K-m64-n128-w8", "gguf-g16-Q6_K-m8-n64-w4", "gguf-g16-Q6_K-m64-n64-w4"]  # w8: two warp groups
     for line in lines:
         fields = line.split()
-        assert int(fields[2]) >= 8, line  # the eight planes' products (more where a tile takes two instructions)
-        assert int(fields[4]) == 8 and int(fields[6]) >= 1, line
+        planes = 16 if "Q6_K" in fields[0] else 8  # a super-block's planes, a wgmma each
+        assert int(fields[2]) >= planes, line  # (more where a tile takes two instructions)
+        assert int(fields[4]) == planes and int(fields[6]) >= 1, line
         assert int(fields[8]) <= 227 * 1024 and int(fields[10]) > 0, line
-        # the weights two at a time in the inline PTX, eight planes' worth at least; one x copy a group: a
+        # the weights two at a time in the inline PTX, a plane's worth at least each; one x copy a turn: a
         # barrier before it, the wait's, the group's end and the epilogue's (a copy a plane had one each;
         # with two warp groups Triton 3.9, not the H200's 3.6, adds its own)
-        assert int(fields[14]) >= 8 and (int(fields[12]) <= 6 or fields[0].endswith("-w8")), line
+        assert int(fields[14]) >= planes and (int(fields[12]) <= 6 or fields[0].endswith("-w8")), line
 
 
 def test_gguf_i8_mode_compiles_for_sm90_with_dp4a_and_prmt():

@@ -49,7 +49,7 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
 
     config = tr.CONFIGS[config_name]
     if config.mode == "g16":
-        return _compile_g16_sass(config, rows)
+        return _compile_g16_sass(config, rows, qtype)
     group, lanes, _, planes = GROUPING[qtype]
     f16 = config.mode in tr.F16_MODES
     block_m = max(16, triton.next_power_of_2(rows)) if config.mode == "dot" or f16 else triton.next_power_of_2(rows)
@@ -76,16 +76,16 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
     return sass, config.warps, config.block_n * config.ng * group, resources
 
 
-def _compile_g16_sass(config, rows: int) -> tuple[str, int, int, str]:
-    """`compile_sass` for mode "g16" (a Gluon kernel: Q4_K only, compiled by its module's `compile_sm90`)."""
+def _compile_g16_sass(config, rows: int, qtype: str) -> tuple[str, int, int, str]:
+    """`compile_sass` for mode "g16" (a Gluon kernel, Q4_K or Q6_K, compiled by its module's `compile_sm90`)."""
     import triton
 
-    from onebit.kernels import gluon_gguf_q4k as g16
+    from onebit.kernels import gluon_gguf_g16 as g16
 
     kernel = g16.compile_sm90(max(8, triton.next_power_of_2(rows)), config.block_n, 1, config.stages >= 2,
-                              config.warps)
+                              config.warps, qtype)
     sass, resources = _disassemble(kernel)
-    return sass, config.warps, config.block_n * 256, resources
+    return sass, config.warps, config.block_n * 256, resources  # a loop turn: one 256-column super-block
 
 
 def _disassemble(kernel) -> tuple[str, str]:

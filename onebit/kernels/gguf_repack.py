@@ -333,12 +333,14 @@ def repacked_f16s_q6_k_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> to
 
 
 def repacked_g16_linear_ref(x: torch.Tensor, weight: RepackedMatrix) -> torch.Tensor:
-    """x [T, K] @ weight.T (Q4_K) as mode "g16" (`gluon_gguf_q4k`) computes it, in float64 from
-    `prepare_x_f16_ref`'s x16 and the kernel's float16 weights float16(code * float16(d * scale) -
-    float16(dmin * min)), each rounded once (one HFMA; the minimums folded into the weights); the kernel
-    adds float32 sums on top."""
+    """x [T, K] @ weight.T (Q4_K or Q6_K) as mode "g16" (`gluon_gguf_g16`) computes it, in float64 from
+    `prepare_x_f16_ref`'s x16 and the kernel's float16 weights, each rounded once: Q4_K float16(code *
+    float16(d * scale) - float16(dmin * min)) (one HFMA; the minimums folded into the weights), Q6_K as
+    mode "f16s" rounds them (`repacked_f16s_q6_k_linear_ref`); the kernel adds float32 sums on top."""
+    if weight.qtype == "Q6_K":
+        return repacked_f16s_q6_k_linear_ref(x, weight)
     if weight.qtype != "Q4_K":
-        raise ValueError(f'mode "g16" takes Q4_K, not {weight.qtype}')
+        raise ValueError(f'mode "g16" takes Q4_K and Q6_K, not {weight.qtype}')
     x16, _, scale = prepare_x_f16_ref(x)
     s, o, size = sub_block_scales(weight)
     q = sub_block_codes(weight).double().reshape(weight.rows, -1, size)

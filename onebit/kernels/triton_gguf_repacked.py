@@ -127,19 +127,17 @@ CONFIGS = {
     "f16s-n64-p256": RepackedConfig("f16s", 64, 1, programs=256),
     "f16s-n64-p128": RepackedConfig("f16s", 64, 1, programs=128),
     "f16s-n64-s3-p256": RepackedConfig("f16s", 64, 1, stages=3, programs=256),
-    # 8-64 rows, Q4_K: mode "g16" (`gluon_gguf_q4k`, Gluon): f16s's float16 tensor-core products with each
+    # 8-64 rows, Q4_K and Q6_K: mode "g16" (`gluon_gguf_g16`, Gluon): f16s's float16 tensor-core products with each
     # plane's wgmma left in flight while the next plane is dequantized (f16s waits for every one); the
     # minimums folded into the weights. Session 23's sweep: 1.11-1.32x the shipped picks at 8-64 rows
     # (g16-n64-p256 and -p512 picked for most shapes; g16-n128-s1-p128 dropped, never near the best).
     # stages 2: the next group's code words prefetched into registers (at 128 rows a warp group they spill).
-    # w8: two warp groups of 64 rows sharing one copy of x16 (half the x traffic of n64 at 64 rows).
+    # Session 23: two warp groups of 64 rows sharing one copy of x16 (warps=8: g16-n128-w8-p256, -p128,
+    # -s1-p256) lost at every row count (0.68-1.35x bf16 against n64's 0.85-1.54x).
     "g16-n128-s1-p256": RepackedConfig("g16", 128, 1, stages=1, programs=256),
     "g16-n64-p512": RepackedConfig("g16", 64, 1, programs=512),
     "g16-n64-p256": RepackedConfig("g16", 64, 1, programs=256),
     "g16-n64-s1-p512": RepackedConfig("g16", 64, 1, stages=1, programs=512),
-    "g16-n128-w8-p256": RepackedConfig("g16", 128, 1, warps=8, programs=256),
-    "g16-n128-w8-p128": RepackedConfig("g16", 128, 1, warps=8, programs=128),
-    "g16-n128-w8-s1-p256": RepackedConfig("g16", 128, 1, warps=8, stages=1, programs=256),
     # unmeasured (written in session 22, whose device time ran out first): a pipeline stage more or less for
     # the shipped f16s tile at 32-64 rows, and a fourth stage for "int" (the e4m3 tiles gained 4-7% at
     # 64-256 rows from deeper pipelines that session; bf16's split-K tiles nothing)
@@ -214,9 +212,9 @@ MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, 
 # Modes "f16" and "f16s" (`triton_gguf_f16`: float16 tensor cores with the sub-block scales inside the
 # weights; "f16" keeps them exact and rescales once a 256-column group, "f16s" folds d in as well and
 # rounds each weight once to float16) take `gguf_repack.F16_TYPES`, "f16s" Q6_K too (`F16S_TYPES`).
-# Mode "g16" (`gluon_gguf_q4k`, Q4_K on a CUDA device whose Triton has Gluon) reads the same preparation.
+# Mode "g16" (`gluon_gguf_g16`, Q4_K on a CUDA device whose Triton has Gluon) reads the same preparation.
 F16_MODES = ("f16", "f16s", "g16")
-F16_MODE_TYPES = {"f16": F16_TYPES, "f16s": F16S_TYPES, "g16": ("Q4_K",)}  # the types each of them takes
+F16_MODE_TYPES = {"f16": F16_TYPES, "f16s": F16S_TYPES, "g16": ("Q4_K", "Q6_K")}  # the types each of them takes
 # (qtype, rows 1..MAX_INT_ROWS) -> config, and (qtype, rows, N, K) -> config where one product shape
 # has its own pick: the device sweep's picks (bench/gpu_gguf_repacked.py writes
 # them as JSON), taken from gguf_repacked_table.json beside this file, then from
@@ -804,7 +802,8 @@ def _largest_dividing(value: int, limit: int) -> int:
 def plan(weight: RepackedMatrix, rows: int, config: RepackedConfig) -> tuple[int, int, int, int]:
     """(NG, split, BLOCK_M, REDUCE) of a launch: NG and split powers of two dividing the groups."""
     groups = weight.cols // GROUPING[weight.qtype][0]
-    ng = _largest_dividing(groups, config.ng)
+    # mode "g16" walks whole 256-column super-blocks (Q6_K: two groups a turn)
+    ng = _largest_dividing(groups, 256 // GROUPING[weight.qtype][0] if config.mode == "g16" else config.ng)
     turns = groups // ng
     row_tiles = triton.cdiv(weight.rows, config.block_n)
     if config.split:
@@ -869,9 +868,9 @@ G16_ELSEWHERE = CONFIGS["f16s-n128-p256"]
 @functools.lru_cache(maxsize=None)
 def runs_g16(device: torch.device) -> bool:
     """Whether mode "g16" runs on this device: a CUDA GPU of compute capability 9.x (wgmma) and Gluon."""
-    from onebit.kernels import gluon_gguf_q4k
+    from onebit.kernels import gluon_gguf_g16
 
-    return (device.type == "cuda" and gluon_gguf_q4k.available()
+    return (device.type == "cuda" and gluon_gguf_g16.available()
             and torch.cuda.get_device_capability(device)[0] == 9)
 
 
@@ -939,13 +938,13 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
         triton_gguf_h2.launch(x, codes, high, scales, d, target, weight.rows, weight.qtype, groups // split,
                               stride_split, grid, config.block_n, config.quads, reduce, config.stages, config.warps)
     elif config.mode == "g16":
-        from onebit.kernels import gluon_gguf_q4k, triton_gguf_f16
+        from onebit.kernels import gluon_gguf_g16, triton_gguf_f16
 
-        if not gluon_gguf_q4k.available():
+        if not gluon_gguf_g16.available():
             raise ValueError('mode "g16" needs a Triton with Gluon (3.5 or later)')
         x16, _, xe = triton_gguf_f16.prepare_x(x) if prepared is None else prepared[1:]
-        gluon_gguf_q4k.launch(x16, xe, codes, scales, d, target, weight.rows, groups // split, stride_t, stride_split,
-                              grid, config.block_n, reduce, config.stages >= 2, config.warps)
+        gluon_gguf_g16.launch(x16, xe, codes, high, scales, d, target, weight.rows, weight.qtype, groups // split,
+                              stride_t, stride_split, grid, config.block_n, reduce, config.stages >= 2, config.warps)
     elif config.mode in F16_MODES:
         from onebit.kernels import triton_gguf_f16  # it builds on this module's helpers
 
