@@ -19,8 +19,8 @@ for spec in "${items[@]}"; do
     i=$((i + 1))
     say "$i: $product at $rows rows: $configs"
     timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats \
-        --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section Occupancy --section LaunchStats --section SchedulerStats --section MemoryWorkloadAnalysis \
         python3 bench/gpu_gguf_stalls.py --product "$product" --rows "$rows" --configs "$configs" > "$OUT/ncu-$i.txt" 2>&1 \
         || echo "ncu: rc $? (log: ncu-$i.txt)"
-    grep -E "^  [_a-zA-Z]+.*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued|Issue Slots Busy|Stall|stalled|rows $rows:" "$OUT/ncu-$i.txt" | head -60
+    grep -E "^  [_a-zA-Z]+.*\(|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued|Issue Slots Busy|Stall|stalled|rows $rows:" "$OUT/ncu-$i.txt" | head -60
 done
