@@ -54,7 +54,6 @@ def available() -> bool:
 
 
 if gluon is not None:
-    PLANES = gl.constexpr(8)  # sub-blocks a group (nibble j of a code word: plane j)
     # the CTA barrier: `thread_barrier` in Triton 3.5-3.6 (the H200 machines' 3.6.0), `barrier` later
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     # the asynchronous global -> shared copy: `async_copy_global_to_shared` in 3.6, `async_load` later
@@ -117,7 +116,7 @@ if gluon is not None:
     def _dequant_plane_q6(words, high, s16, j: gl.constexpr):
         """Q6_K's plane j: float16 weights (code - 32) * s16 [BLOCK_N, LANES], the code's low four bits
         nibble j of each word and its top two bits 2j, 2j + 1 of the int16 `high`; as `_dequant_plane`,
-        with the top bits moved to 16 and 32 of 1024's mantissa (a second lop3), minus 1056 (exact), then
+        with the top bits moved to bits 4 and 5 of the mantissa (a second lop3), minus 1056 (exact), then
         one mul.rn.f16x2 (one rounding, as mode "f16s" rounds Q6_K)."""
         select = 0x5410 if j < 4 else 0x7632
         # the top bits 2j, 2j + 1 moved to 4, 5: left for j <= 2, else right (the mask then keeps each half's
