@@ -103,9 +103,7 @@ def runs_config(config, rows: int, qtype: str) -> bool:
     """Whether the sweep times `config` at `rows` (up to its mode's MODE_MAX_ROWS) for `qtype`."""
     from onebit.kernels import triton_gguf_repacked as tr
 
-    return (rows <= tr.MODE_MAX_ROWS[config.mode] and (config.mode != "i8" or qtype in tr.I8_TYPES)
-            and (config.mode not in tr.F16_MODES or qtype in tr.F16_MODE_TYPES[config.mode])
-            and (config.mode != "h2" or qtype in tr.H2_TYPES))
+    return rows <= tr.MODE_MAX_ROWS[config.mode] and tr.takes(config, qtype)
 
 
 def empty_repacked(qtype: str, n: int, k: int, device: str):

@@ -72,6 +72,10 @@ def test_g16_is_refused_off_cuda_and_for_other_types_and_reductions():
     with pytest.raises(ValueError, match="split-K sums"):
         tr.matmul_few_rows(x.to(device), _weight(16, 512, seed=1, device=device),
                            config=tr.RepackedConfig("g16", 64, 1, reduce="atomic"))
+    # the sweep asks `takes` first: the shared-memory ring of code words is Q4_K's only
+    ring, plain = tr.CONFIGS["g16-n64-s4-p256"], tr.CONFIGS["g16-n64-p256"]
+    assert tr.takes(ring, "Q4_K") and not tr.takes(ring, "Q6_K")
+    assert tr.takes(plain, "Q6_K") and not tr.takes(plain, "Q8_0") and not tr.takes(tr.CONFIGS["h2-n128-t1-s0"], "Q8_0")
 
 
 def test_a_g16_pick_runs_as_f16s_where_g16_cannot():
@@ -89,11 +93,15 @@ def test_a_g16_pick_runs_as_f16s_where_g16_cannot():
 
 
 # (rows, config): a row tile of 8 and of 64, past the weight's end (N = 200), split-K sums and one
-# program along K, with and without the code-word prefetch; every config the sweep times.
+# program along K, with and without the code-word prefetch, the shared-memory rings of 3 and 4 turns
+# (at split 4 a program walks one turn: the ring's copies past the last turn masked off); every config
+# the sweep times.
 CASES = [(1, tr.RepackedConfig("g16", 64, 1, split=2)), (8, tr.RepackedConfig("g16", 64, 1, split=4, stages=1)),
          (13, tr.RepackedConfig("g16", 128, 1, split=1, stages=1)),
          (tr.MAX_INT_ROWS, tr.RepackedConfig("g16", 64, 1, split=1)),
-         (tr.MAX_INT_ROWS, tr.RepackedConfig("g16", 128, 1, split=2, stages=1))]
+         (tr.MAX_INT_ROWS, tr.RepackedConfig("g16", 128, 1, split=2, stages=1)),
+         (8, tr.RepackedConfig("g16", 64, 1, split=1, stages=3)), (13, tr.RepackedConfig("g16", 128, 1, split=2, stages=4)),
+         (tr.MAX_INT_ROWS, tr.RepackedConfig("g16", 64, 1, split=4, stages=4))]
 CASES += [(m, config) for name, config in tr.CONFIGS.items() if config.mode == "g16" for m in (8, 64)]
 
 
@@ -102,6 +110,10 @@ CASES += [(m, config) for name, config in tr.CONFIGS.items() if config.mode == "
 @pytest.mark.parametrize("m,config", CASES)
 def test_g16_matches_its_reference_on_the_gpu(m, config, qtype):
     w = _weight(200, 1024, seed=m, device="cuda", qtype=qtype)
+    if not tr.takes(config, qtype):
+        with pytest.raises(ValueError, match="3 or more for Q4_K"):
+            tr.matmul_few_rows(torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16), w, config=config)
+        return
     x = _x(m, 1024, seed=m)
     got = tr.matmul_few_rows(x.to("cuda", torch.bfloat16), w, config=config).float()
     xb = x.to(torch.bfloat16).double()

@@ -82,7 +82,7 @@ def _compile_g16_sass(config, rows: int, qtype: str) -> tuple[str, int, int, str
 
     from onebit.kernels import gluon_gguf_g16 as g16
 
-    kernel = g16.compile_sm90(max(8, triton.next_power_of_2(rows)), config.block_n, 1, config.stages >= 2,
+    kernel = g16.compile_sm90(max(8, triton.next_power_of_2(rows)), config.block_n, 1, config.stages,
                               config.warps, qtype)
     sass, resources = _disassemble(kernel)
     return sass, config.warps, config.block_n * 256, resources  # a loop turn: one 256-column super-block

@@ -62,12 +62,10 @@ if gluon is not None:
     _HAS_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
     @gluon.jit
-    def _turn_words(code_rows, high_rows, s_rows, d_rows, t, LANES: gl.constexpr, Q6: gl.constexpr):
-        """Super-block t's (256 columns') operands of the rows: code words a and b [BLOCK_N, LANES] (Q4_K: one
-        group of 32 lanes, a = b; Q6_K: its two 128-column groups of 16), their top bits (Q6_K: int16
-        [BLOCK_N, LANES] each; Q4_K: the words again, unused), the four scale words w0..w3 [BLOCK_N] (Q4_K:
-        scales 0-3, 4-7, minimums 0-3, 4-7; Q6_K: its sixteen int8 scales) and d (Q4_K: the word (d,
-        dmin); Q6_K: a float32). Both types keep 32 words, four scale words and one d a super-block."""
+    def _turn_codes(code_rows, high_rows, t, LANES: gl.constexpr, Q6: gl.constexpr):
+        """Super-block t's (256 columns') code words of the rows, a and b [BLOCK_N, LANES] (Q4_K: one group of
+        32 lanes, a = b; Q6_K: its two 128-column groups of 16), and their top bits (Q6_K: int16 [BLOCK_N,
+        LANES] each; Q4_K: the words again, unused). Both types keep 32 words a row a super-block."""
         words_a = gl.load(code_rows + t * 32)
         if Q6:
             words_b = gl.load(code_rows + t * 32 + LANES)
@@ -77,14 +75,24 @@ if gluon is not None:
             words_b = words_a
             high_a = words_a
             high_b = words_a
-        return (words_a, words_b, high_a, high_b, gl.load(s_rows + 4 * t), gl.load(s_rows + 4 * t + 1),
-                gl.load(s_rows + 4 * t + 2), gl.load(s_rows + 4 * t + 3), gl.load(d_rows + t))
+        return words_a, words_b, high_a, high_b
 
     @gluon.jit
-    def _copy_x_turn(x_buffers, x_planes, t, x_ok):
-        """Start the asynchronous copy of super-block t's x16 [BLOCK_M, 256] into x_buffers [planes, BLOCK_M,
-        LANES] in one copy (a copy a plane put a barrier between every two: their buffers might alias)."""
-        _async_copy(x_buffers, x_planes + t * 256, mask=x_ok)
+    def _turn_scales(s_rows, d_rows, t):
+        """Super-block t's four scale words w0..w3 [BLOCK_N] (Q4_K: scales 0-3, 4-7, minimums 0-3, 4-7; Q6_K:
+        its sixteen int8 scales) and d (Q4_K: the word (d, dmin); Q6_K: a float32)."""
+        return (gl.load(s_rows + 4 * t), gl.load(s_rows + 4 * t + 1), gl.load(s_rows + 4 * t + 2),
+                gl.load(s_rows + 4 * t + 3), gl.load(d_rows + t))
+
+    @gluon.jit
+    def _copy_turn(x_buffers, x_planes, x_ok, w_buffer, w_rows, w_ok, t, last, SMEM_CODES: gl.constexpr):
+        """Start the asynchronous copies of super-block t (none past `last`): its x16 [BLOCK_M, 256] into
+        x_buffers [planes, BLOCK_M, LANES] in one copy (a copy a plane put a barrier between every two: their
+        buffers might alias) and, with SMEM_CODES, the rows' code words [BLOCK_N, 32] into w_buffer; one
+        commit group."""
+        _async_copy(x_buffers, x_planes + t * 256, mask=x_ok & (t <= last))
+        if SMEM_CODES:
+            _async_copy(w_buffer, w_rows + t * 32, mask=w_ok & (t <= last))
         async_copy.commit_group()
 
     @gluon.jit
@@ -138,14 +146,62 @@ if gluon is not None:
             is_pure=True, pack=2)
 
     @gluon.jit
+    def _turn_products(acc, x_smem, first_plane, words_a, words_b, high_a, high_b, w0, w1, w2, w3, dw,
+                       TURN_PLANES: gl.constexpr, Q6: gl.constexpr):
+        """acc + one super-block's products: each plane's weights dequantized, then its wgmma issued
+        asynchronously and waited for down to one in flight (the next plane's dequantization overlaps it);
+        the turn's x16: x_smem's TURN_PLANES buffers [BLOCK_M, LANES] from first_plane."""
+        if Q6:
+            d16 = dw.to(gl.float16)  # exact: a float16 in the file
+        else:
+            d16 = (dw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
+            neg_dmin16 = -(((dw >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True))
+        for p in gl.static_range(TURN_PLANES):
+            # the scale (and minimum) as float16 without a conversion instruction (1024 + v, minus 1024;
+            # Q6_K's signed byte as 1024 + 128 + sc, minus 1152), the products with d and -dmin in
+            # float16: rounded once, as float32 then float16
+            if Q6:  # plane p: group p // 8's nibble p % 8; scale byte p of w0..w3
+                if p < 4:
+                    sc = (w0 >> (8 * p)) & 0xFF
+                elif p < 8:
+                    sc = (w1 >> (8 * (p - 4))) & 0xFF
+                elif p < 12:
+                    sc = (w2 >> (8 * (p - 8))) & 0xFF
+                else:
+                    sc = (w3 >> (8 * (p - 12))) & 0xFF
+                s16 = d16 * (_as_f16_plus_1024(sc ^ 0x80) - 1152.0)
+                if p < 8:
+                    w = _dequant_plane_q6(words_a, high_a, s16[:, None], p)
+                else:
+                    w = _dequant_plane_q6(words_b, high_b, s16[:, None], p - 8)
+            else:  # plane p: nibble p; scale byte p of w0, w1, minimum byte p of w2, w3
+                if p < 4:
+                    sc = (w0 >> (8 * p)) & 0xFF
+                    mn = (w2 >> (8 * p)) & 0xFF
+                else:
+                    sc = (w1 >> (8 * (p - 4))) & 0xFF
+                    mn = (w3 >> (8 * (p - 4))) & 0xFF
+                s16 = d16 * (_as_f16_plus_1024(sc) - 1024.0)
+                neg_o16 = neg_dmin16 * (_as_f16_plus_1024(mn) - 1024.0)
+                w = _dequant_plane(words_a, s16[:, None], neg_o16[:, None], p)
+            acc = hopper.warpgroup_mma(w, x_smem.index(first_plane + p).permute((1, 0)), acc, is_async=True)
+            acc, w = hopper.warpgroup_mma_wait(num_outstanding=1, deps=[acc, w])
+        return hopper.warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+
+    @gluon.jit
     def _g16_kernel(x_ptr, xe_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, M, N, TURNS_PER_SPLIT, stride_xm, stride_cn,
                     stride_hn, stride_sn, stride_dn, stride_ym, stride_ysplit, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, REDUCE: gl.constexpr, PREFETCH: gl.constexpr, WARPS: gl.constexpr,
+                    BLOCK_N: gl.constexpr, REDUCE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
                     LANES: gl.constexpr, Q6: gl.constexpr):
         # acc [BLOCK_N weight rows, BLOCK_M activation rows] in the wgmma accumulator's layout; the weights
         # are made in the layout of wgmma's register operand A, x16 read from shared memory (operand B).
         # A loop turn is one 256-column super-block: TURN_PLANES planes of LANES columns, a wgmma each.
+        # STAGES 1: a turn's code words and scales loaded into registers after the turn before it; 2: during
+        # it (prefetched); 3 or more (Q4_K): the code words copied asynchronously into shared memory
+        # STAGES - 1 turns ahead with x16 (a ring of STAGES turns), the scales prefetched into registers.
         TURN_PLANES: gl.constexpr = 256 // LANES
+        SMEM_CODES: gl.constexpr = STAGES >= 3
+        RING: gl.constexpr = STAGES if STAGES >= 3 else 2  # turns of x16 (and code words) in shared memory
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -157,6 +213,10 @@ if gluon is not None:
         x_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * LANES, element_bitwidth=16, rank=2)
         x_turn_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * LANES, element_bitwidth=16,
                                                            rank=3)
+        # the code words' copy: 4 words (16 bytes) a thread; in shared memory 2-word vectors swizzled by row,
+        # so that a warp's reads in A's layout (8 rows, 4 column pairs) spread over the banks
+        w_load: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
+        w_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
@@ -167,6 +227,10 @@ if gluon is not None:
         high_rows = h_ptr + rn64[:, None] * stride_hn + lane[None, :]
         s_rows = s_ptr + rn64 * stride_sn
         d_rows = d_ptr + rn64 * stride_dn
+        wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_load))
+        wk = gl.arange(0, 32, layout=gl.SliceLayout(0, w_load))
+        w_rows = c_ptr + gl.where(wn < N, wn, 0).to(gl.int64)[:, None] * stride_cn + wk[None, :]
+        w_ok = (wn[:, None] >= 0) & (wk[None, :] < 32)
 
         # x16's super-block as [TURN_PLANES, BLOCK_M, LANES] pointers
         plane = gl.arange(0, TURN_PLANES, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_load)))
@@ -175,72 +239,57 @@ if gluon is not None:
         x_planes = (x_ptr + xm[None, :, None].to(gl.int64) * stride_xm + plane[:, None, None] * LANES
                     + xk[None, None, :])
         x_ok = (xm[None, :, None] < M) & (xk[None, None, :] < LANES) & (plane[:, None, None] < TURN_PLANES)
-        # two turns' x16, a [BLOCK_M, LANES] buffer a plane: the next turn's copy runs during this one's products
-        x_smem = gl.allocate_shared_memory(gl.float16, [2 * TURN_PLANES, BLOCK_M, LANES], x_shared)
-        # the same bytes as two turns of [TURN_PLANES, BLOCK_M, LANES], for the one copy a turn
+        # RING turns' x16, a [BLOCK_M, LANES] buffer a plane: later turns' copies run during this one's products
+        x_smem = gl.allocate_shared_memory(gl.float16, [RING * TURN_PLANES, BLOCK_M, LANES], x_shared)
+        # the same bytes as RING turns of [TURN_PLANES, BLOCK_M, LANES], for the one copy a turn
         if _HAS_REINTERPRET:
-            x_turns = x_smem.reinterpret(gl.float16, [2, TURN_PLANES, BLOCK_M, LANES], x_turn_shared)
+            x_turns = x_smem.reinterpret(gl.float16, [RING, TURN_PLANES, BLOCK_M, LANES], x_turn_shared)
         else:
-            x_turns = x_smem._reinterpret(gl.float16, [2, TURN_PLANES, BLOCK_M, LANES], x_turn_shared)
+            x_turns = x_smem._reinterpret(gl.float16, [RING, TURN_PLANES, BLOCK_M, LANES], x_turn_shared)
+        if SMEM_CODES:
+            w_smem = gl.allocate_shared_memory(gl.int32, [RING, BLOCK_N, 32], w_shared)
+        else:  # never written nor read
+            w_smem = gl.allocate_shared_memory(gl.int32, [1, 1, 32], w_shared)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         first = pid_k * TURNS_PER_SPLIT
         last = first + TURNS_PER_SPLIT - 1
-        _copy_x_turn(x_turns.index(0), x_planes, first, x_ok)
-        words_a, words_b, high_a, high_b, w0, w1, w2, w3, dw = _turn_words(code_rows, high_rows, s_rows, d_rows,
-                                                                          first, LANES, Q6)
+        for r in gl.static_range(RING - 1):  # the first RING - 1 turns' copies
+            _copy_turn(x_turns.index(r), x_planes, x_ok, w_smem.index(r if SMEM_CODES else 0), w_rows, w_ok,
+                       first + r, last, SMEM_CODES)
+        if not SMEM_CODES:
+            words_a, words_b, high_a, high_b = _turn_codes(code_rows, high_rows, first, LANES, Q6)
+        w0, w1, w2, w3, dw = _turn_scales(s_rows, d_rows, first)
         for t in range(first, last + 1):
-            buffer = (t - first) % 2
-            _copy_x_turn(x_turns.index(1 - buffer), x_planes, t + 1, x_ok & (t < last))  # none after the last
-            if PREFETCH:  # the next turn's words into registers now (the last turn reloads its own)
-                nxt = _turn_words(code_rows, high_rows, s_rows, d_rows, gl.minimum(t + 1, last), LANES, Q6)
-            async_copy.wait_group(1)  # this turn's x16 is in (the next turn's copy may still run)
+            slot = (t - first) % RING
+            ahead = (t - first + RING - 1) % RING  # the slot the turn before this one read
+            _copy_turn(x_turns.index(ahead), x_planes, x_ok, w_smem.index(ahead if SMEM_CODES else 0), w_rows,
+                       w_ok, t + RING - 1, last, SMEM_CODES)
+            if STAGES >= 2:  # the next turn's scales (and without SMEM_CODES its words) into registers now
+                n_w0, n_w1, n_w2, n_w3, n_dw = _turn_scales(s_rows, d_rows, gl.minimum(t + 1, last))
+                if not SMEM_CODES:
+                    n_words_a, n_words_b, n_high_a, n_high_b = _turn_codes(code_rows, high_rows,
+                                                                           gl.minimum(t + 1, last), LANES, Q6)
+            async_copy.wait_group(RING - 1)  # this turn's copies are in (later turns' may still run)
             hopper.fence_async_shared()
             _cta_barrier()
-            if Q6:
-                d16 = dw.to(gl.float16)  # exact: a float16 in the file
-            else:
-                d16 = (dw & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
-                neg_dmin16 = -(((dw >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True))
-            for p in gl.static_range(TURN_PLANES):
-                # the scale (and minimum) as float16 without a conversion instruction (1024 + v, minus 1024;
-                # Q6_K's signed byte as 1024 + 128 + sc, minus 1152), the products with d and -dmin in
-                # float16: rounded once, as float32 then float16
-                if Q6:  # plane p: group p // 8's nibble p % 8; scale byte p of w0..w3
-                    if p < 4:
-                        sc = (w0 >> (8 * p)) & 0xFF
-                    elif p < 8:
-                        sc = (w1 >> (8 * (p - 4))) & 0xFF
-                    elif p < 12:
-                        sc = (w2 >> (8 * (p - 8))) & 0xFF
-                    else:
-                        sc = (w3 >> (8 * (p - 12))) & 0xFF
-                    s16 = d16 * (_as_f16_plus_1024(sc ^ 0x80) - 1152.0)
-                    if p < 8:
-                        w = _dequant_plane_q6(words_a, high_a, s16[:, None], p)
-                    else:
-                        w = _dequant_plane_q6(words_b, high_b, s16[:, None], p - 8)
-                else:  # plane p: nibble p; scale byte p of w0, w1, minimum byte p of w2, w3
-                    if p < 4:
-                        sc = (w0 >> (8 * p)) & 0xFF
-                        mn = (w2 >> (8 * p)) & 0xFF
-                    else:
-                        sc = (w1 >> (8 * (p - 4))) & 0xFF
-                        mn = (w3 >> (8 * (p - 4))) & 0xFF
-                    s16 = d16 * (_as_f16_plus_1024(sc) - 1024.0)
-                    neg_o16 = neg_dmin16 * (_as_f16_plus_1024(mn) - 1024.0)
-                    w = _dequant_plane(words_a, s16[:, None], neg_o16[:, None], p)
-                acc = hopper.warpgroup_mma(w, x_smem.index(buffer * TURN_PLANES + p).permute((1, 0)), acc,
-                                           is_async=True)
-                acc, w = hopper.warpgroup_mma_wait(num_outstanding=1, deps=[acc, w])
-            # every product of this turn done and every warp past it before its buffers take turn t + 2
-            acc = hopper.warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            if SMEM_CODES:
+                words_a = w_smem.index(slot).load(a_layout)
+                words_b = words_a
+                high_a = words_a
+                high_b = words_a
+            acc = _turn_products(acc, x_smem, slot * TURN_PLANES, words_a, words_b, high_a, high_b, w0, w1, w2,
+                                 w3, dw, TURN_PLANES, Q6)
+            # every product of this turn done and every warp past it before its slot takes turn t + RING
             _cta_barrier()
-            if PREFETCH:
-                words_a, words_b, high_a, high_b, w0, w1, w2, w3, dw = nxt
+            if STAGES >= 2:
+                w0, w1, w2, w3, dw = n_w0, n_w1, n_w2, n_w3, n_dw
+                if not SMEM_CODES:
+                    words_a, words_b, high_a, high_b = n_words_a, n_words_b, n_high_a, n_high_b
             else:
-                words_a, words_b, high_a, high_b, w0, w1, w2, w3, dw = _turn_words(
-                    code_rows, high_rows, s_rows, d_rows, gl.minimum(t + 1, last), LANES, Q6)
+                words_a, words_b, high_a, high_b = _turn_codes(code_rows, high_rows, gl.minimum(t + 1, last),
+                                                               LANES, Q6)
+                w0, w1, w2, w3, dw = _turn_scales(s_rows, d_rows, gl.minimum(t + 1, last))
         async_copy.wait_group(0)
         rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma))
         acc = acc * gl.load(xe_ptr + rm, mask=rm < M, other=1.0)[None, :]
@@ -255,15 +304,19 @@ if gluon is not None:
 
 def launch(x16: torch.Tensor, xe: torch.Tensor, codes: torch.Tensor, high: torch.Tensor, scales: torch.Tensor,
            d: torch.Tensor, target: torch.Tensor, n: int, qtype: str, groups_per_split: int, stride_t: int,
-           stride_split: int, grid: tuple[int, int], block_n: int, reduce: int, prefetch: bool,
+           stride_split: int, grid: tuple[int, int], block_n: int, reduce: int, stages: int,
            warps: int = 4) -> None:
     """Mode "g16" of `triton_gguf_repacked.matmul_few_rows`: x16 [M, K] float16 (M <= MAX_ROWS) and its
     row scales xe (`triton_gguf_f16.prepare_x`) times the Q4_K or Q6_K weight (`RepackedMatrix`'s tensors)
-    into `target` (Q4_K's high: any int32 tensor, never read; reduce 0: the output; 1: split-K partials [split, M, N] float32, summed by the caller);
-    prefetch: load the next group's code words into registers during this group's products (32 more
-    registers a thread at 128 rows a warp group: they spill there); warps: 4 (one warp group) or 8 (two,
-    each its own 64 rows of block_n = 128, sharing one copy of x16)."""
+    into `target` (Q4_K's high: any int32 tensor, never read; reduce 0: the output; 1: split-K partials
+    [split, M, N] float32, summed by the caller). stages: 1, a turn's code words and scales loaded after
+    the turn before; 2, prefetched into registers during it (32 more registers a thread at 128 rows a warp
+    group: they spill there); 3 or more (Q4_K only), the code words copied into a shared-memory ring of
+    that many turns with x16. warps: 4 (one warp group) or 8 (two, each its own 64 rows of block_n = 128,
+    sharing one copy of x16)."""
     _check_tile(block_n, warps)
+    if stages < 1 or (stages >= 3 and qtype != "Q4_K"):
+        raise ValueError(f'mode "g16" takes 1 or 2 stages, or 3 or more for Q4_K: not {stages} for {qtype}')
     group, lanes = SHAPES[qtype]
     if groups_per_split * group % 256:
         raise ValueError(f'mode "g16" walks whole 256-column super-blocks: {groups_per_split} groups of {qtype} '
@@ -272,7 +325,7 @@ def launch(x16: torch.Tensor, xe: torch.Tensor, codes: torch.Tensor, high: torch
     _g16_kernel[grid](
         x16, xe, codes, high, scales, d, target, m, n, groups_per_split * group // 256, x16.stride(0),
         codes.stride(0), high.stride(0), scales.stride(0), d.stride(0), stride_t, stride_split,
-        BLOCK_M=max(8, triton.next_power_of_2(m)), BLOCK_N=block_n, REDUCE=reduce, PREFETCH=prefetch, WARPS=warps,
+        BLOCK_M=max(8, triton.next_power_of_2(m)), BLOCK_N=block_n, REDUCE=reduce, STAGES=stages, WARPS=warps,
         LANES=lanes, Q6=qtype == "Q6_K", num_warps=warps)
 
 
@@ -282,7 +335,7 @@ def _check_tile(block_n: int, warps: int) -> None:
                          f'least), not {block_n} on {warps}')
 
 
-def compile_sm90(block_m: int, block_n: int, reduce: int, prefetch: bool, warps: int = 4, qtype: str = "Q4_K"):
+def compile_sm90(block_m: int, block_n: int, reduce: int, stages: int, warps: int = 4, qtype: str = "Q4_K"):
     """`_g16_kernel` compiled ahead of time for the H200 (sm_90; no GPU needed), specialized as a launch
     specializes it: pointers and strides divisible by 16 (x16's rows: K a multiple of 256; without it the
     x copy could not be 16-byte cp.async). For the offline SASS counts (tools/sass_loop_count.py) and
@@ -292,7 +345,7 @@ def compile_sm90(block_m: int, block_n: int, reduce: int, prefetch: bool, warps:
 
     _check_tile(block_n, warps)
     fn = _g16_kernel
-    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "REDUCE": reduce, "PREFETCH": prefetch, "WARPS": warps,
+    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "REDUCE": reduce, "STAGES": stages, "WARPS": warps,
                   "LANES": SHAPES[qtype][1], "Q6": qtype == "Q6_K"}
     q6 = qtype == "Q6_K"
     types = {"x_ptr": "*fp16", "xe_ptr": "*fp32", "c_ptr": "*i32", "h_ptr": "*i16" if q6 else "*i32",

@@ -138,6 +138,12 @@ CONFIGS = {
     "g16-n64-p512": RepackedConfig("g16", 64, 1, programs=512),
     "g16-n64-p256": RepackedConfig("g16", 64, 1, programs=256),
     "g16-n64-s1-p512": RepackedConfig("g16", 64, 1, stages=1, programs=512),
+    # unmeasured (session 23, after ncu found g16 latency-bound): Q4_K's code words copied into shared
+    # memory 2-3 turns ahead with x16 (cp.async, a ring of 3-4 turns) instead of one turn ahead into
+    # registers; fewer registers a thread, more shared memory (for 8-32 rows)
+    "g16-n64-s3-p256": RepackedConfig("g16", 64, 1, stages=3, programs=256),
+    "g16-n64-s4-p256": RepackedConfig("g16", 64, 1, stages=4, programs=256),
+    "g16-n64-s4-p512": RepackedConfig("g16", 64, 1, stages=4, programs=512),
     # unmeasured (written in session 22, whose device time ran out first): a pipeline stage more or less for
     # the shipped f16s tile at 32-64 rows, and a fourth stage for "int" (the e4m3 tiles gained 4-7% at
     # 64-256 rows from deeper pipelines that session; bf16's split-K tiles nothing)
@@ -849,6 +855,15 @@ def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, redu
                               ASM=x.device.type == "cuda", num_warps=config.warps, **_meta(weight), **pdl.options())
 
 
+def takes(config: RepackedConfig, qtype: str) -> bool:
+    """Whether `matmul_few_rows` runs `config` on a weight of `qtype` (its mode takes the type; mode "g16"
+    keeps code words in shared memory, stages 3 or more, for Q4_K only)."""
+    return ((config.mode != "i8" or qtype in I8_TYPES)
+            and (config.mode not in F16_MODES or qtype in F16_MODE_TYPES[config.mode])
+            and (config.mode != "h2" or qtype in H2_TYPES)
+            and (config.mode != "g16" or config.stages < 3 or qtype == "Q4_K"))
+
+
 def config_for(weight: RepackedMatrix, m: int) -> RepackedConfig:
     """The launch `matmul_few_rows` takes for m rows of this weight when given none: DEFAULT[qtype, M, N,
     K], else DEFAULT[qtype, M], else INT_MANY_ROWS_CONFIG; a "g16" pick (Hopper's wgmma, measured on the
@@ -944,7 +959,7 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
             raise ValueError('mode "g16" needs a Triton with Gluon (3.5 or later)')
         x16, _, xe = triton_gguf_f16.prepare_x(x) if prepared is None else prepared[1:]
         gluon_gguf_g16.launch(x16, xe, codes, high, scales, d, target, weight.rows, weight.qtype, groups // split,
-                              stride_t, stride_split, grid, config.block_n, reduce, config.stages >= 2, config.warps)
+                              stride_t, stride_split, grid, config.block_n, reduce, config.stages, config.warps)
     elif config.mode in F16_MODES:
         from onebit.kernels import triton_gguf_f16  # it builds on this module's helpers
 
