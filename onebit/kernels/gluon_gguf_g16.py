@@ -30,6 +30,9 @@ checked on the device (tests/test_gguf_g16.py).
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import triton
 
@@ -48,9 +51,28 @@ SHAPES = {"Q4_K": (256, 32), "Q6_K": (128, 16)}
 MAX_ROWS = 64
 
 
+log = logging.getLogger(__name__)
+
+
 def available() -> bool:
     """Whether this Triton has Gluon's Hopper wgmma."""
     return gluon is not None
+
+
+@functools.lru_cache(maxsize=None)
+def compiles() -> bool:
+    """Whether this Triton compiles the kernel (Gluon's API moves between releases: the shims above cover
+    3.6 and 3.9); checked once, ahead of time, so that a Triton it does not cover costs a logged warning
+    and the f16s kernels instead of a failed start-up."""
+    if not available():
+        return False
+    try:
+        compile_sm90(8, 64, 1, 2)
+    except Exception as error:  # noqa: BLE001 - any failure of the compiler means the same thing here
+        log.warning('mode "g16" does not compile with Triton %s (%s: %s); its picks run as mode "f16s"',
+                    triton.__version__, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        return False
+    return True
 
 
 if gluon is not None:

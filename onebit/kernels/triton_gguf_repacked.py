@@ -882,11 +882,12 @@ G16_ELSEWHERE = CONFIGS["f16s-n128-p256"]
 
 @functools.lru_cache(maxsize=None)
 def runs_g16(device: torch.device) -> bool:
-    """Whether mode "g16" runs on this device: a CUDA GPU of compute capability 9.x (wgmma) and Gluon."""
+    """Whether mode "g16" runs on this device: a CUDA GPU of compute capability 9.x (wgmma) and a Triton
+    whose Gluon compiles the kernel."""
     from onebit.kernels import gluon_gguf_g16
 
-    return (device.type == "cuda" and gluon_gguf_g16.available()
-            and torch.cuda.get_device_capability(device)[0] == 9)
+    return (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+            and gluon_gguf_g16.compiles())
 
 
 def _takes_few_rows(m: int) -> bool:
