@@ -118,6 +118,19 @@ if gluon is not None:
         async_copy.commit_group()
 
     @gluon.jit
+    def _scale_byte(w0, w1, w2, w3, i: gl.constexpr):
+        """Byte i (0-15) of the four scale words w0..w3 (bytes 0-3 of w0 first), as int32 0..255."""
+        if i < 4:
+            word = w0
+        elif i < 8:
+            word = w1
+        elif i < 12:
+            word = w2
+        else:
+            word = w3
+        return (word >> (8 * (i % 4))) & 0xFF
+
+    @gluon.jit
     def _as_f16_plus_1024(v):
         """1024 + v as float16 (v an integer 0..1023): v in the mantissa of 1024's bit pattern."""
         return (v | 0x6400).to(gl.int16).to(gl.float16, bitcast=True)
@@ -183,26 +196,14 @@ if gluon is not None:
             # Q6_K's signed byte as 1024 + 128 + sc, minus 1152), the products with d and -dmin in
             # float16: rounded once, as float32 then float16
             if Q6:  # plane p: group p // 8's nibble p % 8; scale byte p of w0..w3
-                if p < 4:
-                    sc = (w0 >> (8 * p)) & 0xFF
-                elif p < 8:
-                    sc = (w1 >> (8 * (p - 4))) & 0xFF
-                elif p < 12:
-                    sc = (w2 >> (8 * (p - 8))) & 0xFF
-                else:
-                    sc = (w3 >> (8 * (p - 12))) & 0xFF
-                s16 = d16 * (_as_f16_plus_1024(sc ^ 0x80) - 1152.0)
+                s16 = d16 * (_as_f16_plus_1024(_scale_byte(w0, w1, w2, w3, p) ^ 0x80) - 1152.0)
                 if p < 8:
                     w = _dequant_plane_q6(words_a, high_a, s16[:, None], p)
                 else:
                     w = _dequant_plane_q6(words_b, high_b, s16[:, None], p - 8)
-            else:  # plane p: nibble p; scale byte p of w0, w1, minimum byte p of w2, w3
-                if p < 4:
-                    sc = (w0 >> (8 * p)) & 0xFF
-                    mn = (w2 >> (8 * p)) & 0xFF
-                else:
-                    sc = (w1 >> (8 * (p - 4))) & 0xFF
-                    mn = (w3 >> (8 * (p - 4))) & 0xFF
+            else:  # plane p: nibble p; scale byte p of w0, w1, minimum byte p of w2, w3 (byte 8 + p)
+                sc = _scale_byte(w0, w1, w2, w3, p)
+                mn = _scale_byte(w0, w1, w2, w3, 8 + p)
                 s16 = d16 * (_as_f16_plus_1024(sc) - 1024.0)
                 neg_o16 = neg_dmin16 * (_as_f16_plus_1024(mn) - 1024.0)
                 w = _dequant_plane(words_a, s16[:, None], neg_o16[:, None], p)

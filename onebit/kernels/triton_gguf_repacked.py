@@ -218,7 +218,7 @@ MODE_MAX_ROWS = {"fma": FMA_MAX_ROWS, "dot": MAX_INT_ROWS, "int": MAX_INT_ROWS, 
 # Modes "f16" and "f16s" (`triton_gguf_f16`: float16 tensor cores with the sub-block scales inside the
 # weights; "f16" keeps them exact and rescales once a 256-column group, "f16s" folds d in as well and
 # rounds each weight once to float16) take `gguf_repack.F16_TYPES`, "f16s" Q6_K too (`F16S_TYPES`).
-# Mode "g16" (`gluon_gguf_g16`, Q4_K on a CUDA device whose Triton has Gluon) reads the same preparation.
+# Mode "g16" (`gluon_gguf_g16`, Q4_K and Q6_K on Hopper with Gluon) reads the same preparation.
 F16_MODES = ("f16", "f16s", "g16")
 F16_MODE_TYPES = {"f16": F16_TYPES, "f16s": F16S_TYPES, "g16": ("Q4_K", "Q6_K")}  # the types each of them takes
 # (qtype, rows 1..MAX_INT_ROWS) -> config, and (qtype, rows, N, K) -> config where one product shape
@@ -855,13 +855,23 @@ def _launch_i8(x, weight, target, grid, ng, groups_per_split, stride_split, redu
                               ASM=x.device.type == "cuda", num_warps=config.warps, **_meta(weight), **pdl.options())
 
 
+def _type_refusal(config: RepackedConfig, qtype: str) -> str | None:
+    """Why `matmul_few_rows` refuses `config` for a weight of `qtype`, or None where its mode takes the type."""
+    if config.mode == "i8" and qtype not in I8_TYPES:
+        return f'mode "i8" takes {", ".join(I8_TYPES)}, not {qtype}'
+    if config.mode in F16_MODES and qtype not in F16_MODE_TYPES[config.mode]:
+        return f'mode "{config.mode}" takes {", ".join(F16_MODE_TYPES[config.mode])}, not {qtype}'
+    if config.mode == "h2" and qtype not in H2_TYPES:
+        return f'mode "h2" takes {", ".join(H2_TYPES)}, not {qtype}'
+    if config.mode == "g16" and config.stages >= 3 and qtype != "Q4_K":
+        return f'mode "g16" takes 1 or 2 stages, or 3 or more for Q4_K: not {config.stages} for {qtype}'
+    return None
+
+
 def takes(config: RepackedConfig, qtype: str) -> bool:
     """Whether `matmul_few_rows` runs `config` on a weight of `qtype` (its mode takes the type; mode "g16"
     keeps code words in shared memory, stages 3 or more, for Q4_K only)."""
-    return ((config.mode != "i8" or qtype in I8_TYPES)
-            and (config.mode not in F16_MODES or qtype in F16_MODE_TYPES[config.mode])
-            and (config.mode != "h2" or qtype in H2_TYPES)
-            and (config.mode != "g16" or config.stages < 3 or qtype == "Q4_K"))
+    return _type_refusal(config, qtype) is None
 
 
 def config_for(weight: RepackedMatrix, m: int) -> RepackedConfig:
@@ -919,16 +929,13 @@ def matmul_few_rows(x: torch.Tensor | F16Rows, weight: RepackedMatrix, out: torc
         raise ValueError(f"unknown config {config}")
     if not 1 <= m <= most:
         raise ValueError(f'matmul_few_rows takes 1 to {most} rows in mode "{config.mode}", got {m}')
-    if config.mode == "i8" and weight.qtype not in I8_TYPES:
-        raise ValueError(f'mode "i8" takes {", ".join(I8_TYPES)}, not {weight.qtype}')
-    if config.mode in F16_MODES and weight.qtype not in F16_MODE_TYPES[config.mode]:
-        raise ValueError(f'mode "{config.mode}" takes {", ".join(F16_MODE_TYPES[config.mode])}, not {weight.qtype}')
+    refusal = _type_refusal(config, weight.qtype)
+    if refusal:
+        raise ValueError(refusal)
     if config.mode == "g16" and (x.device.type != "cuda" or config.block_n not in (64, 128)
                                  or config.reduce != "sum"):
         raise ValueError(f'mode "g16" runs on a CUDA device with 64 or 128 weight rows a program and split-K sums, '
                          f'not {x.device.type} with {config.block_n} and "{config.reduce}"')
-    if config.mode == "h2" and weight.qtype not in H2_TYPES:
-        raise ValueError(f'mode "h2" takes {", ".join(H2_TYPES)}, not {weight.qtype}')
     if config.quads not in (1, 2, 4, 8) or (config.quads > 1 and config.mode not in ("i8", "h2")):
         raise ValueError(f"unknown config {config}")
     if out is None:
