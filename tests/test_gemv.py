@@ -197,3 +197,63 @@ def test_picks_report_the_triton_choices_by_shape_in_row_order(monkeypatch):
     picks = gemv.picks()
     assert picks == {"4096x1024": {1: "gemv (8, 512, 4)", 64: "split_k (64, 64, 128, 4, 4)"}}
     assert list(picks["4096x1024"]) == [1, 64]
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the fake timer stands in for the GPU on CPU runs")
+def test_a_cublaslt_winner_is_kept_past_the_triton_rows_and_feeds_the_dispatch(monkeypatch):
+    """Scripted: cuBLASLt (offered here to a CPU weight, its switch recorded instead of made) beats
+    cuBLAS at 24 rows, where every Triton candidate loses, and at 200 rows, past every Triton candidate,
+    and loses at 32; the calibration keeps it at 24 and 200 only, says so, and `linear` runs F.linear
+    under its switch at exactly those row counts."""
+    import contextlib
+
+    gemv.reset()
+    ran = []
+    _recording_kernels(monkeypatch, ran)
+
+    @contextlib.contextmanager
+    def switch():
+        ran.append((*gemv.CUBLASLT, "switch"))
+        yield
+
+    monkeypatch.setattr(gemv, "cublaslt", switch)
+    monkeypatch.setattr(gemv, "offers_cublaslt", lambda weight: True)
+    _, weight, _ = _case(1, 40, 96, False, seed=9)
+    seen_rows = []
+
+    class Timer(_FakeTimer):
+        def us(self, fn):
+            self.ran.clear()
+            out = fn(self.weight)
+            seen_rows.append(out.shape[0])
+            if self.ran and self.ran[0][-1] == "switch":
+                return 6.0 if out.shape[0] in (24, 200) else 12.0
+            return super().us(fn)
+
+    try:
+        lines = gemv.calibrate({"down": (weight, None)}, [24, 32, 200], timer=lambda w: Timer(w, ran, {}),
+                               device_types=("cpu",))
+        shape = (40, 96, weight.dtype, False)
+        assert gemv._CHOSEN == {("cpu", 24, *shape): gemv.CUBLASLT, ("cpu", 200, *shape): gemv.CUBLASLT}
+        assert seen_rows.count(200) == 2  # past the Triton rows: cuBLAS and cuBLASLt only
+        assert lines[0].endswith("-> cublaslt 6.0 us") and lines[1].endswith("-> cuBLAS")
+        assert "Triton at rows none of 24,32,200; cuBLASLt at rows 24,200;" in lines[3]
+        for m, switched in ((24, True), (32, False), (200, True)):
+            x = torch.randn(m, 96)
+            ran.clear()
+            got = gemv.linear(x, weight)
+            assert ran == ([(*gemv.CUBLASLT, "switch")] if switched else []), m
+            assert torch.allclose(got, F.linear(x, weight), atol=1e-5)
+        assert gemv.picks() == {"40x96": {24: "cublaslt ()", 200: "cublaslt ()"}}
+    finally:
+        gemv.reset()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="a CPU build of torch refuses the cuBLASLt switch")
+def test_the_cublaslt_switch_restores_the_preferred_library():
+    before = torch.backends.cuda.preferred_blas_library()
+    with pytest.raises(ValueError):
+        with gemv.cublaslt():
+            assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
+            raise ValueError("inside")
+    assert torch.backends.cuda.preferred_blas_library() == before

@@ -92,9 +92,9 @@ class ModelRunner:
         self.startup_s: dict[str, float] = {}
         started = time.perf_counter()
         if triton_gemv and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
-            # Before capture, so each graph records whichever product won for its row count.
-            few_rows = [b for b in ladder_for(rows) if b <= gemv.MAX_CALIBRATED_ROWS]
-            self.gemv_report = gemv.calibrate(model.linear_weights(), few_rows)
+            # Before capture, so each graph records whichever product won for its row count (Triton
+            # candidates up to gemv.MAX_CALIBRATED_ROWS, cuBLASLt at every graph size).
+            self.gemv_report = gemv.calibrate(model.linear_weights(), ladder_for(rows))
             for line in self.gemv_report:
                 log.info(line)
         quantized = fp8_layers(model) if device.type == "cuda" else {}
