@@ -105,6 +105,8 @@ def main() -> None:
     print(f"overlap {'on' if engine.overlap else 'off'}; graph chunk {engine.runner.max_graph_chunk}; closed loop, C={args.concurrency}, {args.requests} requests of {args.prompt_tokens}+{args.max_tokens} "
           f"tokens: {tokens / wall:,.0f} generated tok/s, {steps} steps, {wall / steps * 1e3:.2f} ms/step")
     print(engine.step_summary())
+    from onebit.kernels import gemv
+    print(f"bf16 picks (gemv.picks, cuBLAS elsewhere): {gemv.picks()}")
     print("| phase | ms per step |\n|---|---:|")
     for name, seconds in stats.items():
         print(f"| {name} | {seconds / steps * 1e3:.2f} |")

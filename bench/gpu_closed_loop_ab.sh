@@ -20,7 +20,7 @@ for round in $(seq 1 "$ROUNDS"); do
     log="$OUT/$side-$round.log"
     (cd "$tree" && PYTHONPATH=. timeout 280 $PY bench/closed_loop.py --shape qwen3-8b --device cuda \
        --concurrency "$CONC" --requests "$REQUESTS" $ARGS) > "$log" 2>&1
-    { echo "## $side round $round ($tree)"; grep -E "^overlap|forwards|^\|" "$log"; echo; } >> "$OUT/ab.md"
+    { echo "## $side round $round ($tree)"; grep -E "^overlap|forwards|^bf16 picks|^\|" "$log"; echo; } >> "$OUT/ab.md"
   done
 done
 cat "$OUT/ab.md"
