@@ -107,14 +107,11 @@ if gluon is not None:
                 gl.load(s_rows + 4 * t + 3), gl.load(d_rows + t))
 
     @gluon.jit
-    def _copy_turn(x_buffers, x_planes, x_ok, w_buffer, w_rows, w_ok, t, last, SMEM_CODES: gl.constexpr):
-        """Start the asynchronous copies of super-block t (none past `last`): its x16 [BLOCK_M, 256] into
-        x_buffers [planes, BLOCK_M, LANES] in one copy (a copy a plane put a barrier between every two: their
-        buffers might alias) and, with SMEM_CODES, the rows' code words [BLOCK_N, 32] into w_buffer; one
-        commit group."""
+    def _copy_turn(x_buffers, x_planes, x_ok, t, last):
+        """Start the asynchronous copy of super-block t's x16 [BLOCK_M, 256] (none past `last`) into x_buffers
+        [planes, BLOCK_M, LANES], in one copy (a copy a plane put a barrier between every two: their buffers
+        might alias) and one commit group."""
         _async_copy(x_buffers, x_planes + t * 256, mask=x_ok & (t <= last))
-        if SMEM_CODES:
-            _async_copy(w_buffer, w_rows + t * 32, mask=w_ok & (t <= last))
         async_copy.commit_group()
 
     @gluon.jit
@@ -220,11 +217,8 @@ if gluon is not None:
         # are made in the layout of wgmma's register operand A, x16 read from shared memory (operand B).
         # A loop turn is one 256-column super-block: TURN_PLANES planes of LANES columns, a wgmma each.
         # STAGES 1: a turn's code words and scales loaded into registers after the turn before it; 2: during
-        # it (prefetched); 3 or more (Q4_K): the code words copied asynchronously into shared memory
-        # STAGES - 1 turns ahead with x16 (a ring of STAGES turns), the scales prefetched into registers.
+        # it (prefetched). x16 goes through shared memory one turn ahead either way.
         TURN_PLANES: gl.constexpr = 256 // LANES
-        SMEM_CODES: gl.constexpr = STAGES >= 3
-        RING: gl.constexpr = STAGES if STAGES >= 3 else 2  # turns of x16 (and code words) in shared memory
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -236,10 +230,6 @@ if gluon is not None:
         x_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * LANES, element_bitwidth=16, rank=2)
         x_turn_shared: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * LANES, element_bitwidth=16,
                                                            rank=3)
-        # the code words' copy: 4 words (16 bytes) a thread; in shared memory 2-word vectors swizzled by row,
-        # so that a warp's reads in A's layout (8 rows, 4 column pairs) spread over the banks
-        w_load: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
-        w_shared: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
@@ -250,10 +240,6 @@ if gluon is not None:
         high_rows = h_ptr + rn64[:, None] * stride_hn + lane[None, :]
         s_rows = s_ptr + rn64 * stride_sn
         d_rows = d_ptr + rn64 * stride_dn
-        wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_load))
-        wk = gl.arange(0, 32, layout=gl.SliceLayout(0, w_load))
-        w_rows = c_ptr + gl.where(wn < N, wn, 0).to(gl.int64)[:, None] * stride_cn + wk[None, :]
-        w_ok = (wn[:, None] >= 0) & (wk[None, :] < 32)
 
         # x16's super-block as [TURN_PLANES, BLOCK_M, LANES] pointers
         plane = gl.arange(0, TURN_PLANES, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_load)))
@@ -262,53 +248,37 @@ if gluon is not None:
         x_planes = (x_ptr + xm[None, :, None].to(gl.int64) * stride_xm + plane[:, None, None] * LANES
                     + xk[None, None, :])
         x_ok = (xm[None, :, None] < M) & (xk[None, None, :] < LANES) & (plane[:, None, None] < TURN_PLANES)
-        # RING turns' x16, a [BLOCK_M, LANES] buffer a plane: later turns' copies run during this one's products
-        x_smem = gl.allocate_shared_memory(gl.float16, [RING * TURN_PLANES, BLOCK_M, LANES], x_shared)
-        # the same bytes as RING turns of [TURN_PLANES, BLOCK_M, LANES], for the one copy a turn
+        # two turns' x16, a [BLOCK_M, LANES] buffer a plane: the next turn's copy runs during this one's products
+        x_smem = gl.allocate_shared_memory(gl.float16, [2 * TURN_PLANES, BLOCK_M, LANES], x_shared)
+        # the same bytes as two turns of [TURN_PLANES, BLOCK_M, LANES], for the one copy a turn
         if _HAS_REINTERPRET:
-            x_turns = x_smem.reinterpret(gl.float16, [RING, TURN_PLANES, BLOCK_M, LANES], x_turn_shared)
+            x_turns = x_smem.reinterpret(gl.float16, [2, TURN_PLANES, BLOCK_M, LANES], x_turn_shared)
         else:
-            x_turns = x_smem._reinterpret(gl.float16, [RING, TURN_PLANES, BLOCK_M, LANES], x_turn_shared)
-        if SMEM_CODES:
-            w_smem = gl.allocate_shared_memory(gl.int32, [RING, BLOCK_N, 32], w_shared)
-        else:  # never written nor read
-            w_smem = gl.allocate_shared_memory(gl.int32, [1, 1, 32], w_shared)
+            x_turns = x_smem._reinterpret(gl.float16, [2, TURN_PLANES, BLOCK_M, LANES], x_turn_shared)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
         first = pid_k * TURNS_PER_SPLIT
         last = first + TURNS_PER_SPLIT - 1
-        for r in gl.static_range(RING - 1):  # the first RING - 1 turns' copies
-            _copy_turn(x_turns.index(r), x_planes, x_ok, w_smem.index(r if SMEM_CODES else 0), w_rows, w_ok,
-                       first + r, last, SMEM_CODES)
-        if not SMEM_CODES:
-            words_a, words_b, high_a, high_b = _turn_codes(code_rows, high_rows, first, LANES, Q6)
+        _copy_turn(x_turns.index(0), x_planes, x_ok, first, last)
+        words_a, words_b, high_a, high_b = _turn_codes(code_rows, high_rows, first, LANES, Q6)
         w0, w1, w2, w3, dw = _turn_scales(s_rows, d_rows, first)
         for t in range(first, last + 1):
-            slot = (t - first) % RING
-            ahead = (t - first + RING - 1) % RING  # the slot the turn before this one read
-            _copy_turn(x_turns.index(ahead), x_planes, x_ok, w_smem.index(ahead if SMEM_CODES else 0), w_rows,
-                       w_ok, t + RING - 1, last, SMEM_CODES)
-            if STAGES >= 2:  # the next turn's scales (and without SMEM_CODES its words) into registers now
+            slot = (t - first) % 2
+            _copy_turn(x_turns.index(1 - slot), x_planes, x_ok, t + 1, last)  # the slot the turn before read
+            if STAGES >= 2:  # the next turn's words and scales into registers now
                 n_w0, n_w1, n_w2, n_w3, n_dw = _turn_scales(s_rows, d_rows, gl.minimum(t + 1, last))
-                if not SMEM_CODES:
-                    n_words_a, n_words_b, n_high_a, n_high_b = _turn_codes(code_rows, high_rows,
-                                                                           gl.minimum(t + 1, last), LANES, Q6)
-            async_copy.wait_group(RING - 1)  # this turn's copies are in (later turns' may still run)
+                n_words_a, n_words_b, n_high_a, n_high_b = _turn_codes(code_rows, high_rows,
+                                                                       gl.minimum(t + 1, last), LANES, Q6)
+            async_copy.wait_group(1)  # this turn's copy is in (the next one's may still run)
             hopper.fence_async_shared()
             _cta_barrier()
-            if SMEM_CODES:
-                words_a = w_smem.index(slot).load(a_layout)
-                words_b = words_a
-                high_a = words_a
-                high_b = words_a
             acc = _turn_products(acc, x_smem, slot * TURN_PLANES, words_a, words_b, high_a, high_b, w0, w1, w2,
                                  w3, dw, TURN_PLANES, Q6)
-            # every product of this turn done and every warp past it before its slot takes turn t + RING
+            # every product of this turn done and every warp past it before its slot takes turn t + 2
             _cta_barrier()
             if STAGES >= 2:
                 w0, w1, w2, w3, dw = n_w0, n_w1, n_w2, n_w3, n_dw
-                if not SMEM_CODES:
-                    words_a, words_b, high_a, high_b = n_words_a, n_words_b, n_high_a, n_high_b
+                words_a, words_b, high_a, high_b = n_words_a, n_words_b, n_high_a, n_high_b
             else:
                 words_a, words_b, high_a, high_b = _turn_codes(code_rows, high_rows, gl.minimum(t + 1, last),
                                                                LANES, Q6)
@@ -334,12 +304,11 @@ def launch(x16: torch.Tensor, xe: torch.Tensor, codes: torch.Tensor, high: torch
     into `target` (Q4_K's high: any int32 tensor, never read; reduce 0: the output; 1: split-K partials
     [split, M, N] float32, summed by the caller). stages: 1, a turn's code words and scales loaded after
     the turn before; 2, prefetched into registers during it (32 more registers a thread at 128 rows a warp
-    group: they spill there); 3 or more (Q4_K only), the code words copied into a shared-memory ring of
-    that many turns with x16. warps: 4 (one warp group) or 8 (two, each its own 64 rows of block_n = 128,
+    group: they spill there). warps: 4 (one warp group) or 8 (two, each its own 64 rows of block_n = 128,
     sharing one copy of x16)."""
     _check_tile(block_n, warps)
-    if stages < 1 or (stages >= 3 and qtype != "Q4_K"):
-        raise ValueError(f'mode "g16" takes 1 or 2 stages, or 3 or more for Q4_K: not {stages} for {qtype}')
+    if stages not in (1, 2):
+        raise ValueError(f'mode "g16" takes 1 or 2 stages, not {stages}')
     group, lanes = SHAPES[qtype]
     if groups_per_split * group % 256:
         raise ValueError(f'mode "g16" walks whole 256-column super-blocks: {groups_per_split} groups of {qtype} '

@@ -138,12 +138,8 @@ CONFIGS = {
     "g16-n64-p512": RepackedConfig("g16", 64, 1, programs=512),
     "g16-n64-p256": RepackedConfig("g16", 64, 1, programs=256),
     "g16-n64-s1-p512": RepackedConfig("g16", 64, 1, stages=1, programs=512),
-    # unmeasured (session 23, after ncu found g16 latency-bound): Q4_K's code words copied into shared
-    # memory 2-3 turns ahead with x16 (cp.async, a ring of 3-4 turns) instead of one turn ahead into
-    # registers; fewer registers a thread, more shared memory (for 8-32 rows)
-    "g16-n64-s3-p256": RepackedConfig("g16", 64, 1, stages=3, programs=256),
-    "g16-n64-s4-p256": RepackedConfig("g16", 64, 1, stages=4, programs=256),
-    "g16-n64-s4-p512": RepackedConfig("g16", 64, 1, stages=4, programs=512),
+    # Session 24: Q4_K's code words copied into a shared-memory ring of 3-4 turns with x16 (g16-n64-s3-p256,
+    # -s4-p256, -s4-p512) lost at every product and row count (0.61-0.91x g16-n64-p256).
     # unmeasured (written in session 22, whose device time ran out first): a pipeline stage more or less for
     # the shipped f16s tile at 32-64 rows, and a fourth stage for "int" (the e4m3 tiles gained 4-7% at
     # 64-256 rows from deeper pipelines that session; bf16's split-K tiles nothing)
@@ -863,14 +859,11 @@ def _type_refusal(config: RepackedConfig, qtype: str) -> str | None:
         return f'mode "{config.mode}" takes {", ".join(F16_MODE_TYPES[config.mode])}, not {qtype}'
     if config.mode == "h2" and qtype not in H2_TYPES:
         return f'mode "h2" takes {", ".join(H2_TYPES)}, not {qtype}'
-    if config.mode == "g16" and config.stages >= 3 and qtype != "Q4_K":
-        return f'mode "g16" takes 1 or 2 stages, or 3 or more for Q4_K: not {config.stages} for {qtype}'
     return None
 
 
 def takes(config: RepackedConfig, qtype: str) -> bool:
-    """Whether `matmul_few_rows` runs `config` on a weight of `qtype` (its mode takes the type; mode "g16"
-    keeps code words in shared memory, stages 3 or more, for Q4_K only)."""
+    """Whether `matmul_few_rows` runs `config` on a weight of `qtype` (its mode takes the type)."""
     return _type_refusal(config, qtype) is None
 
 
