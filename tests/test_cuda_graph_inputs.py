@@ -143,3 +143,39 @@ def test_eager_warm_up_compiles_the_long_prompt_flash_launch(tiny_model_dir, mon
     monkeypatch.setattr(triton_prefill_flash, "paged_prefill_attention", spy)
     runner.warm_up_eager(blocks)
     assert (triton_prefill_flash.MANY_PROGRAMS_LAUNCH, torch.float32, runner.kv_cache.dtype) in launches
+
+
+def test_the_cuda_start_up_runs_its_phases_in_order_over_the_runner_it_builds(tiny_model_dir, monkeypatch):
+    """`ModelRunner._start_on_cuda` (only a CUDA device runs it), here on a CPU runner with its GPU parts
+    faked: the bf16 calibration over every graph row count, the FP8 calibration where there are FP8
+    layers, then the graphs' capture and the eager warm-up, each timed; the report keeps every line."""
+    from onebit.engine import runner as runner_module
+
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=8, block_size=4, enable_prefix_caching=False)
+    runner = llm.engine.runner
+    calls = []
+
+    class Graphs:
+        def __init__(self, model, kv_cache, rope, num_blocks, block_size, rows, max_blocks, splits, ctx):
+            assert model is runner.model and kv_cache is runner.kv_cache and block_size == 4 and ctx == runner.ctx_size
+            calls.append(("graphs", rows))
+
+        def capture(self):
+            calls.append("capture")
+
+    monkeypatch.setattr(runner_module.gemv, "calibrate", lambda layers, rows: calls.append(("bf16", rows)) or ["bf16 line"])
+    monkeypatch.setattr(runner_module, "fp8_layers", lambda model: {"layers.0.o": object()})
+    monkeypatch.setattr(runner_module, "quantized_input_layers", lambda model: set())
+    monkeypatch.setattr(runner_module.fp8, "calibrate",
+                        lambda layers, rows, dtype, quantized: calls.append(("fp8", rows)) or ["fp8 line"])
+    monkeypatch.setattr(runner_module, "fp8_block_layers", lambda model: {})
+    monkeypatch.setattr(runner_module, "CudaGraphDecoder", Graphs)
+    monkeypatch.setattr(runner, "warm_up_eager", lambda num_blocks: calls.append("warm-up"))
+    runner.dtype = torch.bfloat16  # as a CUDA runner in bf16
+    runner._start_on_cuda(llm.engine.scheduler.blocks.num_blocks, calibrate_bf16=True, cuda_graphs=True)
+    largest = min(8 * runner.max_graph_chunk, 512)
+    assert calls == [("bf16", ladder_for(largest)), ("fp8", [b for b in ladder_for(largest) if b <= runner_module.fp8.MAX_CALIBRATED_ROWS]),
+                     ("graphs", largest), "capture", "warm-up"]
+    assert runner.gemv_report == ["bf16 line", "fp8 line"]
+    assert list(runner.startup_s) == ["calibration", "graph capture", "eager warm-up"]
+    assert isinstance(runner.graphs, Graphs)

@@ -57,9 +57,9 @@ class ModelRunner:
 
     On CUDA, steps whose sequences each bring at most `max_graph_chunk` tokens (decodes,
     verifications, short prompt chunks) and fit the largest captured row count replay graphs;
-    others run eagerly. With `triton_gemv` (half precision on CUDA), products with few rows (the
-    ladder's sizes up to 16) use a Triton kernel for the weight shapes where one measured
-    faster than cuBLAS at start-up.
+    others run eagerly. With `triton_gemv` (half precision on CUDA), the products of the graphs' row
+    counts use a Triton kernel (up to 128 rows) or cuBLASLt for the weight shapes where one measured
+    faster than cuBLAS at start-up (`gemv.calibrate`).
     """
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
@@ -86,44 +86,44 @@ class ModelRunner:
         self.graphs: CudaGraphDecoder | None = None
         self.max_graph_chunk = max_graph_chunk
         self.graph_steps = self.graph_rows = self.eager_steps = 0  # for the engine's step summary
-        rows = max(parallel, min(parallel * max_graph_chunk, LADDER[-1]))  # the graphs' largest step
-        self.gemv_report: list[str] = []  # the few-row calibration's lines, for logs and benchmarks
+        self.gemv_report: list[str] = []  # the products' calibration lines, for logs and benchmarks
         # seconds of each CUDA start-up phase (calibration, graph capture, eager warm-up), for logs and benches
         self.startup_s: dict[str, float] = {}
-        started = time.perf_counter()
-        if triton_gemv and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
-            # Before capture, so each graph records whichever product won for its row count (Triton
-            # candidates up to gemv.MAX_CALIBRATED_ROWS, cuBLASLt at every graph size).
-            self.gemv_report = gemv.calibrate(model.linear_weights(), ladder_for(rows))
-            for line in self.gemv_report:
-                log.info(line)
-        quantized = fp8_layers(model) if device.type == "cuda" else {}
-        if quantized:  # --quantize fp8: its kernel per row count
-            lines = fp8.calibrate(quantized, [b for b in ladder_for(rows) if b <= fp8.MAX_CALIBRATED_ROWS], dtype,
-                                  quantized_input_layers(model))
-            for line in lines:
-                log.info(line)
-            self.gemv_report += lines
-        blocked = fp8_block_layers(model) if device.type == "cuda" else {}
-        if blocked:  # a block-scaled FP8 checkpoint: its kernel per row count
-            lines = fp8.calibrate_blocks(blocked, [b for b in ladder_for(rows) if b <= fp8.MAX_WEIGHT_ONLY_ROWS], dtype)
-            for line in lines:
-                log.info(line)
-            self.gemv_report += lines
         if device.type == "cuda":
-            self.startup_s["calibration"] = time.perf_counter() - started
-            started = time.perf_counter()
-        if cuda_graphs and device.type == "cuda":
-            self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, block_size, rows,
-                                           -(-ctx_size // block_size), self.num_splits, ctx_size)
-            with batch_invariant.mode(deterministic):
+            self._start_on_cuda(num_blocks, calibrate_bf16=triton_gemv, cuda_graphs=cuda_graphs)
+
+    def _start_on_cuda(self, num_blocks: int, calibrate_bf16: bool, cuda_graphs: bool) -> None:
+        """The CUDA start-up, each phase timed into `startup_s`: the products' calibrations (before the
+        capture, so that each graph records whichever product won for its row count), the graphs'
+        capture, the eager warm-up."""
+        model, dtype = self.model, self.dtype
+        rows = max(self.parallel, min(self.parallel * self.max_graph_chunk, LADDER[-1]))  # the graphs' largest step
+        started = time.perf_counter()
+        if calibrate_bf16 and dtype in (torch.bfloat16, torch.float16):
+            # Triton candidates up to gemv.MAX_CALIBRATED_ROWS, cuBLASLt at every graph size
+            self.gemv_report = gemv.calibrate(model.linear_weights(), ladder_for(rows))
+        quantized = fp8_layers(model)
+        if quantized:  # --quantize fp8: its kernel per row count
+            self.gemv_report += fp8.calibrate(quantized, [b for b in ladder_for(rows) if b <= fp8.MAX_CALIBRATED_ROWS],
+                                              dtype, quantized_input_layers(model))
+        blocked = fp8_block_layers(model)
+        if blocked:  # a block-scaled FP8 checkpoint: its kernel per row count
+            self.gemv_report += fp8.calibrate_blocks(
+                blocked, [b for b in ladder_for(rows) if b <= fp8.MAX_WEIGHT_ONLY_ROWS], dtype)
+        for line in self.gemv_report:
+            log.info(line)
+        self.startup_s["calibration"] = time.perf_counter() - started
+        started = time.perf_counter()
+        if cuda_graphs:
+            self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, self.block_size, rows,
+                                           -(-self.ctx_size // self.block_size), self.num_splits, self.ctx_size)
+            with batch_invariant.mode(self.deterministic):
                 self.graphs.capture()
             self.startup_s["graph capture"] = time.perf_counter() - started
             started = time.perf_counter()
-        if device.type == "cuda":
-            self.warm_up_eager(num_blocks)
-            self.startup_s["eager warm-up"] = time.perf_counter() - started
-            log.info("start-up on the GPU: %s", ", ".join(f"{phase} {s:.1f} s" for phase, s in self.startup_s.items()))
+        self.warm_up_eager(num_blocks)
+        self.startup_s["eager warm-up"] = time.perf_counter() - started
+        log.info("start-up on the GPU: %s", ", ".join(f"{phase} {s:.1f} s" for phase, s in self.startup_s.items()))
 
     @torch.inference_mode()
     def warm_up_eager(self, scratch_block: int) -> None:
