@@ -30,6 +30,17 @@ say() {
     echo "[$(el)s] $*"
 }
 
+# --- GPU tests before timings ---------------------------------------------------------------------
+run_gpu_tests() {
+    # $1: a test file, $2: its log (under $OUT), $3: seconds at most. Runs the tests on this machine's GPU
+    # and prints pytest's last lines; on a failure says so and returns non-zero, for the caller's
+    # `run_gpu_tests ... || exit 1`: a kernel that fails its tests is never timed.
+    timeout "$3" python3 -m pytest -q -p no:cacheprovider "$1" > "$2" 2>&1
+    local status=$?
+    tail -3 "$2"
+    [[ $status == 0 ]] || { echo "$1 failed on the GPU (rc $status): nothing timed ($(basename "$2"))"; return 1; }
+}
+
 # --- the carried wheels ---------------------------------------------------------------------------
 pip_install_wheels() {
     # $1: the python to run pip with. Installs every WHEEL_DIR/*.whl into WHEEL_SITE, offline and

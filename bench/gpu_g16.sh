@@ -25,10 +25,7 @@ mkdir -p "$OUT"
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 say "1: g16 tests on the GPU"
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gguf_g16.py > "$OUT/pytest-g16.txt" 2>&1
-status=$?
-tail -3 "$OUT/pytest-g16.txt"
-[[ $status == 0 ]] || { echo "g16 tests failed (rc $status): nothing timed (pytest-g16.txt)"; exit 1; }
+run_gpu_tests tests/test_gguf_g16.py "$OUT/pytest-g16.txt" 200 || exit 1
 say "2: sweep, merge, engine A/B"
 WHEELS=0 TYPES=${TYPES:-Q4_K,Q6_K} ROWS=$ROWS CONFIGS=$CONFIGS RUNS=${RUNS:-new,old,new} OUT=$OUT bash bench/gpu_prepared_rows.sh
 rm -rf "$OUT"/run-* "$OUT/pytest.txt"

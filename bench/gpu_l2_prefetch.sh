@@ -16,12 +16,9 @@ mkdir -p "$OUT"
 install_wheels || exit 1
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 say "1: prefetch tests on the GPU"
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_l2_prefetch.py > "$OUT/pytest-l2.txt" 2>&1
-status=$?
-tail -2 "$OUT/pytest-l2.txt"
-[[ $status == 0 ]] || { echo "prefetch tests failed (rc $status): nothing timed (pytest-l2.txt)"; exit 1; }
+run_gpu_tests tests/test_l2_prefetch.py "$OUT/pytest-l2.txt" 120 || exit 1
 say "2: the product after the attention window, with and without the prefetch"
-PYTHONPATH=$WHEEL_SITE:. timeout 120 python3 bench/gpu_l2_prefetch.py --out "$OUT" > "$OUT/l2.txt" 2>&1
+timeout 120 python3 bench/gpu_l2_prefetch.py --out "$OUT" > "$OUT/l2.txt" 2>&1
 tail -8 "$OUT/l2.txt"
 say "3: engine A/B"
 AB=$(mktemp -d)
