@@ -3,6 +3,7 @@ device call, so each must at least run to its table here."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -155,6 +156,8 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     assert "| new-1 | Q4_K_M packed |" in done.stdout and "| old-2 | Q4_K_M packed |" in done.stdout
     assert "| new | Q4_K_M packed | 1 |" in done.stdout and "| old | Q4_K_M packed | 1 |" in done.stdout
     assert {p.name for p in (tmp_path / "out").glob("*.json")} == {"new-1.json", "old-2.json"}
+    run = json.loads((tmp_path / "out" / "new-1.json").read_text())["Q4_K_M packed"]
+    assert run["calibration"] == [] and run["decode_tok_s"]["1"] > 0  # the CPU calibrates nothing
     missing = ab("new,alt")
     assert missing.returncode == 1 and "no " + str(tmp_path / "ab" / "alt") + " for side alt" in missing.stdout
     bad = ab("new,old-2")
