@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from onebit.kernels import gemv
 from onebit.kernels.timing import ProductTimer, graph_us
 
 # (name, N, K, times a step): Qwen3-8B, 36 layers, untied 151,936-token head
@@ -42,28 +43,26 @@ SHAPES = {
 
 
 @contextlib.contextmanager
-def blas_setting(way: str):
-    """Torch's BLAS settings for one way of running F.linear, restored after."""
-    cuda = torch.backends.cuda
-    backend, reduced = cuda.preferred_blas_library(), cuda.matmul.allow_bf16_reduced_precision_reduction
+def without_reduced_precision_reduction():
+    """cuBLAS's bf16 products inside without the reduced-precision reduction (the setting restored after)."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
     try:
-        if way == "cublaslt":
-            cuda.preferred_blas_library("cublaslt")
-        if way == "no-reduced":
-            cuda.matmul.allow_bf16_reduced_precision_reduction = False
         yield
     finally:
-        cuda.preferred_blas_library(backend)
-        cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
+        matmul.allow_bf16_reduced_precision_reduction = before
 
 
 def product(way: str, x: torch.Tensor):
-    """fn(w) computing x @ w.T the given way."""
+    """fn(w) computing x @ w.T the given way (cublaslt: as the engine dispatches a cuBLASLt pick)."""
     if way == "swapped":
         return lambda w: torch.mm(w, x.t()).t().contiguous()
+    if way == "cublaslt":
+        return lambda w: gemv.run_choice(gemv.CUBLASLT, x, w, None)
 
     def run(w):
-        with blas_setting(way):
+        with without_reduced_precision_reduction() if way == "no-reduced" else contextlib.nullcontext():
             return F.linear(x, w)
     return run
 

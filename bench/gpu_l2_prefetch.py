@@ -31,7 +31,6 @@ from onebit.kernels.triton_decode import paged_decode_attention
 
 SIZES = [("o bf16 33.5 MB", 4096, 4096), ("e4m3-sized 16.8 MB", 4096, 2048), ("Q4_K-sized 9.4 MB", 4096, 1152)]
 CHUNKS = [4 << 10, 16 << 10, 64 << 10]
-DEFAULT_CHUNK = l2_prefetch.CHUNK
 HEADS, KV_HEADS, HEAD_DIM, CONTEXT, BLOCK_SIZE = 32, 8, 128, 256, 16
 
 
@@ -49,13 +48,9 @@ def attention_window(rows: int, device):
 
 def side_prefetch(w, chunk: int, window, product):
     """The window with w asked into L2 from the second stream (chunk bytes a thread), then the product."""
-    l2_prefetch.CHUNK = chunk
-    try:
-        with l2_prefetch.prefetching([w]):
-            window()
-        return product()
-    finally:
-        l2_prefetch.CHUNK = DEFAULT_CHUNK
+    with l2_prefetch.prefetching([w], chunk):
+        window()
+    return product()
 
 
 def main() -> int:

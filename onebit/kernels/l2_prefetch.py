@@ -103,10 +103,10 @@ def wanted(module: torch.nn.Module, rows: int) -> list[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def prefetching(tensors: list[torch.Tensor]):
+def prefetching(tensors: list[torch.Tensor], chunk: int | None = None):
     """Run the block while `tensors` (CUDA, all taken by `can_prefetch`) are asked into L2 from the second
-    stream, forked from the current stream on entry; the current stream waits for the prefetch at exit.
-    With no tensors, just the block."""
+    stream (chunk bytes a thread, CHUNK by default), forked from the current stream on entry; the current
+    stream waits for the prefetch at exit. With no tensors, just the block."""
     if not tensors:
         yield
         return
@@ -115,7 +115,7 @@ def prefetching(tensors: list[torch.Tensor]):
     side.wait_stream(main)
     with torch.cuda.stream(side):
         for tensor in tensors:
-            prefetch(tensor)
+            prefetch(tensor, chunk)
     try:
         yield
     finally:
