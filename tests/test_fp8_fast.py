@@ -55,6 +55,15 @@ W8A8_CASES = [(16, 70, 640, True, (64, 64, 256, 2, 4)), (5, 48, 768, False, (64,
               (64, 80, 300, True, (64, 64, 128, 4, 4)), (40, 130, 1024, True, (64, 128, 128, 2, 4, 5))]
 
 
+def test_every_w8a8_candidate_runs_on_a_small_product():
+    x, q, scale, b = _case(64, 40, 512, True, seed=7)  # 40 columns: a partial 32- and 64-column tile
+    want = fp8.w8a8_ref(x, q, scale, b)
+    xq, xs = triton_fast.quantize_rows(x)
+    for config in triton_fast.w8a8_candidates(64):
+        got = triton_fast.split_k(xq, q, scale, b, config, x_scale=xs.view(-1), out_dtype=x.dtype)
+        assert ((got - want).norm() / want.norm()).item() < (1e-5 if DEVICE == "cpu" else 2e-3), config
+
+
 @pytest.mark.parametrize("m,n,k,bias,config", W8A8_CASES)
 def test_split_k_on_e4m3_rows_matches_the_w8a8_reference(m, n, k, bias, config):
     x, q, scale, b = _case(m, n, k, bias, seed=m + n * k)
