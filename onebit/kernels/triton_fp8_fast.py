@@ -54,11 +54,7 @@ W8A8_CONFIGS = [(64, 64, 256, 2, 4), (64, 64, 256, 4, 4), (64, 32, 256, 4, 4), (
 # (FP8 B=32 +3.8%, B=64 +3.6% in an alternating A/B); (64, 128, 128, 2, 4, 5), (64, 256, 128, 1, 8, 3),
 # (64, 64, 512, 1, 4, 3) and (64, 128, 256, 2, 8, 3) were never picked and were dropped (each candidate
 # adds to the start-up calibration).
-# Session 25: 32-column tiles without a split, so the 4096-wide products (o, down) run 128 programs on the
-# 132 SMs with no reduce kernel after (at 64 rows the 64-column tiles ran o at 1.58 TB/s on 64 programs
-# and down at 2.16 with a split of 2 and its reduce).
-W8A8_DEEP_CONFIGS = [(64, 64, 256, 1, 4, 4), (64, 128, 128, 1, 4, 4), (64, 64, 128, 2, 4, 6), (64, 128, 256, 1, 8, 4),
-                     (64, 32, 256, 1, 4, 4), (64, 32, 512, 1, 4, 3)]
+W8A8_DEEP_CONFIGS = [(64, 64, 256, 1, 4, 4), (64, 128, 128, 1, 4, 4), (64, 64, 128, 2, 4, 6), (64, 128, 256, 1, 8, 4)]
 DEEP_FROM_ROWS = 32
 
 
