@@ -128,14 +128,6 @@ COMPILE = textwrap.dedent("""
             print(f"gguf-g16-{qtype}-m{block_m}-n{block_n}-w{warps}-s{stages}", "wgmma", ptx.count("wgmma.mma_async"), "wait1",
                   waits.count("1"), "wait0", waits.count("0"), "shared", kernel.metadata.shared, "stores",
                   ptx.count("st.global"), "barriers", ptx.count("bar.sync"), "f16x2", ptx.count("fma.rn.f16x2") + ptx.count("mul.rn.f16x2"))
-    elif which == "l2-prefetch":  # the weight prefetch into L2 (onebit.kernels.l2_prefetch), on its own stream
-        from onebit.kernels import l2_prefetch
-        source = ASTSource(fn=l2_prefetch._prefetch_kernel,
-                           signature={"ptr": "*bf16", "nbytes": "i32", "CHUNK": "constexpr", "BLOCK": "constexpr"},
-                           constexprs={"CHUNK": l2_prefetch.CHUNK, "BLOCK": l2_prefetch.BLOCK})
-        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-        print("l2-prefetch", "bulk-prefetch", ptx.count("cp.async.bulk.prefetch.L2.global"), "griddepcontrol",
-              ptx.count("griddepcontrol"), "stores", ptx.count("st.global"))
     elif which == "gguf-i8":  # mode "i8" (1 row, DP4A) for its types as the sweep's configs launch it, PDL on
         from onebit.kernels import triton_gguf_repacked as tr
         from onebit.kernels.gguf_repack import GROUPING
@@ -332,10 +324,3 @@ def test_gguf_i8_mode_compiles_for_sm90_with_dp4a_and_prmt():
             assert int(fields[4]) == 2, line  # PDL's wait and launch
             # per four lanes: one DP4A a plane, two PRMT stages of 4 x 4 byte transposes
             assert int(fields[12]) > 0 and int(fields[14]) >= 2 * int(fields[12]), line
-
-
-def test_l2_prefetch_compiles_for_sm90_to_bulk_prefetches_alone():
-    """The prefetch kernel is the bulk prefetch instruction, no PDL wait (it runs on a stream of its own)
-    and no store."""
-    fields = _compile("l2-prefetch")[0].split()
-    assert fields[0] == "l2-prefetch" and int(fields[2]) >= 1 and fields[4] == "0" and fields[6] == "0", fields

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from onebit.kernels import gemv, l2_prefetch, ops
+from onebit.kernels import gemv, ops
 from onebit.kernels.attention import AttentionMetadata, paged_attention
 from onebit.models.config import ModelConfig
 from onebit.models.layers import Linear, RMSNorm, SwiGLU
@@ -37,14 +37,12 @@ class Attention(nn.Module):
         """Attend x [T, hidden] over the cache, after writing this step's K/V into it."""
         t = x.shape[0]
         has_norm = self.q_norm is not None
-        qkv = self.qkv_proj(x)
-        with l2_prefetch.during(self.o_proj, t):  # o's weight into L2 while the attention leaves memory idle
-            q = ops.qk_norm_rope_store(
-                qkv, positions, rope[0], rope[1], self.q_norm.weight if has_norm else None,
-                self.k_norm.weight if has_norm else None, self.q_norm.eps if has_norm else 0.0,
-                meta.slot_mapping, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.head_dim,
-                self.k_scale, self.v_scale)
-            out = paged_attention(q, k_cache, v_cache, meta, self.scale, self.k_scale, self.v_scale)
+        q = ops.qk_norm_rope_store(
+            self.qkv_proj(x), positions, rope[0], rope[1], self.q_norm.weight if has_norm else None,
+            self.k_norm.weight if has_norm else None, self.q_norm.eps if has_norm else 0.0,
+            meta.slot_mapping, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.head_dim,
+            self.k_scale, self.v_scale)
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale, self.k_scale, self.v_scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
