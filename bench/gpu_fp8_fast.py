@@ -84,6 +84,7 @@ def time_products(rows: list[int], notes: list[str], shapes: list[str] | None = 
             bf16_us = graph_us(timing.rotated(lambda w_: F.linear(x, w_), bf16_copies), replays=REPLAYS)
             exact = fp8.weight_only_ref(x.float(), q, scale, None)
             both = fp8.w8a8_ref(x.float(), q, scale, None)
+            blocks = fp8.w8a8_blocks_ref(x.float(), q, scale, None)
             timed = {}
             for kind, config in fp8.candidates(m, n, k) + [old_choice(m)] + [("scaled_mm_torch", None)]:
                 if (kind, config) in timed:
@@ -94,7 +95,7 @@ def time_products(rows: list[int], notes: list[str], shapes: list[str] | None = 
                     notes.append(f"{name} {m} rows {kind} {config}: {type(error).__name__}: {str(error)[:200]}")
                     print(notes[-1], flush=True)
                     continue
-                err = rel_err(got, both if kind in fp8.W8A8_KINDS else exact)
+                err = rel_err(got, both if kind in fp8.W8A8_KINDS else blocks if kind == fp8.BLOCK_W8A8_KIND else exact)
                 if err > 1e-2:
                     notes.append(f"{name} {m} rows {kind} {config}: WRONG (rel. err {err:.2e})")
                     print(notes[-1], flush=True)

@@ -127,6 +127,60 @@ def test_fused_quantizer_reads_bf16_rows_with_a_stride():
     assert torch.equal(got_scale[:, 0], want_scale) and torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
 
 
+def test_block_quantizer_equals_the_reference_bit_for_bit():
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[grid.isfinite()].unique()
+    ties = (grid[1:] + grid[:-1]) / 2
+    g = torch.Generator().manual_seed(6)
+    outlier = torch.randn(1100, generator=g)
+    outlier[700] = 5e3  # one large value: only its block's scale grows
+    rows = [torch.cat([grid, ties, torch.tensor([-0.0, 1e-9, -1e-9])]), outlier, torch.zeros(1100)]
+    k = 1100  # two whole blocks of 512 and a partial one
+    x = torch.stack([torch.nn.functional.pad(r, (0, k - len(r))) for r in rows]).to(DEVICE)
+    got_q, got_scale = triton_fast.quantize_row_blocks(x, 512)
+    want_q, want_scale = fp8.quantize_row_blocks(x, 512)
+    assert got_scale.shape == want_scale.shape == (3, 3)
+    assert torch.equal(got_scale, want_scale) and torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+    # the outlier's row: only block 1's scale grows; every block comes back within e4m3's rounding
+    assert (want_scale[1, [0, 2]] * 1000 < want_scale[1, 1]).all()
+    back = fp8.dequantize_row_blocks(want_q, want_scale, 512)
+    assert ((back - x.cpu()).abs() <= x.cpu().abs() / 16 + want_scale.repeat_interleave(512, 1)[:, :k] / 2**9).all()
+    view = (torch.randn(4, 1200, generator=g) * 3).to(torch.bfloat16).to(DEVICE)[:, :700]  # bf16, row stride 1200
+    got_q, got_scale = triton_fast.quantize_row_blocks(view, 256)
+    want_q, want_scale = fp8.quantize_row_blocks(view, 256)
+    assert torch.equal(got_scale, want_scale) and torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+# e4m3 rows with one scale per row and block of fp8.ACTIVATION_BLOCK values: K a whole number of blocks,
+# K past the last whole block and tile (a partial block), splits, a bias, a 128-row tile, a deep pipeline.
+BLOCK_W8A8_CASES = [(64, 70, 1024, True, (64, 64, 256, 1, 4, 4)), (20, 40, 1300, False, (64, 32, 256, 4, 4)),
+                    (64, 48, 1536, True, (64, 64, 512, 2, 4)), (130, 33, 640, True, (128, 64, 128, 1, 8))]
+
+
+@pytest.mark.parametrize("m,n,k,bias,config", BLOCK_W8A8_CASES)
+def test_split_k_on_row_block_scales_matches_its_reference(m, n, k, bias, config):
+    x, q, scale, b = _case(m, n, k, bias, seed=m + n + k)
+    x[:, 3] *= 300  # an outlier column: it sets every row's scale, but only its block's
+    want = fp8.w8a8_blocks_ref(x, q, scale, b)
+    got = fp8.run_kernel(fp8.BLOCK_W8A8_KIND, config, x, q, scale, b)
+    assert got.shape == want.shape and got.dtype == x.dtype
+    assert ((got - want).norm() / want.norm()).item() < (1e-5 if DEVICE == "cpu" else 2e-3)
+    # and it is not the per-row product (the outlier column coarsens every per-row scale)
+    assert ((got - fp8.w8a8_ref(x, q, scale, b)).norm() / want.norm()).item() > 1e-4
+
+
+def test_split_k_refuses_row_block_scales_that_do_not_fit():
+    x, q, scale, _ = _case(16, 32, 1024, False, seed=3)
+    xq, xs = triton_fast.quantize_row_blocks(x, 256)
+    with pytest.raises(ValueError, match="do not fit"):  # a K tile longer than the block
+        triton_fast.split_k(xq, q, scale, None, (64, 32, 512, 1, 4), x_scale=xs, out_dtype=x.dtype, x_block=256)
+    with pytest.raises(ValueError, match="do not fit"):  # scales of another block size
+        triton_fast.split_k(xq, q, scale, None, (64, 32, 128, 1, 4), x_scale=xs, out_dtype=x.dtype, x_block=512)
+    kinds = [kind for kind, config in fp8.candidates(64, 4096, 4096)]
+    assert kinds.count(fp8.BLOCK_W8A8_KIND) == kinds.count("split_k_w8a8") > 0
+    assert fp8.BLOCK_W8A8_KIND not in {kind for kind, _ in fp8.candidates(8, 4096, 4096)}
+
+
 @pytest.fixture
 def clean_choices():
     fp8.reset()

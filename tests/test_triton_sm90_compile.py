@@ -8,7 +8,7 @@ session 10). These tests compile the decode step's kernels as the device would, 
 process without TRITON_INTERPRET (under the interpreter `triton.jit` gives functions the compiler
 cannot take): the fused write in its every variant, and each PDL kernel with PDL on
 (the FP8 split-K kernel and the split-K reduce also with block-scaled weights, the split-K kernel also on
-e4m3 rows, where its tiles must reach the tensor cores as e4m3), the repacked GGUF "int" kernel
+e4m3 rows, with one scale a row or a row's block, where its tiles must reach the tensor cores as e4m3), the repacked GGUF "int" kernel
 at 64 rows for every type, and the GGUF "i8" kernel with its PTX (DP4A, PRMT: the interpreter runs
 their plain-integer spelling instead).
 """
@@ -196,7 +196,12 @@ COMPILE = textwrap.dedent("""
             ("triton_fp8_fast", "_split_k_kernel", {"x_ptr": fp8, "w_ptr": fp8, "s_ptr": "*fp32", "xs_ptr": "*fp32"},
              {"HAS_BIAS": True, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT": 1, "EVEN_K": True,
               "X_FP8": True}),
+            # e4m3 rows with a scale per row and block of K (split_k_w8a8_blocks), at a shipped deep tile
+            ("triton_fp8_fast", "_split_k_kernel", {"x_ptr": fp8, "w_ptr": fp8, "s_ptr": "*fp32", "xs_ptr": "*fp32"},
+             {"HAS_BIAS": False, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 256, "SPLIT": 1, "EVEN_K": True,
+              "X_FP8": True, "XS_BK": 512}),
             ("triton_fp8_fast", "_quantize_rows_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK_K": 4096}),
+            ("triton_fp8_fast", "_quantize_row_blocks_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK": 512}),
             ("triton_fp8_fused", "_add_rms_norm_quantize_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"},
              {"HAS_RESIDUAL": True, "BLOCK": 4096}),
             ("triton_fp8_fused", "_silu_mul_quantize_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"},
@@ -248,7 +253,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 24
+    assert len(lines) == 26
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line

@@ -12,7 +12,10 @@ A weight [N, K] is stored as e4m3 values with one float32 scale per output row, 
 - w8a8 (many rows): both operands in FP8 on the tensor cores. The activations are quantized per
   token (one scale per row, as vLLM's dynamic per-token scheme) by one Triton kernel
   (`triton_fp8_fast.quantize_rows`) and `torch._scaled_mm` multiplies with row-wise scales, or
-  (24-128 rows, where it won on the H200) the split-K kernel's e4m3 tensor-core tiles do.
+  (24-128 rows, where it won on the H200) the split-K kernel's e4m3 tensor-core tiles do. The
+  split-K kernel may instead take one scale per row and block of ACTIVATION_BLOCK values
+  ("split_k_w8a8_blocks", `triton_fp8_fast.quantize_row_blocks`): a quantizer of one program per block
+  in place of one that walks each row twice.
 Which one runs for a (shape, row count) is measured at start-up (`calibrate`, inside CUDA graphs
 like the decode steps), never assumed; unmeasured cases take a fixed rule (`default_choice`).
 A product whose input comes from an RMSNorm or SiLU * mul may take it already quantized
@@ -71,6 +74,13 @@ CPU_EMULATES_GPU = False
 
 # The `run_kernel` kinds that quantize the activations per token (their reference is `w8a8_ref`).
 W8A8_KINDS = ("scaled_mm", "scaled_mm_torch", "split_k_w8a8")
+# The kind that quantizes them per row and block of ACTIVATION_BLOCK values (reference `w8a8_blocks_ref`).
+# Session 25's step profile: at 64 rows the per-row quantizer in front of o and down took 0.27 ms of a
+# 4.47 ms FP8 step (72 launches of 3.7 us, each program walking a 4,096- or 12,288-value row twice).
+# Built after that session's device time ran out: calibration times it beside "split_k_w8a8" (same
+# configs) and takes it only where it is faster.
+BLOCK_W8A8_KIND = "split_k_w8a8_blocks"
+ACTIVATION_BLOCK = 512  # a multiple of every w8a8 config's BLOCK_K, so no K tile spans two blocks
 
 try:
     from onebit.kernels import triton_fp8, triton_fp8_fast, triton_fp8_fused
@@ -113,6 +123,21 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def quantize_row_blocks(t: torch.Tensor, block: int = ACTIVATION_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale) with q [R, K] in e4m3 and scale [R, ceil(K / block)] float32 such that each block of
+    `block` values of a row is ~= its q times its scale (`quantize_rows` on each block)."""
+    rows, k = t.shape
+    blocks = torch.nn.functional.pad(t.float(), (0, -k % block)).view(rows, -1, block)
+    scale = blocks.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX
+    q = (blocks / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(rows, -1)[:, :k].contiguous()
+    return q, scale
+
+
+def dequantize_row_blocks(q: torch.Tensor, scale: torch.Tensor, block: int = ACTIVATION_BLOCK) -> torch.Tensor:
+    """The values `quantize_row_blocks` gave q and scale for, in float32."""
+    return q.float() * scale.repeat_interleave(block, dim=1)[:, :q.shape[1]]
+
+
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """q * scale[:, None] in `dtype`."""
     return (q.float() * scale[:, None]).to(dtype)
@@ -131,6 +156,15 @@ def w8a8_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.
     """Reference of the many-row product: x quantized per token to e4m3, then the scaled product."""
     xq, xs = quantize_rows(x)
     y = (xq.float() @ q.float().t()) * xs[:, None] * scale[None, :]
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def w8a8_blocks_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Reference of "split_k_w8a8_blocks": x quantized per row and block (`quantize_row_blocks`), then the
+    scaled product."""
+    y = (dequantize_row_blocks(*quantize_row_blocks(x)) @ q.float().t()) * scale[None, :]
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
@@ -204,6 +238,14 @@ def split_k_w8a8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: to
     return split_k_w8a8_quantized(Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype), q, scale, bias, config)
 
 
+def split_k_w8a8_blocks(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                        config: tuple) -> torch.Tensor:
+    """The activations quantized per row and block of ACTIVATION_BLOCK values, then the Triton split-K
+    product with e4m3 tensor-core tiles, each K tile's sum times its block's scale."""
+    xq, xs = triton_fp8_fast.quantize_row_blocks(x, ACTIVATION_BLOCK)
+    return triton_fp8_fast.split_k(xq, q, scale, bias, config, x_scale=xs, out_dtype=x.dtype, x_block=ACTIVATION_BLOCK)
+
+
 def split_k_w8a8_quantized(x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                            config: tuple) -> torch.Tensor:
     """Rows already in e4m3 (their producer quantized them) through the w8a8 split-K product."""
@@ -221,12 +263,14 @@ def run_quantized(kind: str, config: tuple | None, x: Fp8Rows, q: torch.Tensor, 
 def run_kernel(kind: str, config: tuple | None, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """One of the CUDA products by name: "split_k" and "weight_only" (Triton, weight-only, with a
-    config of their module), "split_k_w8a8" (Triton, e4m3 rows), "scaled_mm" (fused
-    quantization) or "scaled_mm_torch" (torch ops)."""
+    config of their module), "split_k_w8a8" (Triton, e4m3 rows), "split_k_w8a8_blocks" (the same,
+    a scale per row and block of K), "scaled_mm" (fused quantization) or "scaled_mm_torch" (torch ops)."""
     if kind == "split_k":
         return triton_fp8_fast.split_k(x, q, scale, bias, config)
     if kind == "split_k_w8a8":
         return split_k_w8a8(x, q, scale, bias, config)
+    if kind == BLOCK_W8A8_KIND:
+        return split_k_w8a8_blocks(x, q, scale, bias, config)
     if kind == "weight_only":
         return triton_fp8.weight_only(x, q, scale, bias, config)
     return _scaled_mm(x, q, scale, bias, fused=kind == "scaled_mm")
@@ -277,16 +321,17 @@ def candidates(rows: int, n: int, k: int) -> list[tuple[str, tuple | None]]:
     if rows >= 16 and n % 16 == 0 and k % 16 == 0:
         out.append(("scaled_mm", None))
     out += [("split_k_w8a8", c) for c in triton_fp8_fast.w8a8_candidates(rows)]
+    out += [(BLOCK_W8A8_KIND, c) for c in triton_fp8_fast.w8a8_candidates(rows) if ACTIVATION_BLOCK % c[2] == 0]
     return out
 
 
 def _references(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                rows_per_chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight_only_ref, w8a8_ref) of x in float32, the weight widened a slice of rows at a time
-    (at most 128 MB of float32 at once, not a float32 copy of the whole matrix)."""
+                rows_per_chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weight_only_ref, w8a8_ref, w8a8_blocks_ref) of x in float32, the weight widened a slice of rows
+    at a time (at most 128 MB of float32 at once, not a float32 copy of the whole matrix)."""
     xq, xs = quantize_rows(x)
-    x32, xq32 = x.float(), xq.float()
-    exact, both = [], []
+    x32, xq32, xb32 = x.float(), xq.float(), dequantize_row_blocks(*quantize_row_blocks(x))
+    exact, both, blocks = [], [], []
     step = max(1, rows_per_chunk_elements // q.shape[1])
     for start in range(0, q.shape[0], step):
         w = q[start:start + step].float().t()
@@ -294,7 +339,8 @@ def _references(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: tor
         b = bias[start:start + step].float()[None, :] if bias is not None else 0.0
         exact.append(x32 @ w * s + b)
         both.append(xq32 @ w * xs[:, None] * s + b)
-    return torch.cat(exact, dim=1), torch.cat(both, dim=1)
+        blocks.append(xb32 @ w * s + b)
+    return torch.cat(exact, dim=1), torch.cat(both, dim=1), torch.cat(blocks, dim=1)
 
 
 @torch.inference_mode()
@@ -320,10 +366,10 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
         table, timer = [], ProductTimer(q, scale)
         for m in sorted(r for r in set(rows) if r <= MAX_CALIBRATED_ROWS):
             x = torch.randn(m, k, device=q.device, dtype=dtype)
-            exact, both = _references(x, q, scale, bias)
+            exact, both, blocks = _references(x, q, scale, bias)
             timed = {}
             for kind, config in candidates(m, n, k):
-                want = both if kind in W8A8_KINDS else exact
+                want = both if kind in W8A8_KINDS else blocks if kind == BLOCK_W8A8_KIND else exact
                 if not candidate_agrees(lambda: run_kernel(kind, config, x, q, scale, bias), want,
                                         f"fp8 {kind} {config}", name, log):
                     continue

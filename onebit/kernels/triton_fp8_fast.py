@@ -15,9 +15,11 @@ token (`quantize_rows`, their scales beside), the tensor-core tiles multiply e4m
 the numbers `_scaled_mm` gives) instead of widening the weight.
 
 `quantize_rows`: the activations' per-token quantization (amax, scale, divide, cast) in one
-program per row instead of a chain of torch ops, each a launch of its own.
+program per row instead of a chain of torch ops, each a launch of its own. `quantize_row_blocks`: the
+same per row and block of K values, one program a block, for the split-K kernel's per-block x scales.
 
-References: `onebit.kernels.fp8.weight_only_ref` and `onebit.kernels.fp8.quantize_rows`.
+References: `onebit.kernels.fp8.weight_only_ref`, `fp8.quantize_rows`, `fp8.quantize_row_blocks` and
+`fp8.w8a8_blocks_ref`.
 """
 
 from __future__ import annotations
@@ -91,13 +93,15 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
                     SCALE_BN: tl.constexpr = 0, SCALE_BK: tl.constexpr = 0, stride_sn=0,
-                    X_FP8: tl.constexpr = False, xs_ptr=None):
+                    X_FP8: tl.constexpr = False, xs_ptr=None, XS_BK: tl.constexpr = 0, stride_xsm=0):
     pdl.wait_for_previous(PDL)
     # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials (`triton_split_k.reduce_partials` sums them).
     # X_FP8 (tensor-core tiles only, per-column scales): x holds e4m3 rows quantized per token with
     # one scale each at xs_ptr; the tiles multiply e4m3 by e4m3 as loaded (no widening of the
     # weight in registers on the way to the tensor cores) and each row's sum takes its scale at
-    # the end, before the column scale.
+    # the end, before the column scale. XS_BK > 0: one scale per row and block of XS_BK values of K
+    # (`quantize_row_blocks`, xs [M, ceil(K / XS_BK)], a row's stride stride_xsm); BLOCK_K divides XS_BK, so
+    # each K tile lies in one block and its product takes that block's scale before it is added.
     # SCALE_BN == 0: one scale per output column, applied once at the end (here, or by the reduce).
     # Else a block-scaled weight (as FP8 checkpoints are published): the scale of weight (n, k) is
     # s[n // SCALE_BN, k // SCALE_BK], applied to each block column's partial sum as it is made,
@@ -148,14 +152,17 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
             else:
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
                 w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
-            if X_FP8:
+            if X_FP8 and XS_BK > 0:
+                xs = tl.load(xs_ptr + rm * stride_xsm + k0 // XS_BK, mask=m_ok & (rm * 0 + k0 < K), other=0.0)
+                acc += tl.dot(x, tl.trans(w)) * xs[:, None]
+            elif X_FP8:
                 acc = tl.dot(x, tl.trans(w), acc)
             elif SCALE_BN == 0:
                 acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
             else:  # BLOCK_K divides SCALE_BK: the tile lies in one block column
                 s = _tile_block_scales(s_ptr, rn, n_ok, k0, K, stride_sn, SCALE_BN, SCALE_BK)
                 acc += tl.dot(x, tl.trans(w.to(x.dtype))) * s[None, :]
-        if X_FP8:
+        if X_FP8 and XS_BK == 0:
             acc = acc * tl.load(xs_ptr + rm, mask=m_ok, other=0.0)[:, None]
         out = out_ptr + rm[:, None] * stride_om + rn[None, :]
         out_ok = m_ok[:, None] & n_ok[None, :]
@@ -171,7 +178,8 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
 
 def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
             config: tuple[int, int, int, int, int], block: tuple[int, int] | None = None,
-            x_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+            x_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+            x_block: int = 0) -> torch.Tensor:
     """x [M, K] (unit column stride) @ (q [N, K] e4m3 * scale [N]).T + bias, in x's dtype.
 
     config is (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps[, num_stages]); BLOCK_M 1 walks the rows one program
@@ -179,7 +187,9 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     With `block` (bn, bk), scale is [ceil(N/bn), ceil(K/bk)] float32, one per weight block; BLOCK_K
     must divide bk, or (one row) be a multiple of it. With `x_scale` [M] float32, x is e4m3 rows
     quantized per token (`quantize_rows`) and the tiles multiply in e4m3 (w8a8; tensor-core tiles
-    and per-column scales only); the result is in `out_dtype`."""
+    and per-column scales only); the result is in `out_dtype`. With `x_block` as well, x_scale is
+    [M, ceil(K / x_block)], one scale per row and block of x_block values (`quantize_row_blocks`; BLOCK_K
+    must divide x_block)."""
     block_m, block_n, block_k, split, warps, *stages = config
     pipeline = {"num_stages": stages[0]} if stages else {}
     m, n, k = x.shape[0], q.shape[0], q.shape[1]
@@ -193,6 +203,11 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
         if block is not None or block_m == 1 or out_dtype is None:
             raise ValueError("e4m3 rows take tensor-core tiles (BLOCK_M >= 16), per-column scales and an out_dtype")
         blocks = {"X_FP8": True, "xs_ptr": x_scale}
+        if x_block:
+            if x_block % block_k or x_scale.dim() != 2 or x_scale.shape != (m, triton.cdiv(k, x_block)):
+                raise ValueError(f"x scales {tuple(x_scale.shape)} per {x_block} values do not fit x [{m}, {k}] "
+                                 f"and K tile {block_k}")
+            blocks.update(XS_BK=x_block, stride_xsm=x_scale.stride(0))
     # Each slice a whole number of BLOCK_K tiles; the last slices may run past K (masked) or be empty.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     even_k = k_per_split * split == k
@@ -280,4 +295,29 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     block_k = min(triton.next_power_of_2(k), 4096)
     _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), BLOCK_K=block_k,
                                 num_warps=8 if block_k >= 4096 else 4, **pdl.options())
+    return q, scale
+
+
+@triton.jit
+def _quantize_row_blocks_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, BLOCK: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    pdl.wait_for_previous(PDL)
+    row, block = tl.program_id(0), tl.program_id(1)
+    rk = block * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride_xm + rk, mask=rk < K, other=0.0).to(tl.float32)
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), FP8_MAX)  # as `_quantize_rows_kernel`
+    tl.store(s_ptr + row * stride_sm + block, scale)
+    q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX))
+    tl.store(q_ptr + row * stride_qm + rk, q.to(q_ptr.dtype.element_ty), mask=rk < K)
+
+
+def quantize_row_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [M, K] e4m3, scale [M, ceil(K / block)] float32) with x ~= q * scale of its block: one scale
+    per row and block of `block` values (a power of two), one program each, so a row's values are
+    read once and no program walks a whole row (`quantize_rows` does, twice)."""
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((m, triton.cdiv(k, block)), dtype=torch.float32, device=x.device)
+    _quantize_row_blocks_kernel[(m, scale.shape[1])](x, q, scale, k, x.stride(0), q.stride(0), scale.stride(0),
+                                                 BLOCK=block, num_warps=4 if block >= 1024 else 2, **pdl.options())
     return q, scale
