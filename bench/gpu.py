@@ -139,7 +139,7 @@ def fp8_choice_summary(report: list[str]) -> list[str]:
     products each kind won there."""
     by_rows: dict[int, dict[str, int]] = {}
     for line in report:
-        match = re.match(r"fp8 \S+ \d+x\d+(?: \(e4m3 input\))?, (\d+) row\(s\): (\S+)", line)
+        match = re.match(r"fp8 \S+ \d+x\d+(?: \(e4m3 \w+ input\))?, (\d+) row\(s\): (\S+)", line)
         if match:
             kinds = by_rows.setdefault(int(match[1]), {})
             kinds[match[2]] = kinds.get(match[2], 0) + 1

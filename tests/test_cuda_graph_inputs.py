@@ -165,9 +165,9 @@ def test_the_cuda_start_up_runs_its_phases_in_order_over_the_runner_it_builds(ti
 
     monkeypatch.setattr(runner_module.gemv, "calibrate", lambda layers, rows: calls.append(("bf16", rows)) or ["bf16 line"])
     monkeypatch.setattr(runner_module, "fp8_layers", lambda model: {"layers.0.o": object()})
-    monkeypatch.setattr(runner_module, "quantized_input_layers", lambda model: set())
+    monkeypatch.setattr(runner_module, "fed_layers", lambda model: {})
     monkeypatch.setattr(runner_module.fp8, "calibrate",
-                        lambda layers, rows, dtype, quantized: calls.append(("fp8", rows)) or ["fp8 line"])
+                        lambda layers, rows, dtype, fed: calls.append(("fp8", rows)) or ["fp8 line"])
     monkeypatch.setattr(runner_module, "fp8_block_layers", lambda model: {})
     monkeypatch.setattr(runner_module, "CudaGraphDecoder", Graphs)
     monkeypatch.setattr(runner, "warm_up_eager", lambda num_blocks: calls.append("warm-up"))

@@ -289,7 +289,9 @@ def test_a_block_product_takes_its_calibrated_kernel_else_the_first(clean_choice
 def test_picks_report_each_table_by_shape_and_rows(monkeypatch):
     monkeypatch.setattr(fp8, "_CHOSEN", {(4096, 1024, False): [(1, ("split_k", (1, 16, 512, 4, 4))),
                                                                (64, ("scaled_mm", None))]})
-    monkeypatch.setattr(fp8, "_CHOSEN_QUANTIZED_INPUT", {(6144, 1024, True): [(64, ("split_k_w8a8",
-                                                                                      (64, 64, 256, 1, 4, 4)))]})
+    monkeypatch.setattr(fp8, "_CHOSEN_QUANTIZED_INPUT", {
+        (6144, 1024, True, "rows"): [(64, ("split_k_w8a8", (64, 64, 256, 1, 4, 4)))],
+        (1024, 3072, False, "blocks"): [(64, (fp8.BLOCK_W8A8_KIND, (64, 64, 256, 1, 4, 4)))]})
     assert fp8.picks() == {"4096x1024": {1: "split_k (1, 16, 512, 4, 4)", 64: "scaled_mm None"},
-                           "e4m3 rows 6144x1024": {64: "split_k_w8a8 (64, 64, 256, 1, 4, 4)"}}
+                           "e4m3 rows 6144x1024": {64: "split_k_w8a8 (64, 64, 256, 1, 4, 4)"},
+                           "e4m3 blocks 1024x3072": {64: "split_k_w8a8_blocks (64, 64, 256, 1, 4, 4)"}}

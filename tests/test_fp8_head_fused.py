@@ -1,6 +1,6 @@
-"""FP8 output head (`--quantize-lm-head`) and the producers that emit e4m3 rows for `_scaled_mm`
-(`triton_fp8_fused`: add + RMSNorm and SiLU * mul with the per-token quantization in the same
-kernel), against their plain-torch references in Triton's interpreter on CPU (the GPU where there
+"""FP8 output head (`--quantize-lm-head`) and the producers that emit e4m3 rows for the products
+(`triton_fp8_fused`: add + RMSNorm with the per-token quantization in the same kernel, SiLU * mul with
+one per token and block), against their plain-torch references in Triton's interpreter on CPU (the GPU where there
 is one), and their wiring in the model."""
 
 from __future__ import annotations
@@ -31,24 +31,29 @@ def fp8_flags():
     fp8.reset()
 
 
-def _dequantized(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def _dequantized(q: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
+    if block:
+        return fp8.dequantize_row_blocks(q.float().cpu(), scale.float().cpu(), block)
     return q.float() * scale.float().view(-1, 1)
 
 
-def _assert_same_quantization(got, want, exact: bool):
-    """q and scale of a kernel against the reference: the scales to float32 rounding, the e4m3
-    values equal (exact) or, where the kernel's arithmetic may differ by an ulp before rounding
-    (exp, sqrt), within one e4m3 step on at most 1% of the entries."""
+def _assert_same_quantization(got, want, exact: bool, block: int = 0):
+    """q and scale of a kernel against the reference (a scale per row, or per row and block of
+    `block` values): the scales to float32 rounding, the e4m3 values equal (exact) or, where the
+    kernel's arithmetic may differ by an ulp before rounding (exp, sqrt), within one e4m3 step on at
+    most 1% of the entries."""
     (q, s), (q_ref, s_ref) = got, want
-    assert q.dtype == torch.float8_e4m3fn and q.shape == q_ref.shape and s.shape == s_ref.shape == (q.shape[0], 1)
+    scales = -(-q.shape[1] // block) if block else 1
+    assert q.dtype == torch.float8_e4m3fn and q.shape == q_ref.shape and s.shape == s_ref.shape == (q.shape[0], scales)
     torch.testing.assert_close(s.float().cpu(), s_ref.float().cpu(), rtol=1e-5, atol=0)
-    a, b = _dequantized(q, s).cpu(), _dequantized(q_ref, s_ref).cpu()
+    a, b = _dequantized(q, s, block).cpu(), _dequantized(q_ref, s_ref, block).cpu()
     if exact:
         assert torch.equal(q.float().cpu(), q_ref.float().cpu())
         return
     differ = a != b
     assert differ.float().mean().item() <= 0.01
-    step = b.abs() / 8 + s_ref.cpu().view(-1, 1) * 2 ** -9  # one e4m3 step (3 mantissa bits), subnormals
+    unit = s_ref.float().cpu().repeat_interleave(block, 1)[:, :q.shape[1]] if block else s_ref.cpu().view(-1, 1)
+    step = b.abs() / 8 + unit * 2 ** -9  # one e4m3 step (3 mantissa bits), subnormals
     assert ((a - b).abs() <= step * 1.01).all()
 
 
@@ -70,18 +75,21 @@ def test_add_rms_norm_quantize_matches_the_reference(rows, cols, residual, dtype
         assert summed is None and summed_ref is None
 
 
-@pytest.mark.parametrize("rows,inter,dtype,one_block", [(3, 96, torch.float32, True), (2, 2100, torch.float32, True),
-                                                       (2, 2100, torch.float32, False), (4, 200, BF16, True)])
-def test_silu_mul_quantize_matches_the_reference(rows, inter, dtype, one_block, monkeypatch):
-    # 2100 columns: the whole row in one block, or (rows longer than MAX_ONE_BLOCK) more than one
-    # 2048-column block per row, the last one partial.
+@pytest.mark.parametrize("rows,inter,dtype", [(3, 96, torch.float32), (2, 2100, torch.float32), (4, 1200, BF16)])
+def test_silu_mul_quantize_matches_the_reference(rows, inter, dtype):
+    # 96 columns: one partial block a row; 2,100: four whole blocks of 512 and a partial one.
     _skip_bf16_off_gpu(dtype)
-    if not one_block:
-        monkeypatch.setattr(fused, "MAX_ONE_BLOCK", 1024)
     g = torch.Generator().manual_seed(rows + inter)
     gate_up = (torch.randn(rows, 2 * inter, generator=g) * 2).to(dtype).to(DEVICE)
-    got = fused.silu_mul_quantize(gate_up)
-    _assert_same_quantization(got, fp8.silu_mul_quantize_ref(gate_up), exact=False)
+    if inter > 1024:
+        gate_up[0, 700] = 40.0  # a large gate value in block 1: only that block's scale grows
+    got = fused.silu_mul_quantize(gate_up, fp8.ACTIVATION_BLOCK)
+    want = fp8.silu_mul_quantize_ref(gate_up)
+    _assert_same_quantization(got, want, exact=False, block=fp8.ACTIVATION_BLOCK)
+    if inter > 1024:
+        assert want[1][0, 1] > 4 * want[1][0, [0, 2]].max()
+    rows_in = fp8.silu_mul_quantize(gate_up)  # the module function: the same form
+    assert rows_in.block == fp8.ACTIVATION_BLOCK and rows_in.form == "blocks" and rows_in.scale.shape == want[1].shape
 
 
 def test_fused_quantization_of_an_exact_row_is_exact():
@@ -115,16 +123,24 @@ def test_producers_emit_e4m3_only_where_the_product_runs_scaled_mm(fp8_flags):
     fp8.FUSE_QUANT = False
     assert not fp8.takes_quantized_rows(512, 64, 64, False, cpu)
     fp8.FUSE_QUANT = True
-    fp8._CHOSEN_QUANTIZED_INPUT[(64, 64, False)] = [(8, ("split_k", (16, 16, 64, 1, 4))), (64, ("scaled_mm", None))]
-    assert fp8.choice_for(8, 64, 64, False, quantized_input=True)[0] == "split_k"
-    assert fp8.choice_for(33, 64, 64, False, quantized_input=True) == ("scaled_mm", None)
-    assert fp8.choice_for(33, 64, 64, False) == fp8.default_choice(33, 64, 64)  # the other table is untouched
+    assert not fp8.takes_quantized_rows(512, 64, 64, False, cpu, "blocks")  # `_scaled_mm` takes no block scales
+    fp8._CHOSEN_QUANTIZED_INPUT[(64, 64, False, "rows")] = [(8, ("split_k", (16, 16, 64, 1, 4))),
+                                                            (64, ("scaled_mm", None))]
+    assert fp8.choice_for(8, 64, 64, False, "rows")[0] == "split_k"
+    assert fp8.choice_for(33, 64, 64, False, "rows") == ("scaled_mm", None)
+    assert fp8.choice_for(33, 64, 64, False) == fp8.default_choice(33, 64, 64)  # the other tables are untouched
+    assert fp8.choice_for(33, 64, 64, False, "blocks") == fp8.default_choice(33, 64, 64)
     # On the GPU: wherever the calibrated kind takes e4m3 rows, the w8a8 split-K kernel as well.
     cuda = torch.device("cuda")
-    fp8._CHOSEN_QUANTIZED_INPUT[(64, 64, False)] = [(8, ("split_k", (16, 16, 64, 1, 4))),
-                                                    (64, ("split_k_w8a8", (64, 16, 64, 2, 4))),
-                                                    (128, ("scaled_mm", None))]
+    fp8._CHOSEN_QUANTIZED_INPUT[(64, 64, False, "rows")] = [(8, ("split_k", (16, 16, 64, 1, 4))),
+                                                            (64, ("split_k_w8a8", (64, 16, 64, 2, 4))),
+                                                            (128, ("scaled_mm", None))]
     assert [fp8.takes_quantized_rows(m, 64, 64, False, cuda) for m in (8, 64, 128)] == [False, True, True]
+    # a producer of block-scaled rows: only where its table chose the split-K kernel's block form
+    fp8._CHOSEN_QUANTIZED_INPUT[(64, 64, False, "blocks")] = [(8, ("split_k", (16, 16, 64, 1, 4))),
+                                                              (64, (fp8.BLOCK_W8A8_KIND, (64, 16, 64, 2, 4))),
+                                                              (128, ("scaled_mm", None))]
+    assert [fp8.takes_quantized_rows(m, 64, 64, False, cuda, "blocks") for m in (8, 64, 128)] == [False, True, False]
     fp8.FUSE_QUANT = False
     assert not fp8.takes_quantized_rows(64, 64, 64, False, cuda)
 
@@ -139,6 +155,23 @@ def test_e4m3_rows_from_a_producer_run_the_w8a8_split_k_as_its_own_quantizer_wou
     got = fp8.run_quantized("split_k_w8a8", config, rows, q, scale, b)
     assert got.equal(fp8.split_k_w8a8(x, q, scale, b, config))
     torch.testing.assert_close(got, fp8.w8a8_ref(x, q, scale, b), rtol=1e-4, atol=1e-4)
+
+
+def test_block_scaled_rows_from_a_producer_run_the_block_form_as_its_own_quantizer_would():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(20, 1100, generator=g)
+    q, scale = fp8.quantize_rows(torch.randn(48, 1100, generator=g))
+    b = torch.randn(48, generator=g)
+    rows = fp8.Fp8Rows(*fp8.quantize_row_blocks(x), x.dtype, fp8.ACTIVATION_BLOCK)
+    config = (64, 16, 128, 2, 4)
+    got = fp8.run_quantized(fp8.BLOCK_W8A8_KIND, config, rows, q, scale, b)
+    assert got.equal(fp8.run_kernel(fp8.BLOCK_W8A8_KIND, config, x, q, scale, b))
+    torch.testing.assert_close(got, fp8.w8a8_blocks_ref(x, q, scale, b), rtol=1e-4, atol=1e-4)
+    assert torch.equal(fp8.quantized_input_ref(rows, q, scale, b), fp8.w8a8_blocks_ref(x, q, scale, b))
+    with pytest.raises(ValueError, match="block"):  # a kind that takes one scale a row
+        fp8.run_quantized("split_k_w8a8", config, rows, q, scale, b)
+    with pytest.raises(ValueError, match="rows"):  # and the other way round
+        fp8.run_quantized(fp8.BLOCK_W8A8_KIND, config, fp8.Fp8Rows(*fused_quantizer(x), x.dtype), q, scale, b)
 
 
 def fused_quantizer(x):
@@ -180,11 +213,12 @@ def test_quantizing_the_head_keeps_the_embedding(tie, tiny_models):
 
 
 def test_fused_producers_feed_the_same_numbers_as_the_separate_quantizer(tiny_model_dir, fp8_flags, monkeypatch):
-    """On the CPU emulating the GPU's many-row products: with the norms and SiLU * mul emitting
-    e4m3 rows (both fused, as `FUSED_PRODUCERS` may name them) the logits are bit for bit those of
-    quantizing their outputs separately, and each decoder layer's three producers ran."""
+    """On the CPU emulating the GPU's many-row products: with the norms and SiLU * mul fused (as
+    `FUSED_PRODUCERS` may name them) the norms emit e4m3 rows and the logits are bit for bit those of
+    quantizing their outputs separately. The emulation runs `_scaled_mm`, which takes no block scales,
+    so SiLU * mul stays unfused here (its wiring: the next test)."""
     from onebit import LLM
-    from onebit.models.quantize import Fp8InputNorm, Fp8SwiGLU, quantized_input_layers
+    from onebit.models.quantize import Fp8InputNorm, Fp8SwiGLU, fed_layers
     from tests.model_probe import all_logits
 
     from onebit.models import quantize
@@ -197,8 +231,10 @@ def test_fused_producers_feed_the_same_numbers_as_the_separate_quantizer(tiny_mo
     layers = llm.engine.model_config.num_layers
     assert sum(isinstance(m, Fp8InputNorm) for m in model.modules()) == 2 * layers
     assert sum(isinstance(m, Fp8SwiGLU) for m in model.modules()) == layers
-    assert {n.rpartition(".")[2] for n in quantized_input_layers(model)} == {"qkv_proj", "gate_up_proj", "down_proj"}
-    assert len(quantized_input_layers(model)) == 3 * layers
+    fed = fed_layers(model)
+    assert {n.rpartition(".")[2]: form for n, form in fed.items()} == \
+        {"qkv_proj": "rows", "gate_up_proj": "rows", "down_proj": "blocks"}
+    assert len(fed) == 3 * layers
     calls = {"norm": 0, "silu": 0}
     norm_quantize, silu_quantize = fp8.add_rms_norm_quantize, fp8.silu_mul_quantize
 
@@ -212,17 +248,47 @@ def test_fused_producers_feed_the_same_numbers_as_the_separate_quantizer(tiny_mo
     monkeypatch.setattr(fp8, "silu_mul_quantize", counted("silu", silu_quantize))
     fp8.FUSE_QUANT = True
     fused_logits = all_logits(llm, ids)
-    assert calls == {"norm": 2 * layers, "silu": layers}
+    assert calls == {"norm": 2 * layers, "silu": 0}
     fp8.FUSE_QUANT = False
     separate = all_logits(llm, ids)
-    assert calls == {"norm": 2 * layers, "silu": layers}  # not called again
+    assert calls == {"norm": 2 * layers, "silu": 0}  # not called again
     assert torch.equal(fused_logits, separate)
     fp8.CPU_EMULATES_GPU = False
     weight_only = all_logits(llm, ids)
     assert not torch.equal(weight_only, separate)  # the emulation quantized the activations
     assert ((weight_only - separate).norm() / weight_only.norm()).item() < 0.1
     short = all_logits(llm, ids[:20])  # few rows: no producer quantizes
-    assert calls == {"norm": 2 * layers, "silu": layers} and short.shape[0] == 20
+    assert calls == {"norm": 2 * layers, "silu": 0} and short.shape[0] == 20
+
+
+def test_silu_producer_hands_its_down_product_block_scaled_rows(tiny_model_dir, fp8_flags, monkeypatch):
+    """A fused SwiGLU whose down product takes block-scaled rows (as a GPU calibration may choose):
+    SiLU * mul emits them, down multiplies them, and the MLP's output is bit for bit the block-form
+    reference of down on silu(gate) * up; where down does not take them, the plain path runs."""
+    from onebit import LLM
+    from onebit.kernels import fused_ref
+    from onebit.models import quantize
+
+    monkeypatch.setattr(quantize, "FUSED_PRODUCERS", ("norm", "silu"))
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
+    mlp = llm.engine.runner.model.layers[0].mlp
+    assert isinstance(mlp, quantize.Fp8SwiGLU) and mlp.down_proj.fed == "blocks"
+    asked = []
+
+    def takes(rows, n, k, has_bias, device, fed="rows"):
+        asked.append(fed)
+        return fed == "blocks"
+
+    monkeypatch.setattr(fp8, "takes_quantized_rows", takes)
+    x = torch.randn(6, mlp.gate_up_proj.in_features, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        got = mlp(x)
+        down = mlp.down_proj
+        want = fp8.w8a8_blocks_ref(fused_ref.silu_mul_ref(mlp.gate_up_proj(x)), down.qweight, down.weight_scale, down.bias)
+        assert asked == ["blocks"] and torch.equal(got, want)
+        monkeypatch.setattr(fp8, "takes_quantized_rows", lambda *args: False)
+        plain = mlp(x)
+    assert not torch.equal(plain, got)  # the weight-only reference: activations not quantized
 
 
 def test_serve_quantizes_the_head_with_the_flag(tiny_model_dir):
@@ -254,11 +320,12 @@ def test_by_default_only_the_norms_are_fused_with_the_quantizer(tiny_model_dir, 
     """`FUSED_PRODUCERS` as shipped: the two RMSNorms of each layer feed their products e4m3 rows,
     the SwiGLU stays plain (its fused kernel measured slower, session 14) and down quantizes its own."""
     from onebit import LLM
-    from onebit.models.quantize import Fp8InputNorm, Fp8SwiGLU, quantized_input_layers
+    from onebit.models.quantize import Fp8InputNorm, Fp8SwiGLU, fed_layers
 
     llm = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
     model = llm.engine.runner.model
     layers = llm.engine.model_config.num_layers
     assert sum(isinstance(m, Fp8InputNorm) for m in model.modules()) == 2 * layers
     assert not any(isinstance(m, Fp8SwiGLU) for m in model.modules())
-    assert {n.rpartition(".")[2] for n in quantized_input_layers(model)} == {"qkv_proj", "gate_up_proj"}
+    assert {n.rpartition(".")[2]: form for n, form in fed_layers(model).items()} == \
+        {"qkv_proj": "rows", "gate_up_proj": "rows"}

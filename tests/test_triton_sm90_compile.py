@@ -204,8 +204,7 @@ COMPILE = textwrap.dedent("""
             ("triton_fp8_fast", "_quantize_row_blocks_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK": 512}),
             ("triton_fp8_fused", "_add_rms_norm_quantize_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"},
              {"HAS_RESIDUAL": True, "BLOCK": 4096}),
-            ("triton_fp8_fused", "_silu_mul_quantize_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"},
-             {"BLOCK": 16384, "ONE_BLOCK": True}),
+            ("triton_fp8_fused", "_silu_mul_quantize_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK": 512}),
             ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}),
             # mode "f16"'s x preparation: its own launch, and the input norm that makes it instead
             ("triton_gguf_f16", "_prepare_x_kernel", {"x16_ptr": "*fp16", "xm_ptr": "*fp16", "xe_ptr": "*fp32"},

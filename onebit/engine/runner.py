@@ -16,7 +16,7 @@ from onebit.kernels import batch_invariant, fp8, gemv, ops
 from onebit.kernels.attention import AttentionMetadata, triton_decode, triton_prefill_flash
 from onebit.models.config import ModelConfig
 from onebit.models.fp8_checkpoint import fp8_block_layers
-from onebit.models.quantize import fp8_layers, quantized_input_layers
+from onebit.models.quantize import fed_layers, fp8_layers
 from onebit.models.rope import rope_cos_sin
 from onebit.models.transformer import CausalLM
 
@@ -105,7 +105,7 @@ class ModelRunner:
         quantized = fp8_layers(model)
         if quantized:  # --quantize fp8: its kernel per row count
             self.gemv_report += fp8.calibrate(quantized, [b for b in ladder_for(rows) if b <= fp8.MAX_CALIBRATED_ROWS],
-                                              dtype, quantized_input_layers(model))
+                                              dtype, fed_layers(model))
         blocked = fp8_block_layers(model)
         if blocked:  # a block-scaled FP8 checkpoint: its kernel per row count
             self.gemv_report += fp8.calibrate_blocks(

@@ -19,9 +19,10 @@ A weight [N, K] is stored as e4m3 values with one float32 scale per output row, 
 Which one runs for a (shape, row count) is measured at start-up (`calibrate`, inside CUDA graphs
 like the decode steps), never assumed; unmeasured cases take a fixed rule (`default_choice`).
 A product whose input comes from an RMSNorm or SiLU * mul may take it already quantized
-(`Fp8Rows`, from `add_rms_norm_quantize` / `silu_mul_quantize`: the producer's kernel emits e4m3
-and the row scales, so no separate quantizer runs) where its kind takes e4m3 rows
-(`QUANTIZED_INPUT_KINDS`); its calibration then times those kinds without the quantizer.
+(`Fp8Rows`, from `add_rms_norm_quantize` with a scale per row / `silu_mul_quantize` with a scale per
+row and block: the producer's kernel emits e4m3 and the scales, so no separate quantizer runs) where
+its kind takes e4m3 rows in that form (`FED_KINDS`); its calibration then times those kinds without
+the quantizer.
 On the CPU (and wherever neither applies) the plain-torch references below run; tests compare
 the kernels against them.
 """
@@ -60,13 +61,11 @@ FAST_ACCUM = True
 # Session 9 timed it with `_scaled_mm` only (nothing gained: at 8-64 rows the weight-only kernels
 # ran, which take no e4m3 rows). Since session 12's w8a8 split-K won 24-128 rows, whose separate
 # quantizer is 0.46 ms of a 4.87 ms fp8 B=64 step (session 13), the producers feed that kernel too.
-# Session 14 (G31) with the norms and SiLU * mul fused: fp8 B=64 +2.2%, B=256 -1.2%; now only the
-# norms fuse (`models.quantize.FUSED_PRODUCERS`). Session 15 (G33 part C, bench/gpu_fp8_fuse.py):
-# norms only, fp8 B=1/8/64/256 354 / 2,032 / 15,214 / 32,510 against 355 / 2,031 / 14,926 / 32,401
-# unfused, so on.
+# Session 14 (G31) with the norms and SiLU * mul fused (a scale per row then): fp8 B=64 +2.2%, B=256
+# -1.2%; now only the norms fuse by default (`models.quantize.FUSED_PRODUCERS`). Session 15 (G33 part
+# C, bench/gpu_fp8_fuse.py): norms only, fp8 B=1/8/64/256 354 / 2,032 / 15,214 / 32,510 against 355 /
+# 2,031 / 14,926 / 32,401 unfused, so on.
 FUSE_QUANT = True
-# The kinds that take e4m3 rows from a fusing producer (`Fp8Rows`) instead of quantizing their own.
-QUANTIZED_INPUT_KINDS = ("scaled_mm", "split_k_w8a8")
 # On the CPU, run the products the GPU sends to `_scaled_mm` without calibration (more than
 # MAX_WEIGHT_ONLY_ROWS rows: prefills) through `w8a8_ref`, activations quantized per token, as on the
 # GPU; False keeps the weight-only reference everywhere. For accuracy runs (bench/perplexity.py).
@@ -82,6 +81,11 @@ W8A8_KINDS = ("scaled_mm", "scaled_mm_torch", "split_k_w8a8")
 BLOCK_W8A8_KIND = "split_k_w8a8_blocks"
 ACTIVATION_BLOCK = 512  # a multiple of every w8a8 config's BLOCK_K, so no K tile spans two blocks
 
+# The kinds that take e4m3 rows from a fusing producer (`Fp8Rows`) instead of quantizing their own, by
+# the form the producer emits: "rows" (one scale a row: the norms) or "blocks" (one scale a row and
+# block of ACTIVATION_BLOCK values: SiLU * mul).
+FED_KINDS = {"rows": ("scaled_mm", "split_k_w8a8"), "blocks": (BLOCK_W8A8_KIND,)}
+
 try:
     from onebit.kernels import triton_fp8, triton_fp8_fast, triton_fp8_fused
 except ImportError:  # pragma: no cover - depends on the install
@@ -90,19 +94,33 @@ except ImportError:  # pragma: no cover - depends on the install
 # (N, K, has bias) -> [(rows, (kind, config))] sorted by rows: the winner measured at each row
 # count; a product of m rows takes the entry of the fewest calibrated rows >= m.
 _CHOSEN: dict[tuple[int, int, bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
-# The same for products whose input arrives already quantized (`Fp8Rows`) where their kind takes it.
-_CHOSEN_QUANTIZED_INPUT: dict[tuple[int, int, bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
+# The same for products whose input arrives already quantized (`Fp8Rows`) where their kind takes it:
+# (N, K, has bias, the form the producer emits: "rows" or "blocks") -> [(rows, (kind, config))].
+_CHOSEN_QUANTIZED_INPUT: dict[tuple[int, int, bool, str], list[tuple[int, tuple[str, tuple | None]]]] = {}
 # Block-scaled weights (published FP8 checkpoints): (N, K, block, has bias) -> [(rows, (kind, config))].
 _CHOSEN_BLOCKS: dict[tuple[int, int, tuple[int, int], bool], list[tuple[int, tuple[str, tuple | None]]]] = {}
 
 
 class Fp8Rows(NamedTuple):
-    """Activations already quantized per token for an FP8 product: x ~= q * scale, q [T, K] e4m3,
-    scale [T, 1] float32; dtype is the one x had (the product's output dtype)."""
+    """Activations already quantized for an FP8 product: q [T, K] e4m3 and float32 scales, per token
+    (block 0: scale [T, 1], x ~= q * scale) or per token and block of `block` values of K (scale
+    [T, ceil(K / block)]); dtype is the one x had (the product's output dtype)."""
 
     q: torch.Tensor
     scale: torch.Tensor
     dtype: torch.dtype
+    block: int = 0
+
+    @property
+    def form(self) -> str:
+        """"rows" or "blocks", as `FED_KINDS` names the forms."""
+        return "blocks" if self.block else "rows"
+
+    def values(self) -> torch.Tensor:
+        """The values the rows stand for, in float32."""
+        if self.block:
+            return dequantize_row_blocks(self.q, self.scale, self.block)
+        return self.q.float() * self.scale.view(-1, 1)
 
     @property
     def shape(self) -> torch.Size:
@@ -171,8 +189,11 @@ def w8a8_blocks_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias:
 
 
 def quantized_input_ref(x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Reference of the product of rows already quantized: (x.q * x.scale) @ (q * scale).T + bias."""
-    y = (x.q.float() @ q.float().t()) * x.scale.view(-1, 1) * scale[None, :]
+    """Reference of the product of rows already quantized: x.values() @ (q * scale).T + bias."""
+    if x.block:
+        y = (x.values() @ q.float().t()) * scale[None, :]
+    else:  # the scale after the product, as w8a8_ref (equal to it bit for bit)
+        y = (x.q.float() @ q.float().t()) * x.scale.view(-1, 1) * scale[None, :]
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
@@ -190,9 +211,9 @@ def add_rms_norm_quantize_ref(x: torch.Tensor, residual: torch.Tensor | None, we
 
 
 def silu_mul_quantize_ref(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, scale [T, 1]): silu(gate) * up in gate_up's dtype, quantized per token."""
-    q, s = quantize_rows(fused_ref.silu_mul_ref(gate_up))
-    return q, s.view(-1, 1)
+    """(q, scale [T, ceil(I / ACTIVATION_BLOCK)]): silu(gate) * up in gate_up's dtype, quantized per
+    token and block of ACTIVATION_BLOCK values."""
+    return quantize_row_blocks(fused_ref.silu_mul_ref(gate_up), ACTIVATION_BLOCK)
 
 
 def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -206,12 +227,13 @@ def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight
 
 
 def silu_mul_quantize(gate_up: torch.Tensor) -> Fp8Rows:
-    """silu(gate) * up for gate_up = [gate | up], as `Fp8Rows`: one Triton kernel on CUDA."""
+    """silu(gate) * up for gate_up = [gate | up], as `Fp8Rows` with a scale per row and block of
+    ACTIVATION_BLOCK values: one Triton kernel on CUDA."""
     if gate_up.is_cuda and triton_fp8_fused is not None and gate_up.dim() == 2 and gate_up.is_contiguous():
-        q, s = triton_fp8_fused.silu_mul_quantize(gate_up)
+        q, s = triton_fp8_fused.silu_mul_quantize(gate_up, ACTIVATION_BLOCK)
     else:
         q, s = silu_mul_quantize_ref(gate_up)
-    return Fp8Rows(q, s, gate_up.dtype)
+    return Fp8Rows(q, s, gate_up.dtype, ACTIVATION_BLOCK)
 
 
 def scaled_mm_quantized(x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -248,14 +270,19 @@ def split_k_w8a8_blocks(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, b
 
 def split_k_w8a8_quantized(x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                            config: tuple) -> torch.Tensor:
-    """Rows already in e4m3 (their producer quantized them) through the w8a8 split-K product."""
+    """Rows already in e4m3 (their producer quantized them) through the w8a8 split-K product, with the
+    scales per row or per row and block as the rows have them."""
+    if x.block:
+        return triton_fp8_fast.split_k(x.q, q, scale, bias, config, x_scale=x.scale, out_dtype=x.dtype, x_block=x.block)
     return triton_fp8_fast.split_k(x.q, q, scale, bias, config, x_scale=x.scale.view(-1), out_dtype=x.dtype)
 
 
 def run_quantized(kind: str, config: tuple | None, x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor,
                   bias: torch.Tensor | None) -> torch.Tensor:
-    """One of `QUANTIZED_INPUT_KINDS` on rows already in e4m3."""
-    if kind == "split_k_w8a8":
+    """One of `FED_KINDS` on rows already in e4m3, of the form that kind takes (ValueError otherwise)."""
+    if kind not in FED_KINDS[x.form]:
+        raise ValueError(f"{kind} does not take e4m3 rows with {x.form} scales")
+    if kind in ("split_k_w8a8", BLOCK_W8A8_KIND):
         return split_k_w8a8_quantized(x, q, scale, bias, config)
     return scaled_mm_quantized(x, q, scale, bias)
 
@@ -290,10 +317,11 @@ def default_choice(rows: int, n: int, k: int) -> tuple[str, tuple | None]:
     return "ref", None
 
 
-def choice_for(rows: int, n: int, k: int, has_bias: bool, quantized_input: bool = False) -> tuple[str, tuple | None]:
-    """The calibrated (kind, config) for this product, else `default_choice`; `quantized_input`: the
-    table of a product whose producer hands over e4m3 rows when `_scaled_mm` runs."""
-    table = (_CHOSEN_QUANTIZED_INPUT if quantized_input else _CHOSEN).get((n, k, has_bias))
+def choice_for(rows: int, n: int, k: int, has_bias: bool, fed: str = "") -> tuple[str, tuple | None]:
+    """The calibrated (kind, config) for this product, else `default_choice`; `fed` ("rows" or
+    "blocks"): the table of a product whose producer hands over e4m3 rows of that form where the
+    chosen kind takes them."""
+    table = (_CHOSEN_QUANTIZED_INPUT.get((n, k, has_bias, fed)) if fed else _CHOSEN.get((n, k, has_bias)))
     if table:
         at = bisect.bisect_left(table, rows, key=lambda entry: entry[0])
         if at < len(table):
@@ -301,16 +329,16 @@ def choice_for(rows: int, n: int, k: int, has_bias: bool, quantized_input: bool 
     return default_choice(rows, n, k)
 
 
-def takes_quantized_rows(rows: int, n: int, k: int, has_bias: bool, device: torch.device) -> bool:
-    """Whether a product fed by a fusing producer (an RMSNorm, SiLU * mul) runs a kind that takes e4m3
-    rows (`QUANTIZED_INPUT_KINDS`) for this many rows, so the producer should emit `Fp8Rows` rather
-    than values in the model's dtype."""
+def takes_quantized_rows(rows: int, n: int, k: int, has_bias: bool, device: torch.device, fed: str = "rows") -> bool:
+    """Whether a product fed by a fusing producer of e4m3 rows in form `fed` (an RMSNorm: "rows", SiLU *
+    mul: "blocks") runs a kind that takes them (`FED_KINDS`) for this many rows, so the producer should
+    emit `Fp8Rows` rather than values in the model's dtype."""
     if not FUSE_QUANT:
         return False
     if device.type == "cuda":
         return (FAST and triton_fp8_fused is not None
-                and choice_for(rows, n, k, has_bias, True)[0] in QUANTIZED_INPUT_KINDS)
-    return CPU_EMULATES_GPU and default_choice(rows, n, k)[0] == "scaled_mm"
+                and choice_for(rows, n, k, has_bias, fed)[0] in FED_KINDS[fed])
+    return CPU_EMULATES_GPU and fed == "rows" and default_choice(rows, n, k)[0] == "scaled_mm"
 
 
 def candidates(rows: int, n: int, k: int) -> list[tuple[str, tuple | None]]:
@@ -345,36 +373,41 @@ def _references(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: tor
 
 @torch.inference_mode()
 def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], rows: list[int],
-              dtype: torch.dtype = torch.bfloat16, quantized_input: frozenset[str] | set[str] = frozenset()) -> list[str]:
+              dtype: torch.dtype = torch.bfloat16, fed: dict[str, str] | None = None) -> list[str]:
     """Time every candidate (`run_kernel` kinds and configs) per distinct CUDA FP8 weight shape
     among `layers` (name -> (q, scale, bias)) and per row count in `rows` (up to
     MAX_CALIBRATED_ROWS), inside CUDA graphs over weights that do not stay in L2; check each
     result against its reference on the spot and remember the fastest correct one. The layers
-    named in `quantized_input` get e4m3 rows from their producer when `_scaled_mm` runs (with
-    FUSE_QUANT): theirs is timed on rows quantized beforehand, into a table of their own. Returns
-    one report line per shape and row count."""
+    named in `fed` get e4m3 rows of its form ("rows", "blocks") from their producer where the chosen
+    kind takes them (with FUSE_QUANT): those kinds are timed on rows quantized beforehand, into a
+    table of their own. Returns one report line per shape and row count."""
     if triton_fp8_fast is None or not FAST:
         return []
+    fed = fed or {}
     lines, seen = [], set()
     for name, (q, scale, bias) in layers.items():
-        pre = FUSE_QUANT and name in quantized_input
+        form = fed.get(name, "") if FUSE_QUANT else ""
         shape = (q.shape[0], q.shape[1], bias is not None)
-        if (shape, pre) in seen or not q.is_cuda:
+        if (shape, form) in seen or not q.is_cuda:
             continue
-        seen.add((shape, pre))
+        seen.add((shape, form))
         n, k = q.shape
         table, timer = [], ProductTimer(q, scale)
         for m in sorted(r for r in set(rows) if r <= MAX_CALIBRATED_ROWS):
             x = torch.randn(m, k, device=q.device, dtype=dtype)
             exact, both, blocks = _references(x, q, scale, bias)
+            rows_in = None
+            if form == "rows":
+                rows_in = Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype)
+            elif form == "blocks":
+                rows_in = Fp8Rows(*triton_fp8_fast.quantize_row_blocks(x, ACTIVATION_BLOCK), x.dtype, ACTIVATION_BLOCK)
             timed = {}
             for kind, config in candidates(m, n, k):
                 want = both if kind in W8A8_KINDS else blocks if kind == BLOCK_W8A8_KIND else exact
                 if not candidate_agrees(lambda: run_kernel(kind, config, x, q, scale, bias), want,
                                         f"fp8 {kind} {config}", name, log):
                     continue
-                if pre and kind in QUANTIZED_INPUT_KINDS:  # the producer quantizes: only the product is timed
-                    rows_in = Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype)
+                if form and kind in FED_KINDS[form]:  # the producer quantizes: only the product is timed
                     timed[(kind, config)] = timer.us(
                         lambda w, s, kind=kind, config=config: run_quantized(kind, config, rows_in, w, s, bias))
                 else:
@@ -389,19 +422,23 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
                 if kd not in best_of_kind or us < best_of_kind[kd][0]:
                     best_of_kind[kd] = (us, c)
             others = "; ".join(f"{kd} {us:.1f}{f' {c}' if c else ''}" for kd, (us, c) in best_of_kind.items())
-            lines.append(f"fp8 {name} {n}x{k}{' (e4m3 input)' if pre else ''}, {m} row(s): {best[0]} {best[1] or ''} "
+            lines.append(f"fp8 {name} {n}x{k}{f' (e4m3 {form} input)' if form else ''}, {m} row(s): {best[0]} {best[1] or ''} "
                          f"{timed[best]:.1f} us ({n * k / timed[best] / 1e6:.2f} TB/s); best of each kind, us: {others}")
-        (_CHOSEN_QUANTIZED_INPUT if pre else _CHOSEN)[shape] = table
+        if form:
+            _CHOSEN_QUANTIZED_INPUT[(*shape, form)] = table
+        else:
+            _CHOSEN[shape] = table
         timer.close()  # the copies' memory back to the device before the graphs are captured
     return lines
 
 
 def picks() -> dict[str, dict[int, str]]:
-    """The calibrated choices, for reports: {"NxK" (with "e4m3 rows " before it for a fused producer's
-    table): {rows: "kind config"}}."""
-    return {f"{'e4m3 rows ' if pre else ''}{n}x{k}": {rows: f"{kind} {config}" for rows, (kind, config) in table}
-            for pre, chosen in ((False, _CHOSEN), (True, _CHOSEN_QUANTIZED_INPUT))
-            for (n, k, _), table in chosen.items()}
+    """The calibrated choices, for reports: {"NxK" (with "e4m3 rows " or "e4m3 blocks " before it for a
+    fused producer's table): {rows: "kind config"}}."""
+    tables = [("", n, k, table) for (n, k, _), table in _CHOSEN.items()]
+    tables += [(f"e4m3 {form} ", n, k, table) for (n, k, _, form), table in _CHOSEN_QUANTIZED_INPUT.items()]
+    return {f"{label}{n}x{k}": {rows: f"{kind} {config}" for rows, (kind, config) in table}
+            for label, n, k, table in tables}
 
 
 def reset() -> None:
@@ -527,16 +564,20 @@ def calibrate_blocks(layers: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[i
 
 
 def linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-           quantized_input: bool = False) -> torch.Tensor:
+           fed: str = "") -> torch.Tensor:
     """x [T, K] times an FP8 weight (q [N, K], scale [N]) plus bias: the kernels on CUDA (the
     calibrated choice for the row count), else the weight-only reference (`w8a8_ref` for the
     products `CPU_EMULATES_GPU` names). x may be `Fp8Rows` (its producer quantized it, as
-    `takes_quantized_rows` asked: then the chosen kind of `QUANTIZED_INPUT_KINDS`); `quantized_input`
-    says the product's producer does that (which calibration table applies)."""
+    `takes_quantized_rows` asked: then the chosen kind, one of `FED_KINDS` for its form); `fed` names
+    the form the product's producer emits ("rows", "blocks"; which calibration table applies)."""
     if isinstance(x, Fp8Rows):
         if x.q.is_cuda:
-            kind, config = choice_for(x.q.shape[0], q.shape[0], q.shape[1], bias is not None, True)
-            return run_quantized(kind if kind in QUANTIZED_INPUT_KINDS else "scaled_mm", config, x, q, scale, bias)
+            kind, config = choice_for(x.q.shape[0], q.shape[0], q.shape[1], bias is not None, x.form)
+            if kind in FED_KINDS[x.form]:
+                return run_quantized(kind, config, x, q, scale, bias)
+            if x.form == "rows":  # not asked for (an uncalibrated count): the many-row product takes them
+                return scaled_mm_quantized(x, q, scale, bias)
+            return linear(x.values().to(x.dtype), q, scale, bias)
         return quantized_input_ref(x, q, scale, bias)
     if x.is_cuda and x.dim() == 2 and triton_fp8 is not None:
         m, (n, k) = x.shape[0], q.shape
@@ -544,7 +585,7 @@ def linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias
             kind, config = ("weight_only", None) if m <= MAX_WEIGHT_ONLY_ROWS else \
                 ("scaled_mm_torch", None) if n % 16 == 0 and k % 16 == 0 else ("ref", None)
         else:
-            kind, config = choice_for(m, n, k, bias is not None, quantized_input and FUSE_QUANT)
+            kind, config = choice_for(m, n, k, bias is not None, fed if FUSE_QUANT else "")
         if kind != "ref":
             return run_kernel(kind, config, x.contiguous(), q, scale, bias)
     if CPU_EMULATES_GPU and not x.is_cuda and x.dim() == 2 and default_choice(x.shape[0], *q.shape)[0] == "scaled_mm":

@@ -1,25 +1,25 @@
-"""Triton kernels that emit a product's FP8 input directly: add + RMSNorm and SiLU * mul, each
-ending in the per-token e4m3 quantization `_scaled_mm` wants (one scale per row).
+"""Triton kernels that emit a product's FP8 input directly: add + RMSNorm ending in the per-token
+e4m3 quantization `_scaled_mm` wants (one scale per row), and SiLU * mul ending in a quantization per
+row and block of K values (the w8a8 split-K kernel's "blocks" form, `fp8.FED_KINDS`).
 
-With FP8 weights, a product of many rows runs `torch._scaled_mm` on e4m3 activations. Its input
-used to be written in bf16 by the norm (or SiLU * mul) kernel, then read again by the one-pass
-quantizer (`triton_fp8_fast.quantize_rows`): two launches and a round trip of the activations.
-Here the producing kernel rounds its result to the model's dtype exactly as the unfused kernel
-stores it, takes the row's absolute maximum and writes e4m3 values and the row's scale instead,
-so the numbers are the ones the separate quantizer would have produced from the stored result.
+With FP8 weights, a product of many rows runs on e4m3 activations. Its input used to be written in
+bf16 by the norm (or SiLU * mul) kernel, then read again by a separate quantizer
+(`triton_fp8_fast.quantize_rows`): two launches and a round trip of the activations. Here the
+producing kernel rounds its result to the model's dtype exactly as the unfused kernel stores it,
+takes the absolute maximum of the values one scale covers and writes e4m3 values and the scale
+instead, so the numbers are the ones the separate quantizer would have produced from the stored
+result. IEEE division (`div_rn`) and the exact e4m3 rounding of `triton_fp8_fast._round_to_e4m3`;
+both wait for the previous kernel under PDL, as the kernels around them do.
 
-Constructs as in the kernels already run on the device: one program per row, the norm's row in
-one block (`triton_fused._add_rms_norm_kernel`), the SiLU row in one block too up to
-MAX_ONE_BLOCK values (an 8B's 12,288: one load of the row, every value in registers), else walked
-twice in blocks (amax, then quantize; the second read comes from the cache, as in
-`triton_fp8_fast._quantize_rows_kernel`), IEEE division (`div_rn`) and the exact e4m3 rounding
-of `triton_fp8_fast._round_to_e4m3`. Both wait for the previous kernel under PDL, as the kernels
-around them do. Session 9 timed the SiLU kernel walking the row in blocks at 0.82-0.99x the
-unfused pair (64 programs streaming one block after another at 64 rows), session 14 the one-block
-form at 0.74-0.83x (1.02x at 64 rows; separate runs, so not a clean A/B of the two forms): the
-model fuses only the norms (`models.quantize.FUSED_PRODUCERS`).
+The norm runs one program a row, its row in one block (`triton_fused._add_rms_norm_kernel`). SiLU *
+mul runs one program a row and block of K, as the unfused `triton_fused.silu_mul` does (rows x I /
+1024 programs). Its first fused form, one scale a row, ran one program a row (64 at 64 rows,
+walking a 12,288-value row): sessions 9 and 14 timed it at 0.74-0.99x the unfused pair, and the
+model fused only the norms (`models.quantize.FUSED_PRODUCERS`). The per-block form keeps the
+unfused kernel's parallelism; it is not yet timed on the device (session 25).
 References: `onebit.kernels.fp8.add_rms_norm_quantize_ref` and `fp8.silu_mul_quantize_ref`.
 """
+
 
 from __future__ import annotations
 
@@ -62,52 +62,28 @@ def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight
     return q, scale, (res_out if residual is not None else None)
 
 
-MAX_ONE_BLOCK = 16384  # SiLU rows up to this many values are quantized from registers, one load each
-
-
 @triton.jit
-def _quantize_store(v, scale, q_ptr, cols, ok):
-    q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX))
-    tl.store(q_ptr + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _silu_mul_quantize_kernel(gu_ptr, q_ptr, s_ptr, n_cols, BLOCK: tl.constexpr, ONE_BLOCK: tl.constexpr,
-                              PDL: tl.constexpr = False):
+def _silu_mul_quantize_kernel(gu_ptr, q_ptr, s_ptr, n_cols, n_blocks, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    gu_row = gu_ptr + row * 2 * n_cols
-    q_row = q_ptr + row * n_cols
-    if ONE_BLOCK:
-        cols = tl.arange(0, BLOCK)
-        ok = cols < n_cols
-        v = _silu_mul_row(gu_row, cols, ok, n_cols).to(tl.float32)
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12), FP8_MAX)
-        tl.store(s_ptr + row, scale)
-        _quantize_store(v, scale, q_row, cols, ok)
-    else:
-        amax = tl.zeros((BLOCK,), dtype=tl.float32)
-        for k0 in range(0, n_cols, BLOCK):
-            cols = k0 + tl.arange(0, BLOCK)
-            amax = tl.maximum(amax, tl.abs(_silu_mul_row(gu_row, cols, cols < n_cols, n_cols).to(tl.float32)))
-        scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), FP8_MAX)
-        tl.store(s_ptr + row, scale)
-        for k0 in range(0, n_cols, BLOCK):  # computed again from the cached row rather than stored in between
-            cols = k0 + tl.arange(0, BLOCK)
-            ok = cols < n_cols
-            _quantize_store(_silu_mul_row(gu_row, cols, ok, n_cols).to(tl.float32), scale, q_row, cols, ok)
+    row, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    v = _silu_mul_row(gu_ptr + row * 2 * n_cols, cols, ok, n_cols).to(tl.float32)
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12), FP8_MAX)
+    tl.store(s_ptr + row * n_blocks + block, scale)
+    q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX))
+    tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
 
 
-def silu_mul_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q [T, I] e4m3, scale [T, 1] float32) with q * scale ~= silu(gate) * up, for a contiguous
-    [T, 2 I] gate_up = [gate | up]."""
+def silu_mul_quantize(gate_up: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [T, I] e4m3, scale [T, ceil(I / block)] float32) with each block of `block` values (a power of
+    two) of a row of q times its scale ~= silu(gate) * up there, for a contiguous [T, 2 I] gate_up =
+    [gate | up]: one program a row and block, as parallel as the unfused SiLU kernel."""
     rows, width = gate_up.shape
     n = width // 2
+    blocks = triton.cdiv(n, block)
     q = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=gate_up.device)
-    scale = torch.empty((rows, 1), dtype=torch.float32, device=gate_up.device)
-    one_block = n <= MAX_ONE_BLOCK
-    block = triton.next_power_of_2(n) if one_block else 2048
-    warps = 16 if block >= 8192 else 8 if block >= 2048 else 4
-    _silu_mul_quantize_kernel[(rows,)](gate_up, q, scale, n, BLOCK=block, ONE_BLOCK=one_block, num_warps=warps,
-                                       **pdl.options())
+    scale = torch.empty((rows, blocks), dtype=torch.float32, device=gate_up.device)
+    _silu_mul_quantize_kernel[(rows, blocks)](gate_up, q, scale, n, blocks, BLOCK=block,
+                                              num_warps=4 if block >= 1024 else 2, **pdl.options())
     return q, scale

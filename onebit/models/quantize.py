@@ -9,10 +9,10 @@ of its own: the embedding lookup keeps the run dtype.
 
 With FP8 products, the RMSNorms before the attention's qkv and the MLP's gate_up (and, if
 `FUSED_PRODUCERS` names it, the SiLU * mul before down) become their fused forms (`Fp8InputNorm`,
-`Fp8SwiGLU`): when the product
-takes e4m3 rows for the step's row count (`_scaled_mm` or the w8a8 split-K kernel, with
-`fp8.FUSE_QUANT`), they emit e4m3 rows and scales (`fp8.Fp8Rows`) in the
-same kernel, and no separate quantizer runs.
+`Fp8SwiGLU`): when the product takes e4m3 rows in the form its producer emits for the step's row
+count (`fp8.FED_KINDS`: a scale per row from the norms for `_scaled_mm` or the w8a8 split-K kernel, a
+scale per row and block from SiLU * mul for the split-K kernel's block form; with `fp8.FUSE_QUANT`),
+they emit e4m3 rows and scales (`fp8.Fp8Rows`) in the same kernel, and no separate quantizer runs.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ METHODS = ("fp8",)
 # The producers `fuse_input_quantization` fuses with the quantizer ("norm": the RMSNorms before qkv
 # and gate_up; "silu": SiLU * mul before down). Session 14 on the H200 (G31): add + RMSNorm +
 # quantize in one kernel ran 1.32-1.41x faster than the pair at 1-256 rows, SiLU * mul + quantize
-# 0.74-0.83x (1.02x at 64 rows; a 12,288-value row in one block's registers), and the fp8 engine
-# with both fused gained 2.2% at B=64 and lost 1.2% at B=256. So the norms only (still behind
-# `fp8.FUSE_QUANT`, on since session 15 measured it: B=64 +1.9%, B=256 flat).
+# (one scale a row then, one program a row) 0.74-0.83x (1.02x at 64 rows), and the fp8 engine with
+# both fused gained 2.2% at B=64 and lost 1.2% at B=256. So the norms only (still behind
+# `fp8.FUSE_QUANT`, on since session 15 measured it: B=64 +1.9%, B=256 flat). Session 25 rebuilt the
+# SiLU one with a scale per row and block, one program a block (its down product then runs the
+# split-K kernel's block form); not yet measured, so not yet named here.
 FUSED_PRODUCERS = ("norm",)
 
 
@@ -43,7 +45,9 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight_scale", scale)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.out_features, self.in_features = qweight.shape
-        self.quantized_input = False  # set when the producer of x emits e4m3 rows (`fuse_input_quantization`)
+        # The form of e4m3 rows the producer of x emits ("rows", "blocks"; `fuse_input_quantization`),
+        # "" when x always arrives in the model's dtype.
+        self.fed = ""
 
     @classmethod
     def from_linear(cls, layer: nn.Linear) -> "Fp8Linear":
@@ -58,12 +62,12 @@ class Fp8Linear(nn.Module):
 
     def takes_quantized_rows(self, rows: int, device: torch.device) -> bool:
         """Whether this product, fed by a fusing producer, wants `fp8.Fp8Rows` for this many rows."""
-        return self.quantized_input and fp8.takes_quantized_rows(rows, self.out_features, self.in_features,
-                                                                 self.bias is not None, device)
+        return bool(self.fed) and fp8.takes_quantized_rows(rows, self.out_features, self.in_features,
+                                                           self.bias is not None, device, self.fed)
 
     def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor:
         """x @ (qweight * scale).T + bias (x in the model's dtype, or rows already in e4m3)."""
-        return fp8.linear(x, self.qweight, self.weight_scale, self.bias, self.quantized_input)
+        return fp8.linear(x, self.qweight, self.weight_scale, self.bias, self.fed)
 
 
 class Fp8InputNorm(RMSNorm):
@@ -82,7 +86,7 @@ class Fp8InputNorm(RMSNorm):
 
 class Fp8SwiGLU(SwiGLU):
     """A SwiGLU MLP with FP8 products: for the row counts its down product takes e4m3
-    rows at, SiLU * mul emits e4m3 rows and scales in one kernel."""
+    rows with a scale per row and block at, SiLU * mul emits them in one kernel."""
 
     def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor:
         """down(silu(gate(x)) * up(x))."""
@@ -97,9 +101,10 @@ def fp8_layers(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor, 
     return {name: (m.qweight, m.weight_scale, m.bias) for name, m in model.named_modules() if isinstance(m, Fp8Linear)}
 
 
-def quantized_input_layers(model: nn.Module) -> set[str]:
-    """The names of the `Fp8Linear`s whose producer emits e4m3 rows (for `fp8.calibrate`)."""
-    return {name for name, m in model.named_modules() if isinstance(m, Fp8Linear) and m.quantized_input}
+def fed_layers(model: nn.Module) -> dict[str, str]:
+    """The `Fp8Linear`s whose producer emits e4m3 rows, by name: the form it emits ("rows", "blocks";
+    for `fp8.calibrate`)."""
+    return {name: m.fed for name, m in model.named_modules() if isinstance(m, Fp8Linear) and m.fed}
 
 
 def fuse_input_quantization(model: nn.Module) -> int:
@@ -117,11 +122,11 @@ def fuse_input_quantization(model: nn.Module) -> int:
             if "norm" in FUSED_PRODUCERS and type(norm) is RMSNorm and isinstance(product, Fp8Linear):
                 norm.__class__ = Fp8InputNorm
                 object.__setattr__(norm, "consumer", product)  # not registered as a second parent of it
-                product.quantized_input = True
+                product.fed = "rows"
                 fed += 1
         if "silu" in FUSED_PRODUCERS and type(mlp) is SwiGLU and isinstance(mlp.down_proj, Fp8Linear):
             mlp.__class__ = Fp8SwiGLU
-            mlp.down_proj.quantized_input = True
+            mlp.down_proj.fed = "blocks"
             fed += 1
     return fed
 
