@@ -7,7 +7,7 @@
 #
 # Sourcing starts the clock (T0) and sets the globals below; it runs nothing else, changes no
 # shell option and reads no environment variable: the scripts keep their own (WHEELS, PY, ...).
-# Safe under `set -u`.
+# Safe under `set -u`. Most scripts then call `start_script` (OUT, the wheels, Python's output).
 
 DEVICE_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 WHEEL_DIR=.whl       # what tools/device_wheels.sh writes, relative to the working directory
@@ -56,6 +56,16 @@ install_wheels() {
     # for the caller's `install_wheels || exit 1`.
     pip_install_wheels python3 || return
     export PYTHONPATH=$WHEEL_SITE:$PWD
+}
+
+start_script() {
+    # The common start of a device script, after `set -u` and sourcing this library: OUT (/tmp/out
+    # unless set) made, the wheels installed (the script exits when that fails), Python's output
+    # unbuffered and progress bars off.
+    OUT=${OUT:-/tmp/out}
+    mkdir -p "$OUT"
+    install_wheels || exit 1
+    export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 }
 
 install_wheels_if_carried() {

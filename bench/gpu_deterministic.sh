@@ -5,9 +5,6 @@
 # Usage: OUT=DIR bash bench/gpu_deterministic.sh
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+start_script
 python3 bench/gpu_deterministic.py --out "$OUT" > "$OUT/deterministic.log" 2>&1 || tail -40 "$OUT/deterministic.log"
 cat "$OUT/deterministic.md" 2>/dev/null

@@ -14,10 +14,7 @@
 # 64 rows, us and the kind), the engine by tok/s (its runs spread 5-7% within a side).
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+start_script
 say "1: FP8 tests on the GPU"
 run_gpu_tests tests/test_fp8_fast.py "$OUT/pytest-fp8-fast.txt" 240 || exit 1
 run_gpu_tests tests/test_fp8_head_fused.py "$OUT/pytest-fp8-fused.txt" 240 || exit 1

@@ -17,13 +17,10 @@
 # Environment: TYPES, ROWS, CONFIGS, RUNS (new,old,new), OUT.
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
 ROWS=${ROWS:-8,16,32,64}
 CONFIGS=${CONFIGS:-f16s-n128-p256,f16s-n128-p512,f16s-n64-p512,f16s-n128,int-n64-g1-s3,int-n64-g1-s3-p256,g16-n128-s1-p256,g16-n64-p512,g16-n64-p256,g16-n64-s1-p512}
-mkdir -p "$OUT"
 [[ -d .ab/old ]] || { echo "no .ab/old: put the old side's table there (see the header)"; exit 1; }
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+start_script
 say "1: g16 tests on the GPU"
 run_gpu_tests tests/test_gguf_g16.py "$OUT/pytest-g16.txt" 200 || exit 1
 say "2: sweep, merge, engine A/B"

@@ -16,13 +16,10 @@
 # ENGINE=0 NCU=0 G26=1 FP8=1.
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
 TYPES=${TYPES:-Q4_K,Q6_K}
 CONFIGS=${CONFIGS:-h2-n64-t2-s1,h2-n128-t1-s1,h2-n64-t2-s0,h2-n128-t1-s0,h2-n64-t2-s0-p1024,h2-n64-t2-s0-p256,h2-n64-t2-p256}
 NCU_CONFIGS=${NCU_CONFIGS:-Q6_K:h2-n64-t2-s1,Q6_K:h2-n128-t1-s1,Q6_K:fma-n16-g2-s3-p256}
-mkdir -p "$OUT"
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+start_script
 say "1: tests on the GPU"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gguf_h2.py > "$OUT/pytest.txt" 2>&1
 tail -1 "$OUT/pytest.txt"

@@ -9,12 +9,9 @@
 # Run from the repo root with .whl carried:  OUT=DIR [REQUESTS=512] [PROFILE=1] [QUANTIZE=fp8] bash bench/gpu_host_overhead.sh
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
 REQUESTS=${REQUESTS:-512}
 QUANT_ARGS=${QUANTIZE:+--quantize $QUANTIZE}
-mkdir -p "$OUT"
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+start_script
 python3 bench/make_shape_model.py /tmp/qwen3-8b-shape --fill-vocab > /dev/null || exit 1
 python3 bench/host_profile.py -m /tmp/qwen3-8b-shape --load-format dummy --device cuda --concurrency 64 \
   --requests "$REQUESTS" --prompt-tokens 128 --max-tokens 128 --ctx-size 1024 --max-batch-tokens 8192 $QUANT_ARGS \

@@ -7,10 +7,8 @@
 # warp stall reasons; the whole ncu report of each spec lands in $OUT/ncu-N.txt.
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
 SPECS=${SPECS:-"gate_up_proj 64 Q4_K:f16s-n128-p256;o_proj 64 Q4_K:int-n64-g1-p256,Q4_K:f16s-n64-p256;o_proj 8 Q4_K:int-n64-g1-s3,Q4_K:f16s-n128-p512;gate_up_proj 8 Q4_K:f16s-n128-p512"}
-mkdir -p "$OUT"
-install_wheels || exit 1
+start_script
 command -v ncu > /dev/null || { echo "ncu: not on this machine"; exit 1; }
 i=0
 IFS=';' read -ra items <<< "$SPECS"

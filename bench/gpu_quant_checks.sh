@@ -15,12 +15,9 @@
 # own time limit; the tables are printed last, the logs are in $OUT.
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
 PARTS=${PARTS:-ABC}
 CONFIGS=${CONFIGS:-fma-n64-g2,fma-n64-g2-p512,fma-n16-g2-s3-p256,i8-n32-g4-s1}
-mkdir -p "$OUT"
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+start_script
 if [[ $PARTS == *A* ]]; then
     say "A: 1-row sweep"
     timeout 150 python3 bench/gpu_gguf_repacked.py --out "$OUT/one_row" --rows 1 --types Q4_K,Q8_0,Q6_K \

@@ -6,10 +6,7 @@ set -u
 . "$(dirname "$0")/device_lib.sh"
 CONC=${1:-1,8,32,64}
 shift || true
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1
+start_script
 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py > "$OUT/kernels.log" 2>&1
 tail -3 "$OUT/kernels.log"
 python3 bench/make_shape_model.py /tmp/qwen3-8b-shape > /dev/null

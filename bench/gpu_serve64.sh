@@ -7,10 +7,7 @@
 # Run from the repo root with .whl carried:  OUT=DIR [VARIANTS="--no-overlap"] bash bench/gpu_serve64.sh [LEVELS]
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+start_script
 python3 bench/make_shape_model.py /tmp/qwen3-8b-shape --fill-vocab > /dev/null || exit 1
 SERVE="-m /tmp/qwen3-8b-shape --load-format dummy --device cuda --parallel 64 --ctx-size 1024 --max-batch-tokens 8192"
 for extra in "" ${VARIANTS:---no-overlap}; do

@@ -8,10 +8,7 @@
 # Usage: OUT=DIR bash bench/gpu_spec.sh   (DETERMINISTIC=1: the oracle table with --deterministic)
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+start_script
 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_cuda_graph_inputs.py > "$OUT/tests.log" 2>&1
 tail -2 "$OUT/tests.log"
 python3 bench/gpu_spec.py --out "$OUT" ${DETERMINISTIC:+--deterministic} > "$OUT/spec.log" 2>&1 || tail -30 "$OUT/spec.log"

@@ -8,12 +8,9 @@
 # Run from the repo root with .whl carried (tools/device_wheels.sh):  OUT=DIR bash bench/gpu_tables.sh
 set -u
 . "$(dirname "$0")/device_lib.sh"
-OUT=${OUT:-/tmp/out}
 LEVELS=${LEVELS:-1,2,4,8,12,16,24,32,64}
 MTP_LEVELS=${MTP_LEVELS:-1,4,8,16,64}
-mkdir -p "$OUT"
-install_wheels || exit 1
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+start_script
 python3 bench/make_shape_model.py /tmp/qwen3-8b-shape --fill-vocab > /dev/null || exit 1
 BASE="-m /tmp/qwen3-8b-shape --load-format dummy --device cuda --ctx-size 1024 --max-batch-tokens 8192"
 run() {  # label, levels, serve args

@@ -25,8 +25,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 LIB = REPO / "bench" / "device_lib.sh"
-PLAIN_SCRIPTS = ["gpu_deterministic.sh", "gpu_host_overhead.sh", "gpu_quant_checks.sh", "gpu_serve.sh",
-                 "gpu_serve64.sh", "gpu_spec.sh", "gpu_tables.sh"]
+# The scripts whose first step is `start_script` (OUT, the wheels, Python's output).
+PLAIN_SCRIPTS = ["gpu_deterministic.sh", "gpu_fp8_blocks.sh", "gpu_h2.sh", "gpu_host_overhead.sh", "gpu_ncu_rows.sh",
+                 "gpu_quant_checks.sh", "gpu_serve.sh", "gpu_serve64.sh", "gpu_spec.sh", "gpu_tables.sh"]
 PY = sys.executable
 
 
@@ -96,6 +97,28 @@ def test_install_wheels_fails_without_wheels_and_keeps_pythonpath(tmp_path):
     assert pythonpath == "PP=before"
     assert ".whl/*.whl" in done.stderr  # pip's own complaint, as the scripts always showed it
     assert not (tmp_path / "site").exists()
+
+
+def test_start_script_makes_out_installs_and_exports(tmp_path):
+    write_wheel(tmp_path / ".whl")
+    done = bash(f'WHEEL_SITE="{tmp_path}/site"\nstart_script\necho "OUT=$OUT"; ls -d "$OUT"\n'
+                'python3 -c "import os, demo_pkg; print(demo_pkg.VALUE, os.environ[\'PYTHONUNBUFFERED\'], '
+                'os.environ[\'TQDM_DISABLE\'])"', tmp_path, env={"OUT": f"{tmp_path}/given"})
+    assert done.returncode == 0, done.stderr
+    assert lines(done.stdout) == [f"OUT={tmp_path}/given", f"{tmp_path}/given", "42 1 1"]
+
+
+def test_start_script_exits_the_script_without_wheels(tmp_path):
+    done = bash(f'WHEEL_SITE="{tmp_path}/site"\nstart_script\necho "still here"', tmp_path,
+                env={"OUT": f"{tmp_path}/out"})
+    assert done.returncode == 1 and "still here" not in done.stdout
+
+
+def test_the_start_of_a_device_script_lives_only_in_the_library():
+    scripts = sorted((REPO / "bench").glob("*.sh")) + sorted((REPO / "bench" / "peers").glob("*.sh"))
+    holders = [p.name for p in scripts if "\ninstall_wheels || exit 1\n" in p.read_text()]
+    assert holders == []
+    assert [p.name for p in scripts if "\nstart_script\n" in p.read_text()] == sorted(PLAIN_SCRIPTS + ["gpu_g16.sh"])
 
 
 @pytest.mark.parametrize("script", PLAIN_SCRIPTS)
