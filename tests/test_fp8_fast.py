@@ -246,6 +246,25 @@ def test_calibrated_linear_matches_its_reference_on_the_gpu(clean_choices):
         assert ((got - want).norm() / want.norm()).item() < 1e-2, (m, kind)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="calibration times the kernels in CUDA graphs")
+def test_a_product_fed_block_scaled_rows_calibrates_and_runs_them_on_the_gpu(clean_choices):
+    _, q, scale, b = _case(1, 256, 1024, True, seed=10, dtype=torch.bfloat16)
+    fp8.calibrate({"down": (q, scale, b)}, [16, 64], fed={"down": "blocks"})
+    assert [m for m, _ in fp8._CHOSEN_QUANTIZED_INPUT[(256, 1024, True, "blocks")]] == [16, 64]
+    assert "e4m3 blocks 256x1024" in fp8.picks()
+    for m in (16, 40, 64):
+        x, _, _, _ = _case(m, 256, 1024, True, seed=m, dtype=torch.bfloat16)
+        rows = fp8.Fp8Rows(*triton_fast.quantize_row_blocks(x, fp8.ACTIVATION_BLOCK), x.dtype, fp8.ACTIVATION_BLOCK)
+        got = fp8.linear(rows, q, scale, b, "blocks").float()
+        kind, _ = fp8.choice_for(m, 256, 1024, True, "blocks")
+        assert fp8.takes_quantized_rows(m, 256, 1024, True, x.device, "blocks") == (kind == fp8.BLOCK_W8A8_KIND)
+        if kind == fp8.BLOCK_W8A8_KIND:  # the block form on the rows as they came
+            want, tolerance = fp8.w8a8_blocks_ref(x.float(), q, scale, b), 2e-3
+        else:  # never asked for by a producer; the rows' values through the chosen kind
+            want, tolerance = fp8.weight_only_ref(x.float(), q, scale, b), 5e-2
+        assert ((got - want).norm() / want.norm()).item() < tolerance, (m, kind)
+
+
 # Block-scaled weights (published FP8 checkpoints), (rows, N, K, block, bias, config): one row with
 # a K tile of four block columns (summed per block, then scaled) and of exactly one; N not a
 # multiple of the block rows; K past the last whole tile; tensor-core row tiles one block column

@@ -257,3 +257,52 @@ def test_the_cublaslt_switch_restores_the_preferred_library():
             assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
             raise ValueError("inside")
     assert torch.backends.cuda.preferred_blas_library() == before
+
+
+@pytest.mark.parametrize("m,n,k,bias,config", [(1, 37, 300, False, (16, 32, 256, 2, 4)),
+                                               (5, 64, 1000, True, (16, 64, 128, 4, 4)),
+                                               (24, 70, 520, True, (64, 64, 128, 2, 4))])
+def test_split_k_on_gate_up_rows_is_the_product_after_the_silu_kernel_bit_for_bit(m, n, k, bias, config):
+    from onebit.kernels import triton_fused
+
+    g = torch.Generator().manual_seed(m + n + k)
+    gate_up = (torch.randn(m, 2 * k, generator=g) * 2).to(DEVICE)
+    _, weight, b = _case(1, n, k, bias, seed=m * k)
+    after_silu = triton_gemv.split_k_matmul(triton_fused.silu_mul(gate_up), weight, b, config)
+    got = triton_gemv.split_k_matmul(gate_up, weight, b, config, gated=True)
+    assert torch.equal(got, after_silu)
+    with pytest.raises(ValueError, match="gate | up"):
+        triton_gemv.split_k_matmul(gate_up[:, :k + 1], weight, b, config, gated=True)
+
+
+def test_silu_mul_linear_fuses_only_where_split_k_was_chosen_and_asked(monkeypatch):
+    """`gemv.silu_mul_linear` with SILU_INTO_DOWN: the gated split-K kernel at the row counts whose
+    calibrated choice is split-K; the SiLU kernel and `linear` at the others and with the switch off.
+    The model's SwiGLU goes through it (and a down product of another class does not)."""
+    from onebit.models.layers import SwiGLU
+
+    ran = []
+    real = triton_gemv.split_k_matmul
+    def recorded(x, w, b, config, gated=False):
+        ran.append((x.shape[0], gated))
+        return real(x, w, b, config, gated)
+
+    monkeypatch.setattr(triton_gemv, "split_k_matmul", recorded)
+    monkeypatch.setitem(triton_gemv.KERNELS, "split_k", recorded)
+    mlp = SwiGLU(64, 96, bias=False).to(DEVICE)
+    torch.nn.init.normal_(mlp.gate_up_proj.weight)
+    torch.nn.init.normal_(mlp.down_proj.weight)
+    w = mlp.down_proj.weight
+    config = triton_gemv.FEW_ROW_SPLIT_K_CONFIGS[1]
+    monkeypatch.setattr(gemv, "_CHOSEN", {(DEVICE, 2, 64, 96, w.dtype, False): ("split_k", config)})
+    x = {m: torch.randn(m, 64, generator=torch.Generator().manual_seed(m)).to(DEVICE) for m in (2, 3)}
+    with torch.no_grad():
+        plain = {m: mlp(x[m]) for m in (2, 3)}  # the switch off: split-K on silu_mul's rows at 2, F.linear at 3
+        assert ran == [(2, False)]
+        monkeypatch.setattr(gemv, "SILU_INTO_DOWN", True)
+        ran.clear()
+        fused = {m: mlp(x[m]) for m in (2, 3)}
+    assert ran == [(2, True)]
+    assert torch.equal(fused[3], plain[3])
+    # on the CPU the unfused SiLU is torch's reference, not the kernel the gated loads match bit for bit
+    torch.testing.assert_close(fused[2], plain[2], rtol=1e-5, atol=1e-5)
