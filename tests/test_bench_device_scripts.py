@@ -186,16 +186,9 @@ def test_the_g16_call_times_its_launches_beside_every_shipped_pick_of_its_types(
 
 
 def test_the_fp8_blocks_call_makes_its_sides_from_lines_that_exist():
-    """bench/gpu_fp8_blocks.sh makes side "old" by deleting fp8.candidates' line that adds the block
-    form and side "silu" by rewriting `FUSED_PRODUCERS`: both lines must be there as it spells them."""
-    import re
-
+    """bench/gpu_fp8_blocks.sh makes its sides by rewriting three lines as the sources spell them."""
     script = (ROOT / "bench/gpu_fp8_blocks.sh").read_text()
-    pattern = re.search(r"BLOCK_CANDIDATES='(.+)'", script)[1]
-    fp8_source = (ROOT / "onebit/kernels/fp8.py").read_text().splitlines()
-    # the script's pattern is a sed basic regex: \[ is a bracket, (, ) and + are themselves
-    python_pattern = pattern.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")
-    assert sum(bool(re.match(python_pattern, line)) for line in fp8_source) == 1
-    quantize_source = (ROOT / "onebit/models/quantize.py").read_text().splitlines()
-    assert quantize_source.count('FUSED_PRODUCERS = ("norm",)') == 1
-    assert """s/^FUSED_PRODUCERS = ("norm",)$/FUSED_PRODUCERS = ("norm", "silu")/""" in script
+    for path, line in (("onebit/kernels/fp8.py", "BLOCK_FORM = False"), ("onebit/kernels/triton_fp8_fast.py", "WIDE = False"),
+                       ("onebit/models/quantize.py", 'FUSED_PRODUCERS = ("norm",)')):
+        assert (ROOT / path).read_text().splitlines().count(line) == 1, (path, line)
+        assert f"s/^{line}$/" in script, line

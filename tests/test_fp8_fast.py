@@ -55,7 +55,9 @@ W8A8_CASES = [(16, 70, 640, True, (64, 64, 256, 2, 4)), (5, 48, 768, False, (64,
               (64, 80, 300, True, (64, 64, 128, 4, 4)), (40, 130, 1024, True, (64, 128, 128, 2, 4, 5))]
 
 
-def test_every_w8a8_candidate_runs_on_a_small_product():
+def test_every_w8a8_candidate_runs_on_a_small_product(monkeypatch):
+    monkeypatch.setattr(triton_fast, "WIDE", True)  # the unmeasured wide tiles too
+    assert set(triton_fast.W8A8_WIDE_CONFIGS) <= set(triton_fast.w8a8_candidates(64))
     x, q, scale, b = _case(64, 40, 512, True, seed=7)  # 40 columns: a partial 32- and 64-column tile
     want = fp8.w8a8_ref(x, q, scale, b)
     xq, xs = triton_fast.quantize_rows(x)
@@ -169,13 +171,15 @@ def test_split_k_on_row_block_scales_matches_its_reference(m, n, k, bias, config
     assert ((got - fp8.w8a8_ref(x, q, scale, b)).norm() / want.norm()).item() > 1e-4
 
 
-def test_split_k_refuses_row_block_scales_that_do_not_fit():
+def test_split_k_refuses_row_block_scales_that_do_not_fit(monkeypatch):
     x, q, scale, _ = _case(16, 32, 1024, False, seed=3)
     xq, xs = triton_fast.quantize_row_blocks(x, 256)
     with pytest.raises(ValueError, match="do not fit"):  # a K tile longer than the block
         triton_fast.split_k(xq, q, scale, None, (64, 32, 512, 1, 4), x_scale=xs, out_dtype=x.dtype, x_block=256)
     with pytest.raises(ValueError, match="do not fit"):  # scales of another block size
         triton_fast.split_k(xq, q, scale, None, (64, 32, 128, 1, 4), x_scale=xs, out_dtype=x.dtype, x_block=512)
+    assert fp8.BLOCK_W8A8_KIND not in {kind for kind, _ in fp8.candidates(64, 4096, 4096)}  # off until measured
+    monkeypatch.setattr(fp8, "BLOCK_FORM", True)
     kinds = [kind for kind, config in fp8.candidates(64, 4096, 4096)]
     assert kinds.count(fp8.BLOCK_W8A8_KIND) == kinds.count("split_k_w8a8") > 0
     assert fp8.BLOCK_W8A8_KIND not in {kind for kind, _ in fp8.candidates(8, 4096, 4096)}
@@ -247,7 +251,8 @@ def test_calibrated_linear_matches_its_reference_on_the_gpu(clean_choices):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="calibration times the kernels in CUDA graphs")
-def test_a_product_fed_block_scaled_rows_calibrates_and_runs_them_on_the_gpu(clean_choices):
+def test_a_product_fed_block_scaled_rows_calibrates_and_runs_them_on_the_gpu(clean_choices, monkeypatch):
+    monkeypatch.setattr(fp8, "BLOCK_FORM", True)
     _, q, scale, b = _case(1, 256, 1024, True, seed=10, dtype=torch.bfloat16)
     fp8.calibrate({"down": (q, scale, b)}, [16, 64], fed={"down": "blocks"})
     assert [m for m, _ in fp8._CHOSEN_QUANTIZED_INPUT[(256, 1024, True, "blocks")]] == [16, 64]

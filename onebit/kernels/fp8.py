@@ -76,9 +76,11 @@ W8A8_KINDS = ("scaled_mm", "scaled_mm_torch", "split_k_w8a8")
 # The kind that quantizes them per row and block of ACTIVATION_BLOCK values (reference `w8a8_blocks_ref`).
 # Session 25's step profile: at 64 rows the per-row quantizer in front of o and down took 0.27 ms of a
 # 4.47 ms FP8 step (72 launches of 3.7 us, each program walking a 4,096- or 12,288-value row twice).
-# Built after that session's device time ran out: calibration times it beside "split_k_w8a8" (same
-# configs) and takes it only where it is faster.
+# Built after that session's device time ran out: with BLOCK_FORM the calibration times it beside
+# "split_k_w8a8" (same configs) and takes it only where it is faster. Off until measured (each config
+# adds to the start-up); bench/gpu_fp8_blocks.sh switches it on in one side of its A/B.
 BLOCK_W8A8_KIND = "split_k_w8a8_blocks"
+BLOCK_FORM = False
 ACTIVATION_BLOCK = 512  # a multiple of every w8a8 config's BLOCK_K, so no K tile spans two blocks
 
 # The kinds that take e4m3 rows from a fusing producer (`Fp8Rows`) instead of quantizing their own, by
@@ -349,7 +351,8 @@ def candidates(rows: int, n: int, k: int) -> list[tuple[str, tuple | None]]:
     if rows >= 16 and n % 16 == 0 and k % 16 == 0:
         out.append(("scaled_mm", None))
     out += [("split_k_w8a8", c) for c in triton_fp8_fast.w8a8_candidates(rows)]
-    out += [(BLOCK_W8A8_KIND, c) for c in triton_fp8_fast.w8a8_candidates(rows) if ACTIVATION_BLOCK % c[2] == 0]
+    if BLOCK_FORM:
+        out += [(BLOCK_W8A8_KIND, c) for c in triton_fp8_fast.w8a8_candidates(rows) if ACTIVATION_BLOCK % c[2] == 0]
     return out
 
 
