@@ -10,8 +10,11 @@
 # $OUT/SIDE-I.json (old-2.json, ...); a table of decode tok/s per run, then each side's mean and range, is
 # printed last. Session 21 ran it for the unrolled prepare_x and norm loops (7546150: kept) and the
 # prepared-rows shape picks (kept).
+# A side may also be a module switch turned on (no folder needed): SWITCHES=SIDE:PATH:NAME[,...] makes the
+# line `NAME = False` of PATH read `NAME = True` in SIDE's tree (after its folder, if it has one), e.g.
+#   SWITCHES=on:onebit/kernels/gemv.py:SILU_INTO_DOWN RUNS=new,on,new,on bash bench/gpu_file_ab.sh
 # Environment: RUNS (side names: letters, digits, _), RUN_ARGS (--runs q4km-packed --batches 8,64), AB_DIR
-# (the folders' parent, .ab), OLD (the folder of side "old", AB_DIR/old), WHEELS (1), OUT. A CPU try of the
+# (the folders' parent, .ab), OLD (the folder of side "old", AB_DIR/old), SWITCHES, WHEELS (1), OUT. A CPU try of the
 # mechanics (tests/test_bench_device_scripts.py runs one):
 #   PATH=$PWD/.venv/bin:$PATH WHEELS=0 RUNS=new,old
 #   RUN_ARGS="--runs q4km-packed --batches 1 --shape qwen3-tiny --device cpu" bash bench/gpu_file_ab.sh
@@ -22,15 +25,22 @@ RUNS=${RUNS:-new,old,new,old}
 RUN_ARGS=${RUN_ARGS:---runs q4km-packed --batches 8,64}
 AB_DIR=${AB_DIR:-.ab}
 OLD=${OLD:-$AB_DIR/old}
+SWITCHES=${SWITCHES:-}
 mkdir -p "$OUT"
 IFS=',' read -ra sides <<< "$RUNS"
 mapfile -t distinct < <(printf '%s\n' "${sides[@]}" | sort -u)
 overlay() {  # the folder laid over the tree for side $1
     if [[ $1 == old ]]; then echo "$OLD"; else echo "$AB_DIR/$1"; fi
 }
+IFS=',' read -ra switches <<< "$SWITCHES"
+switched() {  # whether side $1 turns a switch on
+    local entry
+    for entry in "${switches[@]}"; do [[ ${entry%%:*} == "$1" ]] && return 0; done
+    return 1
+}
 for side in "${distinct[@]}"; do
     [[ $side =~ ^[A-Za-z0-9_]+$ ]] || { echo "side name \"$side\": letters, digits and _ only"; exit 1; }
-    [[ $side == new || -d $(overlay "$side") ]] || {
+    [[ $side == new || -d $(overlay "$side") ]] || switched "$side" || {
         echo "no $(overlay "$side") for side $side: put its versions of the files there (see the header)"; exit 1; }
 done
 if [[ ${WHEELS:-1} == 1 ]]; then install_wheels || exit 1; fi  # WHEELS=0: a CPU try in the venv
@@ -39,8 +49,18 @@ TREES=$(mktemp -d)  # the other sides' trees
 for side in "${distinct[@]}"; do
     [[ $side == new ]] && continue
     tree=$TREES/$side
-    rm -rf "$tree" && mkdir -p "$tree" && cp -r onebit bench tests tools "$tree"/ && cp -r "$(overlay "$side")"/. "$tree"/
-    say "$side tree: $(cd "$(overlay "$side")" && find . -type f | tr '\n' ' ')"
+    rm -rf "$tree" && mkdir -p "$tree" && cp -r onebit bench tests tools "$tree"/
+    if [[ -d $(overlay "$side") ]]; then
+        cp -r "$(overlay "$side")"/. "$tree"/
+        say "$side tree: $(cd "$(overlay "$side")" && find . -type f | tr '\n' ' ')"
+    fi
+    for entry in "${switches[@]}"; do
+        IFS=':' read -r owner path name <<< "$entry"
+        [[ $owner == "$side" ]] || continue
+        sed -i "s/^$name = False\$/$name = True/" "$tree/$path"
+        grep -q "^$name = True\$" "$tree/$path" || { echo "side $side: no line \"$name = False\" in $path"; exit 1; }
+        say "$side tree: $path with $name = True"
+    done
 done
 i=0
 for side in "${sides[@]}"; do

@@ -19,20 +19,18 @@ say "1: FP8 tests on the GPU"
 run_gpu_tests tests/test_fp8_fast.py "$OUT/pytest-fp8-fast.txt" 240 || exit 1
 run_gpu_tests tests/test_fp8_head_fused.py "$OUT/pytest-fp8-fused.txt" 240 || exit 1
 say "2: engine A/B"
-AB=$(mktemp -d)
-for side in blocks silu; do
-    mkdir -p "$AB/$side/onebit/kernels"
-    sed 's/^BLOCK_FORM = False$/BLOCK_FORM = True/' onebit/kernels/fp8.py > "$AB/$side/onebit/kernels/fp8.py"
-    sed 's/^WIDE = False$/WIDE = True/' onebit/kernels/triton_fp8_fast.py > "$AB/$side/onebit/kernels/triton_fp8_fast.py"
-done
+AB=$(mktemp -d)  # side silu's folder: FUSED_PRODUCERS; the switches of both sides by SWITCHES
 mkdir -p "$AB/silu/onebit/models"
 sed 's/^FUSED_PRODUCERS = ("norm",)$/FUSED_PRODUCERS = ("norm", "silu")/' onebit/models/quantize.py \
     > "$AB/silu/onebit/models/quantize.py"
-grep -q '^BLOCK_FORM = True$' "$AB/silu/onebit/kernels/fp8.py" && grep -q '^WIDE = True$' "$AB/silu/onebit/kernels/triton_fp8_fast.py" \
-    && grep -q '^FUSED_PRODUCERS = ("norm", "silu")$' "$AB/silu/onebit/models/quantize.py" \
-    || { echo "could not make the sides (BLOCK_FORM, WIDE, FUSED_PRODUCERS)"; exit 1; }
-WHEELS=0 AB_DIR=$AB RUNS=${RUNS:-blocks,new,silu} RUN_ARGS=${RUN_ARGS:---runs fp8 --batches 32,64} OUT=$OUT \
-    timeout 450 bash bench/gpu_file_ab.sh
+grep -q '^FUSED_PRODUCERS = ("norm", "silu")$' "$AB/silu/onebit/models/quantize.py" || {
+    echo "could not make side silu (FUSED_PRODUCERS)"; exit 1; }
+SWITCHES=""
+for side in blocks silu; do
+    SWITCHES+="${SWITCHES:+,}$side:onebit/kernels/fp8.py:BLOCK_FORM,$side:onebit/kernels/triton_fp8_fast.py:WIDE"
+done
+WHEELS=0 AB_DIR=$AB SWITCHES=$SWITCHES RUNS=${RUNS:-blocks,new,silu} RUN_ARGS=${RUN_ARGS:---runs fp8 --batches 32,64} \
+    OUT=$OUT timeout 450 bash bench/gpu_file_ab.sh
 rm -rf "$OUT"/run-* "$AB"
 for f in "$OUT"/*-[0-9]*.json; do  # each run's record (gpu_file_ab.sh): o's and down's calibration lines
     python3 - "$f" <<'PY'

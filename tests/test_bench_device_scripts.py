@@ -158,6 +158,14 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     assert {p.name for p in (tmp_path / "out").glob("*.json")} == {"new-1.json", "old-2.json"}
     run = json.loads((tmp_path / "out" / "new-1.json").read_text())["Q4_K_M packed"]
     assert run["calibration"] == [] and run["decode_tok_s"]["1"] > 0  # the CPU calibrates nothing
+    switched = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/gemv.py:SILU_INTO_DOWN"})
+    assert switched.returncode == 0, switched.stderr[-2000:]
+    assert "on tree: onebit/kernels/gemv.py with SILU_INTO_DOWN = True" in switched.stdout
+    assert "| on-1 | Q4_K_M packed |" in switched.stdout
+    no_line = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/gemv.py:NO_SUCH_SWITCH"})
+    assert no_line.returncode == 1 and 'side on: no line "NO_SUCH_SWITCH = False"' in no_line.stdout
     missing = ab("new,alt")
     assert missing.returncode == 1 and "no " + str(tmp_path / "ab" / "alt") + " for side alt" in missing.stdout
     bad = ab("new,old-2")
@@ -186,9 +194,11 @@ def test_the_g16_call_times_its_launches_beside_every_shipped_pick_of_its_types(
 
 
 def test_the_fp8_blocks_call_makes_its_sides_from_lines_that_exist():
-    """bench/gpu_fp8_blocks.sh makes its sides by rewriting three lines as the sources spell them."""
+    """bench/gpu_fp8_blocks.sh makes its sides by switching two flags (gpu_file_ab.sh's SWITCHES) and
+    rewriting `FUSED_PRODUCERS`: the lines must be there as the script spells them."""
     script = (ROOT / "bench/gpu_fp8_blocks.sh").read_text()
-    for path, line in (("onebit/kernels/fp8.py", "BLOCK_FORM = False"), ("onebit/kernels/triton_fp8_fast.py", "WIDE = False"),
-                       ("onebit/models/quantize.py", 'FUSED_PRODUCERS = ("norm",)')):
-        assert (ROOT / path).read_text().splitlines().count(line) == 1, (path, line)
-        assert f"s/^{line}$/" in script, line
+    for path, name in (("onebit/kernels/fp8.py", "BLOCK_FORM"), ("onebit/kernels/triton_fp8_fast.py", "WIDE")):
+        assert (ROOT / path).read_text().splitlines().count(f"{name} = False") == 1, (path, name)
+        assert f"$side:{path}:{name}" in script
+    assert (ROOT / "onebit/models/quantize.py").read_text().splitlines().count('FUSED_PRODUCERS = ("norm",)') == 1
+    assert """s/^FUSED_PRODUCERS = ("norm",)$/FUSED_PRODUCERS = ("norm", "silu")/""" in script
