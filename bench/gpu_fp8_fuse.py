@@ -7,9 +7,9 @@
    `add_rms_norm` + the one-pass quantizer, SiLU * mul + quantize against `silu_mul` + the quantizer.
 2. Engine decode tok/s (graphs, overlap, PDL; 128 + 128 tokens) at --batches: bf16; fp8 (FP8
    head) as shipped; fp8-fuse (FUSE_QUANT with the shipped FUSED_PRODUCERS: the norms); and
-   fp8-fuse-all (the norms and SiLU * mul). Session 14 measured fp8 / all fused at B=64 14,821 /
-   15,148 and B=256 31,960 / 31,583 (the fused SiLU is the slower kernel); prediction for the norms
-   only: B=64 ~+2%, B=256 unchanged (docs/perf.md).
+   fp8-fuse-all (the norms and SiLU * mul, the latter into the split-K kernel's block form, which it
+   switches on: `fp8.BLOCK_FORM`). Session 14 measured fp8 / all fused (SiLU's scale per row then)
+   at B=64 14,821 / 15,148 and B=256 31,960 / 31,583 (the fused SiLU was the slower kernel).
 Tables printed last and written to DIR/fp8_fuse.md. `--device cpu` runs part 2 on the tiny shape
 (no graphs), to try the script before a device call. Session 14 also removed what this script
 first measured (G31): folding the split-K sum into each tile's last program (correct, slower).
@@ -52,11 +52,12 @@ def fused_table() -> list[str]:
     return lines
 
 
-# name -> (quantize, FUSE_QUANT, FUSED_PRODUCERS)
-ENGINES = {"bf16": (None, False, model_quantize.FUSED_PRODUCERS),
-           "fp8": ("fp8", False, model_quantize.FUSED_PRODUCERS),
-           "fp8-fuse": ("fp8", True, model_quantize.FUSED_PRODUCERS),
-           "fp8-fuse-all": ("fp8", True, ("norm", "silu"))}
+# name -> (quantize, FUSE_QUANT, FUSED_PRODUCERS, fp8.BLOCK_FORM). Since session 25 the fused SiLU emits a
+# scale per row and block, which only the block form takes: "fp8-fuse-all" switches that on too.
+ENGINES = {"bf16": (None, False, model_quantize.FUSED_PRODUCERS, fp8.BLOCK_FORM),
+           "fp8": ("fp8", False, model_quantize.FUSED_PRODUCERS, fp8.BLOCK_FORM),
+           "fp8-fuse": ("fp8", True, model_quantize.FUSED_PRODUCERS, fp8.BLOCK_FORM),
+           "fp8-fuse-all": ("fp8", True, ("norm", "silu"), True)}
 
 
 def engine_table(batches: list[int], names: list[str]) -> list[str]:
@@ -66,12 +67,12 @@ def engine_table(batches: list[int], names: list[str]) -> list[str]:
     from onebit.engine.config import EngineConfig
 
     shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", "qwen3-8b" if DEVICE == "cuda" else "qwen3-tiny")
-    shipped = fp8.FUSE_QUANT, model_quantize.FUSED_PRODUCERS
+    shipped = fp8.FUSE_QUANT, model_quantize.FUSED_PRODUCERS, fp8.BLOCK_FORM
     lines = ["| engine | " + " | ".join(f"B={b}" for b in batches) + " | build s |",
              "|---|" + "---:|" * (len(batches) + 1)]
     for name in names:
-        quantize, fuse, producers = ENGINES[name]
-        fp8.FUSE_QUANT, model_quantize.FUSED_PRODUCERS = fuse, producers
+        quantize, fuse, producers, block_form = ENGINES[name]
+        fp8.FUSE_QUANT, model_quantize.FUSED_PRODUCERS, fp8.BLOCK_FORM = fuse, producers, block_form
         fp8.reset()
         config = EngineConfig(
             model=str(shape), device=DEVICE, dtype="bfloat16" if DEVICE == "cuda" else "float32",
@@ -79,7 +80,7 @@ def engine_table(batches: list[int], names: list[str]) -> list[str]:
             load_format="dummy", cuda_graphs=DEVICE == "cuda", overlap=DEVICE == "cuda", quantize=quantize,
             quantize_lm_head=quantize is not None)
         lines.append(engine_speed_row(name, lambda config=config: build_engine(config), batches, 128, 128))
-    fp8.FUSE_QUANT, model_quantize.FUSED_PRODUCERS = shipped
+    fp8.FUSE_QUANT, model_quantize.FUSED_PRODUCERS, fp8.BLOCK_FORM = shipped
     return lines
 
 
