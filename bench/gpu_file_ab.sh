@@ -14,7 +14,8 @@
 # line `NAME = False` of PATH read `NAME = True` in SIDE's tree (after its folder, if it has one), e.g.
 #   SWITCHES=on:onebit/kernels/gemv.py:SILU_INTO_DOWN RUNS=new,on,new,on bash bench/gpu_file_ab.sh
 # Environment: RUNS (side names: letters, digits, _), RUN_ARGS (--runs q4km-packed --batches 8,64), AB_DIR
-# (the folders' parent, .ab), OLD (the folder of side "old", AB_DIR/old), SWITCHES, WHEELS (1), OUT. A CPU try of the
+# (the folders' parent, .ab), OLD (the folder of side "old", AB_DIR/old), SWITCHES, RUN_TIMEOUT (seconds a
+# run may take, 200), WHEELS (1), OUT. A CPU try of the
 # mechanics (tests/test_bench_device_scripts.py runs one):
 #   PATH=$PWD/.venv/bin:$PATH WHEELS=0 RUNS=new,old
 #   RUN_ARGS="--runs q4km-packed --batches 1 --shape qwen3-tiny --device cpu" bash bench/gpu_file_ab.sh
@@ -26,6 +27,7 @@ RUN_ARGS=${RUN_ARGS:---runs q4km-packed --batches 8,64}
 AB_DIR=${AB_DIR:-.ab}
 OLD=${OLD:-$AB_DIR/old}
 SWITCHES=${SWITCHES:-}
+RUN_TIMEOUT=${RUN_TIMEOUT:-200}
 mkdir -p "$OUT"
 IFS=',' read -ra sides <<< "$RUNS"
 mapfile -t distinct < <(printf '%s\n' "${sides[@]}" | sort -u)
@@ -68,7 +70,7 @@ for side in "${sides[@]}"; do
     if [[ $side == new ]]; then root=$PWD; else root=$TREES/$side; fi
     say "$i: $side"
     # shellcheck disable=SC2086
-    (cd "$root" && PYTHONPATH=$WHEEL_SITE:$root timeout 200 python3 bench/gpu_gguf_quant.py $RUN_ARGS --skip-kernels \
+    (cd "$root" && PYTHONPATH=$WHEEL_SITE:$root timeout "$RUN_TIMEOUT" python3 bench/gpu_gguf_quant.py $RUN_ARGS --skip-kernels \
         --out "$OUT/run-$i" > "$OUT/run-$i.log" 2>&1) || echo "run $i: rc $? (log: run-$i.log)"
     cp "$OUT/run-$i/gguf_quant.json" "$OUT/$side-$i.json" 2>/dev/null
     rm -f "$OUT"/run-"$i"/*.pt

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # FP8 activations with one scale per row and block of 512 values (session 25, unmeasured) on the device,
-# in one call (~8 min with a cold start; carry .whl):
+# in one call (~9 min with a cold start, close to the 10-minute limit: finished runs come back either way;
+# carry .whl):
 #   device:  run(command="OUT=$OUT bash bench/gpu_fp8_blocks.sh", carry=[".whl"], timeout_s=600)
 #   1. tests/test_fp8_fast.py and tests/test_fp8_head_fused.py on the GPU (the block quantizers bit for bit,
 #      the split-K kernel's block form against its reference, the calibration); a failure stops the call
@@ -29,8 +30,9 @@ SWITCHES=""
 for side in blocks silu; do
     SWITCHES+="${SWITCHES:+,}$side:onebit/kernels/fp8.py:BLOCK_FORM,$side:onebit/kernels/triton_fp8_fast.py:WIDE"
 done
+# a side with the block form calibrates twice the w8a8 candidates: up to ~150 s a run instead of ~100
 WHEELS=0 AB_DIR=$AB SWITCHES=$SWITCHES RUNS=${RUNS:-blocks,new,silu} RUN_ARGS=${RUN_ARGS:---runs fp8 --batches 32,64} \
-    OUT=$OUT timeout 450 bash bench/gpu_file_ab.sh
+    RUN_TIMEOUT=240 OUT=$OUT timeout 480 bash bench/gpu_file_ab.sh
 rm -rf "$OUT"/run-* "$AB"
 for f in "$OUT"/*-[0-9]*.json; do  # each run's record (gpu_file_ab.sh): o's and down's calibration lines
     python3 - "$f" <<'PY'
