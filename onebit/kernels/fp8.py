@@ -122,7 +122,7 @@ class Fp8Rows(NamedTuple):
         """The values the rows stand for, in float32."""
         if self.block:
             return dequantize_row_blocks(self.q, self.scale, self.block)
-        return self.q.float() * self.scale.view(-1, 1)
+        return dequantize_rows(self.q, self.scale.view(-1))
 
     @property
     def shape(self) -> torch.Size:
@@ -255,28 +255,34 @@ def _scaled_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torc
     return scaled_mm_quantized(Fp8Rows(xq, xs, x.dtype), q, scale, bias)
 
 
+def _quantized_on_gpu(x: torch.Tensor, form: str) -> Fp8Rows:
+    """x quantized by a Triton kernel in `form`: "rows" (one scale a row, the one-pass quantizer) or
+    "blocks" (one a row and block of ACTIVATION_BLOCK values)."""
+    if form == "blocks":
+        return Fp8Rows(*triton_fp8_fast.quantize_row_blocks(x, ACTIVATION_BLOCK), x.dtype, ACTIVATION_BLOCK)
+    return Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype)
+
+
 def split_k_w8a8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                  config: tuple) -> torch.Tensor:
     """The activations quantized per token by the one-pass kernel, then the Triton split-K product
     with e4m3 tensor-core tiles (w8a8, the same numbers as `_scaled_mm`'s)."""
-    return split_k_w8a8_quantized(Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype), q, scale, bias, config)
+    return split_k_w8a8_quantized(_quantized_on_gpu(x, "rows"), q, scale, bias, config)
 
 
 def split_k_w8a8_blocks(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                         config: tuple) -> torch.Tensor:
     """The activations quantized per row and block of ACTIVATION_BLOCK values, then the Triton split-K
     product with e4m3 tensor-core tiles, each K tile's sum times its block's scale."""
-    xq, xs = triton_fp8_fast.quantize_row_blocks(x, ACTIVATION_BLOCK)
-    return triton_fp8_fast.split_k(xq, q, scale, bias, config, x_scale=xs, out_dtype=x.dtype, x_block=ACTIVATION_BLOCK)
+    return split_k_w8a8_quantized(_quantized_on_gpu(x, "blocks"), q, scale, bias, config)
 
 
 def split_k_w8a8_quantized(x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                            config: tuple) -> torch.Tensor:
     """Rows already in e4m3 (their producer quantized them) through the w8a8 split-K product, with the
     scales per row or per row and block as the rows have them."""
-    if x.block:
-        return triton_fp8_fast.split_k(x.q, q, scale, bias, config, x_scale=x.scale, out_dtype=x.dtype, x_block=x.block)
-    return triton_fp8_fast.split_k(x.q, q, scale, bias, config, x_scale=x.scale.view(-1), out_dtype=x.dtype)
+    return triton_fp8_fast.split_k(x.q, q, scale, bias, config, x_scale=x.scale if x.block else x.scale.view(-1),
+                                   out_dtype=x.dtype, x_block=x.block)
 
 
 def run_quantized(kind: str, config: tuple | None, x: Fp8Rows, q: torch.Tensor, scale: torch.Tensor,
@@ -357,11 +363,14 @@ def candidates(rows: int, n: int, k: int) -> list[tuple[str, tuple | None]]:
 
 
 def _references(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                rows_per_chunk_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weight_only_ref, w8a8_ref, w8a8_blocks_ref) of x in float32, the weight widened a slice of rows
-    at a time (at most 128 MB of float32 at once, not a float32 copy of the whole matrix)."""
+                with_blocks: bool, rows_per_chunk_elements: int = 1 << 25
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(weight_only_ref, w8a8_ref, w8a8_blocks_ref or None without `with_blocks`) of x in float32, the
+    weight widened a slice of rows at a time (at most 128 MB of float32 at once, not a float32 copy of
+    the whole matrix)."""
     xq, xs = quantize_rows(x)
-    x32, xq32, xb32 = x.float(), xq.float(), dequantize_row_blocks(*quantize_row_blocks(x))
+    x32, xq32 = x.float(), xq.float()
+    xb32 = dequantize_row_blocks(*quantize_row_blocks(x)) if with_blocks else None
     exact, both, blocks = [], [], []
     step = max(1, rows_per_chunk_elements // q.shape[1])
     for start in range(0, q.shape[0], step):
@@ -370,8 +379,9 @@ def _references(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: tor
         b = bias[start:start + step].float()[None, :] if bias is not None else 0.0
         exact.append(x32 @ w * s + b)
         both.append(xq32 @ w * xs[:, None] * s + b)
-        blocks.append(xb32 @ w * s + b)
-    return torch.cat(exact, dim=1), torch.cat(both, dim=1), torch.cat(blocks, dim=1)
+        if with_blocks:
+            blocks.append(xb32 @ w * s + b)
+    return torch.cat(exact, dim=1), torch.cat(both, dim=1), torch.cat(blocks, dim=1) if with_blocks else None
 
 
 @torch.inference_mode()
@@ -398,14 +408,11 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
         table, timer = [], ProductTimer(q, scale)
         for m in sorted(r for r in set(rows) if r <= MAX_CALIBRATED_ROWS):
             x = torch.randn(m, k, device=q.device, dtype=dtype)
-            exact, both, blocks = _references(x, q, scale, bias)
-            rows_in = None
-            if form == "rows":
-                rows_in = Fp8Rows(*triton_fp8_fast.quantize_rows(x), x.dtype)
-            elif form == "blocks":
-                rows_in = Fp8Rows(*triton_fp8_fast.quantize_row_blocks(x, ACTIVATION_BLOCK), x.dtype, ACTIVATION_BLOCK)
+            kinds = candidates(m, n, k)
+            exact, both, blocks = _references(x, q, scale, bias, any(kind == BLOCK_W8A8_KIND for kind, _ in kinds))
+            rows_in = _quantized_on_gpu(x, form) if form else None
             timed = {}
-            for kind, config in candidates(m, n, k):
+            for kind, config in kinds:
                 want = both if kind in W8A8_KINDS else blocks if kind == BLOCK_W8A8_KIND else exact
                 if not candidate_agrees(lambda: run_kernel(kind, config, x, q, scale, bias), want,
                                         f"fp8 {kind} {config}", name, log):

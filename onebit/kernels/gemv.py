@@ -99,8 +99,7 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     same numbers); otherwise the SiLU kernel, then `linear`."""
     if SILU_INTO_DOWN and _CHOSEN and not batch_invariant.enabled() and gate_up.dim() == 2 \
             and gate_up.is_contiguous() and weight.stride(1) == 1:
-        key = (gate_up.device.type, gate_up.shape[0], weight.shape[0], weight.shape[1], weight.dtype, bias is not None)
-        chosen = _CHOSEN.get(key)
+        chosen = choice_for(gate_up, weight, bias)  # keyed by gate_up's rows and device, as down's input
         if chosen is not None and chosen[0] == "split_k":
             return triton_gemv.split_k_matmul(gate_up, weight, bias, chosen[1], gated=True)
     return linear(ops.silu_mul(gate_up), weight, bias)

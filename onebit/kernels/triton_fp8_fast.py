@@ -272,6 +272,19 @@ def _round_to_e4m3(v):
 
 
 @triton.jit
+def _e4m3_scale(amax):
+    # The scale that maps a block whose largest magnitude is amax onto e4m3's range: IEEE division
+    # (`div_rn`), as torch's references divide.
+    return tl.math.div_rn(tl.maximum(amax, 1e-12), FP8_MAX)
+
+
+@triton.jit
+def _to_e4m3(v, scale):
+    # v / scale clamped to e4m3's range and rounded to its nearest value (float32, cast exactly after).
+    return _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX))
+
+
+@triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr,
                           PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
@@ -281,12 +294,12 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K:
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         amax = tl.maximum(amax, tl.abs(tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)))
-    scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), 1e-12), FP8_MAX)  # IEEE division, as torch's
+    scale = _e4m3_scale(tl.max(amax, axis=0))
     tl.store(s_ptr + row, scale)
     for k0 in range(0, K, BLOCK_K):  # the second read of the row comes from the cache
         rk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
-        q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX))
+        q = _to_e4m3(x, scale)
         tl.store(q_ptr + row * stride_qm + rk, q.to(q_ptr.dtype.element_ty), mask=rk < K)
 
 
@@ -308,10 +321,9 @@ def _quantize_row_blocks_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, st
     row, block = tl.program_id(0), tl.program_id(1)
     rk = block * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + row * stride_xm + rk, mask=rk < K, other=0.0).to(tl.float32)
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), FP8_MAX)  # as `_quantize_rows_kernel`
+    scale = _e4m3_scale(tl.max(tl.abs(x), axis=0))
     tl.store(s_ptr + row * stride_sm + block, scale)
-    q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX))
-    tl.store(q_ptr + row * stride_qm + rk, q.to(q_ptr.dtype.element_ty), mask=rk < K)
+    tl.store(q_ptr + row * stride_qm + rk, _to_e4m3(x, scale).to(q_ptr.dtype.element_ty), mask=rk < K)
 
 
 def quantize_row_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,8 +8,8 @@ bf16 by the norm (or SiLU * mul) kernel, then read again by a separate quantizer
 producing kernel rounds its result to the model's dtype exactly as the unfused kernel stores it,
 takes the absolute maximum of the values one scale covers and writes e4m3 values and the scale
 instead, so the numbers are the ones the separate quantizer would have produced from the stored
-result. IEEE division (`div_rn`) and the exact e4m3 rounding of `triton_fp8_fast._round_to_e4m3`;
-both wait for the previous kernel under PDL, as the kernels around them do.
+result (the scale and rounding of `triton_fp8_fast._e4m3_scale` and `_to_e4m3`: IEEE division, exact
+e4m3). Both wait for the previous kernel under PDL, as the kernels around them do.
 
 The norm runs one program a row, its row in one block (`triton_fused._add_rms_norm_kernel`). SiLU *
 mul runs one program a row and block of K, as the unfused `triton_fused.silu_mul` does (rows x I /
@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.triton_fp8_fast import FP8_MAX, _round_to_e4m3
+from onebit.kernels.triton_fp8_fast import _e4m3_scale, _to_e4m3
 from onebit.kernels.triton_fused import _add_rms_norm_row, _silu_mul_row
 
 
@@ -42,10 +42,9 @@ def _add_rms_norm_quantize_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_p
     # The value the unfused kernel stores (rounded to x's dtype), then quantized as a row.
     out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
     out = out.to(tl.float32)
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(out), axis=0), 1e-12), FP8_MAX)
+    scale = _e4m3_scale(tl.max(tl.abs(out), axis=0))
     tl.store(s_ptr + row, scale)
-    q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(out, scale), -FP8_MAX), FP8_MAX))
-    tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(q_ptr + row * n_cols + cols, _to_e4m3(out, scale).to(q_ptr.dtype.element_ty), mask=ok)
 
 
 def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
@@ -69,10 +68,9 @@ def _silu_mul_quantize_kernel(gu_ptr, q_ptr, s_ptr, n_cols, n_blocks, BLOCK: tl.
     cols = block * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
     v = _silu_mul_row(gu_ptr + row * 2 * n_cols, cols, ok, n_cols).to(tl.float32)
-    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12), FP8_MAX)
+    scale = _e4m3_scale(tl.max(tl.abs(v), axis=0))
     tl.store(s_ptr + row * n_blocks + block, scale)
-    q = _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX))
-    tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(q_ptr + row * n_cols + cols, _to_e4m3(v, scale).to(q_ptr.dtype.element_ty), mask=ok)
 
 
 def silu_mul_quantize(gate_up: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
