@@ -40,8 +40,11 @@ def test_split_k_matches_the_weight_only_reference(m, n, k, bias, config):
 
 
 def test_every_listed_config_runs_on_a_small_product():
+    # On the GPU in the models' dtype: float32 rows in 512-long K tiles need more shared memory than
+    # the H200 has (calibration leaves out a config that cannot compile; these are the ones it times).
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
     for m in (1, 4, 20):
-        x, q, scale, b = _case(m, 24, 384, True, seed=m)
+        x, q, scale, b = _case(m, 24, 384, True, seed=m, dtype=dtype)
         want = fp8.weight_only_ref(x, q, scale, b)
         for config in triton_fast.candidates(m):
             got = triton_fast.split_k(x, q, scale, b, config)
@@ -263,8 +266,9 @@ def test_a_product_fed_block_scaled_rows_calibrates_and_runs_them_on_the_gpu(cle
         got = fp8.linear(rows, q, scale, b, "blocks").float()
         kind, _ = fp8.choice_for(m, 256, 1024, True, "blocks")
         assert fp8.takes_quantized_rows(m, 256, 1024, True, x.device, "blocks") == (kind == fp8.BLOCK_W8A8_KIND)
-        if kind == fp8.BLOCK_W8A8_KIND:  # the block form on the rows as they came
-            want, tolerance = fp8.w8a8_blocks_ref(x.float(), q, scale, b), 2e-3
+        if kind == fp8.BLOCK_W8A8_KIND:  # the block form on the rows as they came; rounding the bf16
+            # output alone is 1.7e-3 of this float32 reference, a wrong block scale >= 1e-2
+            want, tolerance = fp8.w8a8_blocks_ref(x.float(), q, scale, b), 5e-3
         else:  # never asked for by a producer; the rows' values through the chosen kind
             want, tolerance = fp8.weight_only_ref(x.float(), q, scale, b), 5e-2
         assert ((got - want).norm() / want.norm()).item() < tolerance, (m, kind)

@@ -135,10 +135,16 @@ class Fp8Rows(NamedTuple):
         return self.q.device
 
 
+def _ieee_scale(amax: torch.Tensor) -> torch.Tensor:
+    # amax / FP8_MAX rounded as IEEE division, as the Triton quantizers divide (`div_rn`). Dividing a
+    # CUDA tensor by a Python number multiplies by its reciprocal instead, one ulp off for some amax.
+    return amax / amax.new_tensor(FP8_MAX)
+
+
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, scale) with q [R, K] in e4m3 and scale [R] float32 such that t ~= q * scale[:, None]."""
     amax = t.abs().amax(dim=-1).float().clamp_min(1e-12)
-    scale = amax / FP8_MAX
+    scale = _ieee_scale(amax)
     q = (t.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
 
@@ -148,7 +154,7 @@ def quantize_row_blocks(t: torch.Tensor, block: int = ACTIVATION_BLOCK) -> tuple
     `block` values of a row is ~= its q times its scale (`quantize_rows` on each block)."""
     rows, k = t.shape
     blocks = torch.nn.functional.pad(t.float(), (0, -k % block)).view(rows, -1, block)
-    scale = blocks.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX
+    scale = _ieee_scale(blocks.abs().amax(dim=-1).clamp_min(1e-12))
     q = (blocks / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(rows, -1)[:, :k].contiguous()
     return q, scale
 
