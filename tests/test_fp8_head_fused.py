@@ -50,7 +50,9 @@ def _assert_same_quantization(got, want, exact: bool, block: int = 0):
     if exact:
         assert torch.equal(q.float().cpu(), q_ref.float().cpu())
         return
-    differ = a != b
+    # codes, not values: a scale an ulp apart (a GPU's norm may round one element otherwise) makes
+    # every dequantized value of its row differ while the codes agree
+    differ = q.view(torch.uint8).cpu() != q_ref.view(torch.uint8).cpu()
     assert differ.float().mean().item() <= 0.01
     unit = s_ref.float().cpu().repeat_interleave(block, 1)[:, :q.shape[1]] if block else s_ref.cpu().view(-1, 1)
     step = b.abs() / 8 + unit * 2 ** -9  # one e4m3 step (3 mantissa bits), subnormals
@@ -81,8 +83,8 @@ def test_silu_mul_quantize_matches_the_reference(rows, inter, dtype):
     _skip_bf16_off_gpu(dtype)
     g = torch.Generator().manual_seed(rows + inter)
     gate_up = (torch.randn(rows, 2 * inter, generator=g) * 2).to(dtype).to(DEVICE)
-    if inter > 1024:
-        gate_up[0, 700] = 40.0  # a large gate value in block 1: only that block's scale grows
+    if inter > 1024:  # a large product in block 1: only that block's scale grows
+        gate_up[0, 700], gate_up[0, inter + 700] = 40.0, 8.0
     got = fused.silu_mul_quantize(gate_up, fp8.ACTIVATION_BLOCK)
     want = fp8.silu_mul_quantize_ref(gate_up)
     _assert_same_quantization(got, want, exact=False, block=fp8.ACTIVATION_BLOCK)
@@ -147,9 +149,9 @@ def test_producers_emit_e4m3_only_where_the_product_runs_scaled_mm(fp8_flags):
 
 def test_e4m3_rows_from_a_producer_run_the_w8a8_split_k_as_its_own_quantizer_would():
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(20, 128, generator=g)
-    q, scale = fp8.quantize_rows(torch.randn(48, 128, generator=g))
-    b = torch.randn(48, generator=g)
+    x = torch.randn(20, 128, generator=g).to(DEVICE)
+    q, scale = fp8.quantize_rows(torch.randn(48, 128, generator=g).to(DEVICE))
+    b = torch.randn(48, generator=g).to(DEVICE)
     rows = fp8.Fp8Rows(*fused_quantizer(x), x.dtype)
     config = (64, 16, 32, 2, 4)
     got = fp8.run_quantized("split_k_w8a8", config, rows, q, scale, b)
@@ -159,9 +161,9 @@ def test_e4m3_rows_from_a_producer_run_the_w8a8_split_k_as_its_own_quantizer_wou
 
 def test_block_scaled_rows_from_a_producer_run_the_block_form_as_its_own_quantizer_would():
     g = torch.Generator().manual_seed(5)
-    x = torch.randn(20, 1100, generator=g)
-    q, scale = fp8.quantize_rows(torch.randn(48, 1100, generator=g))
-    b = torch.randn(48, generator=g)
+    x = torch.randn(20, 1100, generator=g).to(DEVICE)
+    q, scale = fp8.quantize_rows(torch.randn(48, 1100, generator=g).to(DEVICE))
+    b = torch.randn(48, generator=g).to(DEVICE)
     rows = fp8.Fp8Rows(*fp8.quantize_row_blocks(x), x.dtype, fp8.ACTIVATION_BLOCK)
     config = (64, 16, 128, 2, 4)
     got = fp8.run_quantized(fp8.BLOCK_W8A8_KIND, config, rows, q, scale, b)
@@ -294,6 +296,8 @@ def test_silu_producer_hands_its_down_product_block_scaled_rows(tiny_model_dir, 
 def test_serve_quantizes_the_head_with_the_flag(tiny_model_dir):
     """`1bit serve --quantize fp8 --quantize-lm-head` scores a prompt as the engine with the head in
     FP8 does, not as the one with the head in the run dtype."""
+    if DEVICE == "cuda":  # the device machine's python carries the server's wheels, not the client
+        pytest.importorskip("openai")
     from onebit import LLM
     from tests.model_probe import all_logits
     from tests.server_utils import openai_clients, running_server
