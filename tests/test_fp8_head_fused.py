@@ -156,7 +156,7 @@ def test_e4m3_rows_from_a_producer_run_the_w8a8_split_k_as_its_own_quantizer_wou
     config = (64, 16, 32, 2, 4)
     got = fp8.run_quantized("split_k_w8a8", config, rows, q, scale, b)
     assert got.equal(fp8.split_k_w8a8(x, q, scale, b, config))
-    torch.testing.assert_close(got, fp8.w8a8_ref(x, q, scale, b), rtol=1e-4, atol=1e-4)
+    _assert_near(got, fp8.w8a8_ref(x, q, scale, b))
 
 
 def test_block_scaled_rows_from_a_producer_run_the_block_form_as_its_own_quantizer_would():
@@ -168,12 +168,17 @@ def test_block_scaled_rows_from_a_producer_run_the_block_form_as_its_own_quantiz
     config = (64, 16, 128, 2, 4)
     got = fp8.run_quantized(fp8.BLOCK_W8A8_KIND, config, rows, q, scale, b)
     assert got.equal(fp8.run_kernel(fp8.BLOCK_W8A8_KIND, config, x, q, scale, b))
-    torch.testing.assert_close(got, fp8.w8a8_blocks_ref(x, q, scale, b), rtol=1e-4, atol=1e-4)
+    _assert_near(got, fp8.w8a8_blocks_ref(x, q, scale, b))
     assert torch.equal(fp8.quantized_input_ref(rows, q, scale, b), fp8.w8a8_blocks_ref(x, q, scale, b))
     with pytest.raises(ValueError, match="block"):  # a kind that takes one scale a row
         fp8.run_quantized("split_k_w8a8", config, rows, q, scale, b)
     with pytest.raises(ValueError, match="rows"):  # and the other way round
         fp8.run_quantized(fp8.BLOCK_W8A8_KIND, config, fp8.Fp8Rows(*fused_quantizer(x), x.dtype), q, scale, b)
+
+
+def _assert_near(got: torch.Tensor, want: torch.Tensor) -> None:
+    # Hopper's e4m3 tensor-core sums keep fewer bits than float32: 5e-4 of the reference on the H200
+    assert ((got - want).norm() / want.norm()).item() < (1e-5 if DEVICE == "cpu" else 2e-3)
 
 
 def fused_quantizer(x):
