@@ -12,7 +12,7 @@
 # prepared-rows shape picks (kept).
 # A side may also be a module switch turned on (no folder needed): SWITCHES=SIDE:PATH:NAME[,...] makes the
 # line `NAME = False` of PATH read `NAME = True` in SIDE's tree (after its folder, if it has one), e.g.
-#   SWITCHES=on:onebit/kernels/gemv.py:SILU_INTO_DOWN RUNS=new,on,new,on bash bench/gpu_file_ab.sh
+#   SWITCHES=on:onebit/kernels/fp8.py:CPU_EMULATES_GPU RUNS=new,on,new,on bash bench/gpu_file_ab.sh
 # Environment: RUNS (side names: letters, digits, _), RUN_ARGS (--runs q4km-packed --batches 8,64), AB_DIR
 # (the folders' parent, .ab), OLD (the folder of side "old", AB_DIR/old), SWITCHES, RUN_TIMEOUT (seconds a
 # run may take, 200), WHEELS (1), OUT. A CPU try of the

@@ -6,9 +6,9 @@
 1. The fused producers alone at 1/16/64/256 rows, in CUDA graphs: add + RMSNorm + quantize against
    `add_rms_norm` + the one-pass quantizer, SiLU * mul + quantize against `silu_mul` + the quantizer.
 2. Engine decode tok/s (graphs, overlap, PDL; 128 + 128 tokens) at --batches: bf16; fp8 (FP8
-   head) as shipped; fp8-fuse (FUSE_QUANT with the shipped FUSED_PRODUCERS: the norms); and
-   fp8-fuse-all (the norms and SiLU * mul, the latter into the split-K kernel's block form, which it
-   switches on: `fp8.BLOCK_FORM`). Session 14 measured fp8 / all fused (SiLU's scale per row then)
+   head) without the handoff; fp8-fuse as shipped (FUSE_QUANT, FUSED_PRODUCERS: the norms, and SiLU * mul
+   into the split-K kernel's block form, `fp8.BLOCK_FORM`); and fp8-fuse-norms (the norms only, one scale a
+   row: as shipped before session 26). Session 14 measured fp8 / all fused (SiLU's scale per row then)
    at B=64 14,821 / 15,148 and B=256 31,960 / 31,583 (the fused SiLU was the slower kernel).
 Tables printed last and written to DIR/fp8_fuse.md. `--device cpu` runs part 2 on the tiny shape
 (no graphs), to try the script before a device call. Session 14 also removed what this script
@@ -52,12 +52,12 @@ def fused_table() -> list[str]:
     return lines
 
 
-# name -> (quantize, FUSE_QUANT, FUSED_PRODUCERS, fp8.BLOCK_FORM). Since session 25 the fused SiLU emits a
-# scale per row and block, which only the block form takes: "fp8-fuse-all" switches that on too.
+# name -> (quantize, FUSE_QUANT, FUSED_PRODUCERS, fp8.BLOCK_FORM). The fused SiLU emits a scale per row
+# and block, which only the block form takes; "fp8-fuse-norms" is what shipped before session 26.
 ENGINES = {"bf16": (None, False, model_quantize.FUSED_PRODUCERS, fp8.BLOCK_FORM),
            "fp8": ("fp8", False, model_quantize.FUSED_PRODUCERS, fp8.BLOCK_FORM),
            "fp8-fuse": ("fp8", True, model_quantize.FUSED_PRODUCERS, fp8.BLOCK_FORM),
-           "fp8-fuse-all": ("fp8", True, ("norm", "silu"), True)}
+           "fp8-fuse-norms": ("fp8", True, ("norm",), False)}
 
 
 def engine_table(batches: list[int], names: list[str]) -> list[str]:

@@ -8,7 +8,7 @@
 #   B. Nsight Compute on those 1-row launches at the head (bench/gpu_gguf_stalls.py): what fma and
 #      i8 wait on (throughput, warp stalls, memory); skipped with a line if ncu is missing or fails;
 #   C. the FP8 producers' e4m3 handoff (bench/gpu_fp8_fuse.py): fused kernels alone, and engine
-#      decode tok/s at B = 1/8/64/256 for bf16, fp8, fp8-fuse (the norms) and fp8-fuse-all;
+#      decode tok/s at B = 1/8/64/256 for bf16, fp8, fp8-fuse (as shipped) and fp8-fuse-norms;
 #   D. Nsight Compute on the table's mode "int" launches at 8 and 64 rows (gate_up, Q4_K / Q6_K).
 # Usage: run(command="OUT=$OUT bash bench/gpu_quant_checks.sh", carry=[".whl"], timeout_s=600)
 # Environment: PARTS (default ABC; D on request), CONFIGS (part A's configs), OUT. Each part has its

@@ -325,16 +325,22 @@ def test_serve_quantizes_the_head_with_the_flag(tiny_model_dir):
     assert abs(got[0] - want) < 1e-5, (got[0], want, bf_head)
 
 
-def test_by_default_only_the_norms_are_fused_with_the_quantizer(tiny_model_dir, fp8_flags):
-    """`FUSED_PRODUCERS` as shipped: the two RMSNorms of each layer feed their products e4m3 rows,
-    the SwiGLU stays plain (its fused kernel measured slower, session 14) and down quantizes its own."""
+def test_by_default_the_norms_and_silu_are_fused_with_the_quantizer(tiny_model_dir, fp8_flags, monkeypatch):
+    """`FUSED_PRODUCERS` as shipped (session 26): the two RMSNorms of each layer feed their products
+    e4m3 rows and SiLU * mul feeds down block-scaled rows; naming the norms alone leaves the SwiGLU
+    plain, and down quantizes its own input."""
     from onebit import LLM
+    from onebit.models import quantize
     from onebit.models.quantize import Fp8InputNorm, Fp8SwiGLU, fed_layers
 
-    llm = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
-    model = llm.engine.runner.model
-    layers = llm.engine.model_config.num_layers
-    assert sum(isinstance(m, Fp8InputNorm) for m in model.modules()) == 2 * layers
-    assert not any(isinstance(m, Fp8SwiGLU) for m in model.modules())
-    assert {n.rpartition(".")[2]: form for n, form in fed_layers(model).items()} == \
-        {"qkv_proj": "rows", "gate_up_proj": "rows"}
+    def fused(producers):
+        monkeypatch.setattr(quantize, "FUSED_PRODUCERS", producers)
+        llm = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
+        model, layers = llm.engine.runner.model, llm.engine.model_config.num_layers
+        assert sum(isinstance(m, Fp8InputNorm) for m in model.modules()) == 2 * layers
+        return sum(isinstance(m, Fp8SwiGLU) for m in model.modules()) // layers, \
+            {n.rpartition(".")[2]: form for n, form in fed_layers(model).items()}
+
+    assert quantize.FUSED_PRODUCERS == ("norm", "silu")
+    assert fused(quantize.FUSED_PRODUCERS) == (1, {"qkv_proj": "rows", "gate_up_proj": "rows", "down_proj": "blocks"})
+    assert fused(("norm",)) == (0, {"qkv_proj": "rows", "gate_up_proj": "rows"})

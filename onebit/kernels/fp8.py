@@ -76,11 +76,14 @@ W8A8_KINDS = ("scaled_mm", "scaled_mm_torch", "split_k_w8a8")
 # The kind that quantizes them per row and block of ACTIVATION_BLOCK values (reference `w8a8_blocks_ref`).
 # Session 25's step profile: at 64 rows the per-row quantizer in front of o and down took 0.27 ms of a
 # 4.47 ms FP8 step (72 launches of 3.7 us, each program walking a 4,096- or 12,288-value row twice).
-# Built after that session's device time ran out: with BLOCK_FORM the calibration times it beside
-# "split_k_w8a8" (same configs) and takes it only where it is faster. Off until measured (each config
-# adds to the start-up); bench/gpu_fp8_blocks.sh switches it on in one side of its A/B.
+# With BLOCK_FORM the calibration times it beside "split_k_w8a8" (same configs) and takes it only where
+# it is faster. Session 26 on the H200 (8B shape, start-up calibration lines): o at 32 rows 10.2 -> 9.4
+# us (64 rows even, 10.6 / 10.7), down 21.8 -> 18.4 (32) and 23.3 -> 20.9 (64) quantizing its own input,
+# 16.7 / 18.3 fed by the fused SiLU (quantize.FUSED_PRODUCERS); FP8 B=64 +4.4%, B=32 +2.9% over three
+# runs a side. Not timed for a product a norm feeds one scale a row (qkv, gate_up): the fed per-row kind
+# beat it there (qkv 9.7 vs 11.6 us, gate_up 30.8 vs 32.1 at 64 rows), and each config adds to the start-up.
 BLOCK_W8A8_KIND = "split_k_w8a8_blocks"
-BLOCK_FORM = False
+BLOCK_FORM = True
 ACTIVATION_BLOCK = 512  # a multiple of every w8a8 config's BLOCK_K, so no K tile spans two blocks
 
 # The kinds that take e4m3 rows from a fusing producer (`Fp8Rows`) instead of quantizing their own, by
@@ -414,7 +417,7 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor |
         table, timer = [], ProductTimer(q, scale)
         for m in sorted(r for r in set(rows) if r <= MAX_CALIBRATED_ROWS):
             x = torch.randn(m, k, device=q.device, dtype=dtype)
-            kinds = candidates(m, n, k)
+            kinds = [(kind, c) for kind, c in candidates(m, n, k) if not (form == "rows" and kind == BLOCK_W8A8_KIND)]
             exact, both, blocks = _references(x, q, scale, bias, any(kind == BLOCK_W8A8_KIND for kind, _ in kinds))
             rows_in = _quantized_on_gpu(x, form) if form else None
             timed = {}

@@ -22,7 +22,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from onebit.kernels import batch_invariant, ops
+from onebit.kernels import batch_invariant
 from onebit.kernels.timing import ProductTimer, candidate_agrees
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,6 @@ MAX_CALIBRATED_ROWS = triton_gemv.MAX_SPLIT_K_ROWS if triton_gemv is not None el
 
 # The choice of F.linear through cuBLASLt, in _CHOSEN beside the Triton (kernel name, config) pairs.
 CUBLASLT = ("cublaslt", ())
-# `silu_mul_linear`: where the MLP's down product calibrated to the Triton split-K kernel (bf16 at 1-24
-# rows on the H200), that kernel computes silu(gate) * up as it loads its rows, and the SiLU kernel's
-# launch goes (36 launches a step of the 8B shape; session 25's profile put the SiLU kernel at 44 us of
-# a 4.99 ms B=1 step without PDL, each launch adding its gap). Built after session 25's device time:
-# off until an A/B measures it.
-SILU_INTO_DOWN = False
 
 # (device type, rows, N, K, dtype, has bias) -> (kernel name, config); cases where cuBLAS won are absent.
 _CHOSEN: dict[tuple[str, int, int, int, torch.dtype, bool], tuple[str, tuple]] = {}
@@ -91,18 +85,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if chosen is not None:
             return run_choice(chosen, x, weight, bias)
     return F.linear(x, weight, bias)
-
-
-def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """linear(silu(gate) * up, weight, bias) for gate_up = [gate | up]: with SILU_INTO_DOWN, where the
-    product's calibrated choice for these rows is the Triton split-K kernel, in that one kernel (the
-    same numbers); otherwise the SiLU kernel, then `linear`."""
-    if SILU_INTO_DOWN and _CHOSEN and not batch_invariant.enabled() and gate_up.dim() == 2 \
-            and gate_up.is_contiguous() and weight.stride(1) == 1:
-        chosen = choice_for(gate_up, weight, bias)  # keyed by gate_up's rows and device, as down's input
-        if chosen is not None and chosen[0] == "split_k":
-            return triton_gemv.split_k_matmul(gate_up, weight, bias, chosen[1], gated=True)
-    return linear(ops.silu_mul(gate_up), weight, bias)
 
 
 def _correct_candidates(x, weight, bias, name: str) -> list[tuple[str, tuple]]:

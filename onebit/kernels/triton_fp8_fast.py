@@ -57,14 +57,9 @@ W8A8_CONFIGS = [(64, 64, 256, 2, 4), (64, 64, 256, 4, 4), (64, 32, 256, 4, 4), (
 # (64, 64, 512, 1, 4, 3) and (64, 128, 256, 2, 8, 3) were never picked and were dropped (each candidate
 # adds to the start-up calibration).
 W8A8_DEEP_CONFIGS = [(64, 64, 256, 1, 4, 4), (64, 128, 128, 1, 4, 4), (64, 64, 128, 2, 4, 6), (64, 128, 256, 1, 8, 4)]
-# Session 25, not yet measured (the call was refused for want of device time): every program of a
-# column tile reads all its rows' K slice of x from L2, so at 64 rows 64-column tiles read half as many
-# bytes of x from L2 as of weight from memory (down: 50 MB of x for 50 MB of e4m3 weight), and 32-column
-# tiles (call 4) did not help o. Wider tiles with a split of 4 keep 128 programs on the 4096-wide products
-# and halve or quarter that traffic. Timed from DEEP_FROM_ROWS rows with WIDE (off: each candidate adds
-# to the start-up; bench/gpu_fp8_blocks.sh switches it on in one side).
-W8A8_WIDE_CONFIGS = [(64, 128, 256, 4, 8, 4), (64, 128, 128, 4, 4, 6), (64, 256, 128, 4, 8, 4)]
-WIDE = False
+# Session 26 timed three wider tiles with a split of 4, (64, 128, 256, 4, 8, 4), (64, 128, 128, 4, 4, 6)
+# and (64, 256, 128, 4, 8, 4), meant to cut the x traffic from L2 of 64-column tiles: no product of the
+# 8B shape picked one at 32 or 64 rows, and they were dropped.
 DEEP_FROM_ROWS = 32
 
 
@@ -244,7 +239,7 @@ def w8a8_candidates(rows: int) -> list[tuple[int, ...]]:
     rows read the weight faster than quantizing them pays)."""
     if rows < 16 or rows > MAX_ROWS:
         return []
-    deep = W8A8_DEEP_CONFIGS + (W8A8_WIDE_CONFIGS if WIDE else []) if rows >= DEEP_FROM_ROWS else []
+    deep = W8A8_DEEP_CONFIGS if rows >= DEEP_FROM_ROWS else []
     return [c for c in W8A8_CONFIGS + deep if c[0] == 64 or rows > 64]
 
 

@@ -7,8 +7,7 @@ walking K in BLOCK_K tiles with fp32 accumulation:
 - `skinny_matmul`, up to 16 rows: the rows padded to 16 and multiplied with `tl.dot`;
 - `split_k_matmul`, up to 128 rows: row tiles through `tl.dot` and K split over several programs
   per output tile, their float32 partials summed in a fixed order by a second kernel
-  (`triton_split_k`, which the FP8 split-K product shares). Given the MLP's [gate | up] rows instead
-  (`gated`), it computes silu(gate) * up as it loads them, as `triton_fused.silu_mul` would store it.
+  (`triton_split_k`, which the FP8 split-K product shares).
 Whether any beats cuBLAS for a given shape and row count is measured on the device
 (`onebit.kernels.gemv.calibrate`), never assumed. Reference: `F.linear`.
 """
@@ -20,7 +19,6 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
-from onebit.kernels.triton_fused import _silu_mul_row
 from onebit.kernels.triton_split_k import reduce_partials
 
 MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
@@ -125,11 +123,9 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 @triton.jit
 def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False, GATED: tl.constexpr = False):
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     pdl.wait_for_previous(PDL)
     # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials (`triton_split_k.reduce_partials` sums them).
-    # GATED: x_ptr holds [gate | up] rows of 2 K values; x is silu(gate) * up, each step rounded to x's
-    # dtype as the SiLU kernel stores it, so the product is the one after that kernel, bit for bit.
     # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -143,10 +139,7 @@ def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_x
     for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
-        if GATED:
-            x = _silu_mul_row(x_rows, rk[None, :], m_ok[:, None] & k_ok[None, :], K)
-        else:
-            x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + rk[None, :], mask=k_ok[None, :], other=0.0, eviction_policy="evict_first")
         acc = tl.dot(x, tl.trans(w), acc)
     if SPLIT == 1:
@@ -157,24 +150,20 @@ def _split_k_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_x
 
 
 def split_k_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   config: tuple[int, int, int, int, int], gated: bool = False) -> torch.Tensor:
+                   config: tuple[int, int, int, int, int]) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [M <= MAX_SPLIT_K_ROWS, K] (unit column stride) and a weight
     [N, K] with unit column stride, K split over SPLIT programs per output tile (float32 partials
-    summed in a fixed order, `triton_split_k`). config: (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps).
-    `gated`: x is [M, 2 K] contiguous [gate | up] rows and the product is F.linear(silu(gate) * up, ...),
-    the SiLU computed as the rows are loaded (no launch of its own)."""
+    summed in a fixed order, `triton_split_k`). config: (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, warps)."""
     block_m, block_n, block_k, split, warps = config
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     if m > MAX_SPLIT_K_ROWS:
         raise ValueError(f"split_k_matmul takes at most {MAX_SPLIT_K_ROWS} rows, got {m}")
-    if gated and (x.shape[1] != 2 * k or not x.is_contiguous()):
-        raise ValueError(f"gated rows must be contiguous [gate | up] of 2 x {k} values, got {tuple(x.shape)}")
     # Each slice a whole number of BLOCK_K tiles; the last slices may run past K (masked) or be empty.
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     b_arg = bias if bias is not None else weight
-    shape = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, GATED=gated, num_warps=warps)
+    shape = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, num_warps=warps)
     if split == 1:
         _split_k_kernel[grid](x, weight, b_arg, y, m, n, k, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
                               0, HAS_BIAS=bias is not None, **shape, **pdl.options())

@@ -42,7 +42,4 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the MLP to x [T, hidden]."""
-        gate_up = self.gate_up_proj(x)
-        if type(self.down_proj) is Linear:  # its product may take gate_up itself (`gemv.silu_mul_linear`)
-            return gemv.silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
-        return self.down_proj(ops.silu_mul(gate_up))
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
