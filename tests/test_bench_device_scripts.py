@@ -191,3 +191,11 @@ def test_the_g16_call_times_its_launches_beside_every_shipped_pick_of_its_types(
     shipped = {names[tuple(tr.RepackedConfig(**table[key][m]))] for key in table if key.split()[0] in types
                for m in rows if m in table[key]}
     assert types == ["Q4_K", "Q6_K"] and shipped and shipped <= set(configs), shipped - set(configs)
+
+
+def test_the_fp8_attention_call_makes_its_side_from_a_line_that_exists():
+    """bench/gpu_fp8_attention.sh makes side attn by rewriting `FUSED_PRODUCERS`: the line must be there as
+    the script spells it."""
+    script = (ROOT / "bench/gpu_fp8_attention.sh").read_text()
+    assert (ROOT / "onebit/models/quantize.py").read_text().splitlines().count('FUSED_PRODUCERS = ("norm", "silu")') == 1
+    assert """s/^FUSED_PRODUCERS = ("norm", "silu")$/FUSED_PRODUCERS = ("norm", "silu", "attention")/""" in script

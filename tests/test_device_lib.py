@@ -26,7 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 LIB = REPO / "bench" / "device_lib.sh"
 # The scripts whose first step is `start_script` (OUT, the wheels, Python's output).
-PLAIN_SCRIPTS = ["gpu_deterministic.sh", "gpu_h2.sh", "gpu_host_overhead.sh", "gpu_ncu_rows.sh",
+PLAIN_SCRIPTS = ["gpu_deterministic.sh", "gpu_fp8_attention.sh", "gpu_h2.sh", "gpu_host_overhead.sh", "gpu_ncu_rows.sh",
                  "gpu_quant_checks.sh", "gpu_serve.sh", "gpu_serve64.sh", "gpu_spec.sh", "gpu_tables.sh"]
 PY = sys.executable
 

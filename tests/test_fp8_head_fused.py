@@ -298,6 +298,58 @@ def test_silu_producer_hands_its_down_product_block_scaled_rows(tiny_model_dir, 
     assert not torch.equal(plain, got)  # the weight-only reference: activations not quantized
 
 
+def test_attention_producer_hands_o_block_scaled_rows_on_decode_steps(tiny_model_dir, fp8_flags, monkeypatch):
+    """With "attention" among the producers, a decode-only step's attention kernel (Triton's interpreter
+    here) writes o's input as block-scaled e4m3 rows, one block per KV head's group of query heads: o's
+    output is bit for bit the block-form reference on the plain kernel's output. A step with a prefill,
+    or a row count o does not take them at, runs the plain path."""
+    from onebit.kernels import triton_decode
+    from onebit.kernels.attention import AttentionMetadata
+    from onebit.models import quantize
+
+    monkeypatch.setattr(quantize, "FUSED_PRODUCERS", ("norm", "silu", "attention"))
+    monkeypatch.setattr(fp8, "ACTIVATION_BLOCK", 32)  # the tiny model's group: 2 query heads x 16
+    llm = LLM_fp8(tiny_model_dir)
+    attn = llm.engine.runner.model.layers[0].self_attn
+    assert isinstance(attn, quantize.Fp8Attention) and attn.o_proj.fed == "blocks"
+    assert attn.num_heads // attn.num_kv_heads * attn.head_dim == 32
+    asked = []
+
+    def takes(rows, n, k, has_bias, device, fed="rows"):
+        asked.append((rows, fed))
+        return fed == "blocks" and rows == 3
+
+    monkeypatch.setattr(fp8, "takes_quantized_rows", takes)
+    monkeypatch.setattr(quantize, "decode_quantizes", lambda q, meta: not meta.prefills)  # the CPU's q too
+    g = torch.Generator().manual_seed(11)
+    heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    k_cache, v_cache = (torch.randn(6, 4, kv_heads, dim, generator=g) for _ in range(2))
+    q = torch.randn(3, heads, dim, generator=g)
+    tables = torch.tensor([[0, 1, 0], [2, 3, 4], [5, 0, 0]], dtype=torch.int32)
+    lens = torch.tensor([7, 10, 2], dtype=torch.int32)
+    meta = AttentionMetadata(slot_mapping=torch.zeros(3, dtype=torch.long), num_decodes=3, decode_block_tables=tables,
+                             decode_context_lens=lens, prefills=[], decode_max_context=12)
+    with torch.no_grad():
+        got = attn.attend(q, k_cache, v_cache, meta)
+        plain = triton_decode.paged_decode_attention(q, k_cache, v_cache, tables, lens, attn.scale, None, 12)
+        o = attn.o_proj
+        rows = fp8.Fp8Rows(*fp8.quantize_row_blocks(plain.reshape(3, -1), 32), plain.dtype, 32)
+        want = fp8.quantized_input_ref(rows, o.qweight, o.weight_scale, o.bias)
+        assert asked == [(3, "blocks")] and torch.equal(got, want)
+        two = attn.attend(q[:2], k_cache, v_cache, AttentionMetadata(
+            slot_mapping=torch.zeros(2, dtype=torch.long), num_decodes=2, decode_block_tables=tables[:2],
+            decode_context_lens=lens[:2], prefills=[], decode_max_context=12))
+    assert asked[-1] == (2, "blocks")  # not taken at 2 rows: the plain output, o quantizing nothing on the CPU
+    assert not torch.equal(two, want[:2]) and ((two - want[:2]).norm() / want[:2].norm()).item() < 0.1
+
+
+def LLM_fp8(model_dir):
+    """The tiny model on the CPU with FP8 products (the head in the run dtype)."""
+    from onebit import LLM
+
+    return LLM(str(model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
+
+
 def test_serve_quantizes_the_head_with_the_flag(tiny_model_dir):
     """`1bit serve --quantize fp8 --quantize-lm-head` scores a prompt as the engine with the head in
     FP8 does, not as the one with the head in the run dtype."""

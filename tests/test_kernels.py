@@ -46,6 +46,40 @@ def test_paged_decode_matches_reference(heads, kv_heads, head_dim, block_size, l
         assert rel < TOLERANCE, rel
 
 
+# (heads, kv_heads, head_dim, splits): one split (the split kernel quantizes), several (the merge does);
+# GQA 4 x 32 = a block of 128 values, GQA 2 x 16 = 32 values, MQA 8 x 32 = 256.
+@pytest.mark.parametrize("heads,kv_heads,head_dim,splits", [(8, 2, 32, 1), (8, 2, 32, 3), (4, 2, 16, 2), (8, 1, 32, 1)])
+def test_paged_decode_quantizes_its_output_as_the_block_quantizer_would(heads, kv_heads, head_dim, splits):
+    from onebit.kernels import fp8
+
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16  # the interpreter's bf16 is not the GPU's
+    q, k, v, tables, ctx = _case(3, heads, kv_heads, head_dim, 8, [1, 40, 90], seed=heads + splits)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    q[1, :heads // kv_heads] *= 50  # the second row's first group: a larger scale than its other groups
+    plain = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, num_splits=splits)
+    block = heads // kv_heads * head_dim
+    got_q, got_s = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, num_splits=splits,
+                                                         quantize_block=block)
+    want_q, want_s = fp8.quantize_row_blocks(plain.reshape(3, -1), block)
+    assert got_q.shape == (3, heads * head_dim) and got_s.shape == (3, kv_heads) == want_s.shape
+    assert torch.equal(got_s, want_s) and torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+    if kv_heads > 1:
+        assert got_s[1, 0] > 2 * got_s[1, 1:].max()
+    with pytest.raises(ValueError, match="block"):  # a block that is not one KV head's group
+        triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, num_splits=splits, quantize_block=2 * block)
+
+
+def test_paged_decode_writes_into_the_given_output():
+    q, k, v, tables, ctx = _case(2, 4, 2, 16, 4, [9, 30], seed=3)
+    want = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.25, num_splits=2)
+    step = torch.full((5, 4, 16), 7.0, device=DEVICE)  # a mixed step's output: decode rows first
+    got = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.25, num_splits=2, out=step[:2])
+    assert got.data_ptr() == step.data_ptr() and torch.equal(step[:2], want)
+    assert (step[2:] == 7.0).all()  # the prefill rows untouched
+    with pytest.raises(ValueError, match="does not fit"):
+        triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.25, out=step[:3])
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="bf16 tensor-core path needs the GPU")
 def test_paged_decode_bf16_on_gpu():
     q, k, v, tables, ctx = _case(3, 32, 8, 128, 16, [128, 300, 1000], seed=5)

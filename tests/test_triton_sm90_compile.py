@@ -31,6 +31,7 @@ COMPILE = textwrap.dedent("""
     import importlib
     import sys
     import triton
+    import triton.language as tl
     try:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
@@ -171,6 +172,13 @@ COMPILE = textwrap.dedent("""
             ("triton_decode", "_decode_split_kernel", decode,
              {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True}),
             ("triton_decode", "_decode_merge_kernel", decode, heads),
+            # the output written block-quantized for o's e4m3 product (quantize.Fp8Attention), by the split
+            # kernel (one split) and by the merge
+            ("triton_decode", "_decode_split_kernel", {**decode, "out_ptr": fp8, "s_ptr": "*fp32"},
+             {**heads, "NUM_SPLITS": 1, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True, "QUANTIZE": True,
+              "ROUND": tl.bfloat16}),
+            ("triton_decode", "_decode_merge_kernel", {**decode, "out_ptr": fp8, "s_ptr": "*fp32"},
+             {**heads, "QUANTIZE": True, "ROUND": tl.bfloat16}),
             ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32", "out_ptr": "*fp32"},
              {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT": 4, "EVEN_K": True}),
             ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32"},
@@ -252,7 +260,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 26
+    assert len(lines) == 28
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line

@@ -91,6 +91,31 @@ def prefill_attention_ref(q, k_cache, v_cache, context_len, block_table, scale, 
     return out.transpose(0, 1)
 
 
+def _decode_splits(meta: AttentionMetadata) -> int | None:
+    # adaptive: the split count from the row count (graph-safe), each context split evenly; else the
+    # engine's fixed split count and length
+    return None if triton_decode.adaptive_splits else meta.decode_num_splits
+
+
+def decode_quantizes(q: torch.Tensor, meta: AttentionMetadata) -> bool:
+    """Whether `paged_decode_attention_quantized` can run this step: every token a decode, on the GPU's
+    decode kernel (not in deterministic mode, whose kernel differs)."""
+    return (q.is_cuda and triton_decode is not None and not batch_invariant.enabled()
+            and meta.num_decodes == q.shape[0] and not meta.prefills)
+
+
+def paged_decode_attention_quantized(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                     meta: AttentionMetadata, scale: float, block: int,
+                                     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`paged_attention` of a decode-only step (`decode_quantizes`) as e4m3 rows [T, heads * head_dim]
+    with one float32 scale per row and block of `block` values (the query heads of one KV head):
+    what `fp8.quantize_row_blocks` makes of the plain output, written by the attention's own kernel."""
+    return triton_decode.paged_decode_attention(
+        q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, _decode_splits(meta),
+        meta.decode_max_context, k_scale, v_scale, quantize_block=block)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,10 +130,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if q.is_cuda and triton_decode is not None:
             # adaptive: the split count from the row count (graph-safe), each context split evenly;
             # else the engine's fixed split count and length
-            splits = None if triton_decode.adaptive_splits else meta.decode_num_splits
-            out[:d] = triton_decode.paged_decode_attention(
+            # written into the step's output in place: a copy kernel per layer otherwise
+            triton_decode.paged_decode_attention(
                 q[:d], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                splits, meta.decode_max_context, k_scale, v_scale)
+                _decode_splits(meta), meta.decode_max_context, k_scale, v_scale, out=out[:d])
         else:
             out[:d] = decode_attention_ref(q[:d], k_cache, v_cache, meta.decode_block_tables,
                                            meta.decode_context_lens, scale, k_scale, v_scale)

@@ -27,6 +27,24 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import kv_fp8, pdl
+from onebit.kernels.triton_fp8_fast import _e4m3_scale, _to_e4m3
+
+
+@triton.jit
+def _store_group(out, out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok, stride_ob, stride_oh, stride_sb,
+                 QUANTIZE: tl.constexpr, ROUND: tl.constexpr):
+    # out [GROUP_PAD, HEAD_DIM] float32: one sequence's output for the query heads of one KV head.
+    # QUANTIZE: stored as e4m3 with one scale for the group (one block of GROUP x HEAD_DIM values of the
+    # sequence's row, at s_ptr[seq, kv_head]), from the values rounded to ROUND (the model's dtype) as the
+    # plain store leaves them: `quantize_row_blocks` of the plain output gives the same bits.
+    ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :]
+    if QUANTIZE:
+        v = out.to(ROUND).to(tl.float32)
+        s = _e4m3_scale(tl.max(tl.max(tl.where(row_ok[:, None], tl.abs(v), 0.0), axis=1), axis=0))
+        tl.store(s_ptr + seq * stride_sb + kv_head, s)
+        tl.store(ptrs, _to_e4m3(v, s).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 # The table width and the split length change from one eager step to the next: specializing on
@@ -39,6 +57,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
     DOT_F16: tl.constexpr = False, PDL: tl.constexpr = False,
+    s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False, ROUND: tl.constexpr = None,
 ):
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
@@ -86,9 +105,8 @@ def _decode_split_kernel(
         acc = acc * tl.load(v_scale_ptr + kv_head)
 
     if NUM_SPLITS == 1:  # the whole context: normalize and write the output, no merge
-        out = acc / tl.maximum(l, 1e-30)[:, None]
-        tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        _store_group(acc / tl.maximum(l, 1e-30)[:, None], out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok,
+                     stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
     else:  # only the group's real rows: padding rows would be bytes written and read for nothing
         base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
         tl.store(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :], acc,
@@ -101,7 +119,7 @@ def _decode_split_kernel(
 def _decode_merge_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False, ROUND: tl.constexpr = None,
 ):
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
@@ -126,11 +144,11 @@ def _decode_merge_kernel(
         l_all += l * w
         acc += tl.load(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :],
                        mask=row_ok[:, None], other=0.0) * w[:, None]
-    out = acc / tl.maximum(l_all, 1e-30)[:, None]
-    heads = kv_head * GROUP + rows
-    tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    _store_group(acc / tl.maximum(l_all, 1e-30)[:, None], out_ptr, s_ptr, seq, kv_head, kv_head * GROUP + rows, dims,
+                 row_ok, stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
 
+
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 # The adaptive split rule (`choose_num_splits`). A split shorter than MIN_SPLIT_TOKENS (two key
 # tiles) costs more in its fixed work (q load, partial store, merge) than it saves.
@@ -213,7 +231,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            num_splits: int | None = 1, max_context: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           min_split: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
+                           min_split: int | None = None, launch: DecodeLaunch | None = None,
+                           out: torch.Tensor | None = None, quantize_block: int = 0
+                           ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, heads, head_dim] over cached contexts; caches [blocks, block_size, kv_heads, head_dim]
     (e4m3 caches with their per-KV-head scales k_scale, v_scale [kv_heads] float32).
 
@@ -224,6 +244,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     without min_split is the fixed rule: every split covers ceil(max_context / num_splits)
     tokens. All launch parameters depend on shapes only, so the call can be captured in a CUDA graph.
     `launch` overrides the kernel's tile, warps and stages (`LAUNCH` by cache dtype; benches).
+    `out` [B, heads, head_dim] (any strides with a unit last one, e.g. the decode rows of a mixed step's
+    output) receives the result, which is also returned.
+    `quantize_block` (the query heads of one KV head times head_dim, `fp8.ACTIVATION_BLOCK` for an FP8
+    product after it): returns (e4m3 [B, heads * head_dim], scales [B, kv_heads] float32), the output
+    quantized with one scale per row and block as `fp8.quantize_row_blocks` would quantize it, by the
+    kernel that writes it (no output in q's dtype, no quantizer launch).
     """
     batch, num_heads, head_dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
@@ -240,7 +266,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     launch = launch or LAUNCH["fp8" if fp8 else "bf16"]
     tile = launch.tile if head_dim <= 128 else 32
     tuning = {"num_warps": launch.warps} | ({"num_stages": launch.stages} if launch.stages else {})
-    out = torch.empty_like(q)
+    quantized = {}
+    if quantize_block:
+        if quantize_block != group * head_dim or out is not None:
+            raise ValueError(f"a quantized output takes blocks of {group} heads x {head_dim} = {group * head_dim} "
+                             f"values and no `out`, got a block of {quantize_block}")
+        out = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
+        scales = torch.empty((batch, kv_heads), dtype=torch.float32, device=q.device)
+        quantized = {"s_ptr": scales, "stride_sb": scales.stride(0), "QUANTIZE": True, "ROUND": _TL_DTYPES[q.dtype]}
+    elif out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(2) != 1:
+        raise ValueError(f"out {tuple(out.shape)} with strides {out.stride()} does not fit q {tuple(q.shape)}")
     if num_splits > 1:
         part_acc = torch.empty((batch, kv_heads, num_splits, group_pad, head_dim), dtype=torch.float32,
                                device=q.device)
@@ -255,9 +292,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
         NUM_SPLITS=num_splits, KV_FP8=fp8, DOT_F16=kv_fp8.float16_products(fp8, q.dtype, FP8_DOT_F16),
-        **tuning, **pdl.options())
+        **tuning, **pdl.options(), **(quantized if num_splits == 1 else {}))
     if num_splits > 1:
         _decode_merge_kernel[(batch, kv_heads)](
             part_acc, part_ml, out, out.stride(0), out.stride(1),
-            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl.options())
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl.options(), **quantized)
+    if quantize_block:
+        return out.view(batch, num_heads * head_dim), scales
     return out

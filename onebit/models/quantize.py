@@ -7,11 +7,12 @@ way with `head=True` (`--quantize-lm-head`, on by default: its error reaches eve
 costs +0.07-0.14 points of held-out perplexity on the demo model, docs/perf.md). A tied head (the embedding's matrix) gets an e4m3 copy
 of its own: the embedding lookup keeps the run dtype.
 
-With FP8 products, the RMSNorms before the attention's qkv and the MLP's gate_up (and, if
-`FUSED_PRODUCERS` names it, the SiLU * mul before down) become their fused forms (`Fp8InputNorm`,
-`Fp8SwiGLU`): when the product takes e4m3 rows in the form its producer emits for the step's row
-count (`fp8.FED_KINDS`: a scale per row from the norms for `_scaled_mm` or the w8a8 split-K kernel, a
-scale per row and block from SiLU * mul for the split-K kernel's block form; with `fp8.FUSE_QUANT`),
+With FP8 products, the producers `FUSED_PRODUCERS` names become their fused forms: the RMSNorms before
+the attention's qkv and the MLP's gate_up (`Fp8InputNorm`), the SiLU * mul before down (`Fp8SwiGLU`), the
+decode attention before o (`Fp8Attention`). When the product takes e4m3 rows in the form its producer
+emits for the step's row count (`fp8.FED_KINDS`: a scale per row from the norms for `_scaled_mm` or the
+w8a8 split-K kernel, a scale per row and block from SiLU * mul and the attention for the split-K
+kernel's block form; with `fp8.FUSE_QUANT`),
 they emit e4m3 rows and scales (`fp8.Fp8Rows`) in the same kernel, and no separate quantizer runs.
 """
 
@@ -22,7 +23,9 @@ from torch import nn
 
 from onebit.kernels import fp8
 from onebit.kernels import ops
+from onebit.kernels.attention import AttentionMetadata, decode_quantizes, paged_decode_attention_quantized
 from onebit.models.layers import Linear, RMSNorm, SwiGLU
+from onebit.models.transformer import Attention
 
 METHODS = ("fp8",)
 # The producers `fuse_input_quantization` fuses with the quantizer ("norm": the RMSNorms before qkv
@@ -34,6 +37,9 @@ METHODS = ("fp8",)
 # SiLU one with a scale per row and block, one program a block, for the split-K kernel's block form;
 # session 26: down fed by it 18.3 us at 64 rows (20.9 quantizing its own input, 23.3 per row before),
 # FP8 B=64 +4.4% and B=32 +2.9% with the block form (three runs a side), so both are fused.
+# "attention" (built after session 26's device time, not yet measured, so not named here): a
+# decode-only step's attention kernel writes o's input block-quantized (`Fp8Attention`), where one
+# KV head's group of query heads is one block (Qwen3-8B, Llama-3-8B: 4 x 128 = 512 values).
 FUSED_PRODUCERS = ("norm", "silu")
 
 
@@ -85,6 +91,20 @@ class Fp8InputNorm(RMSNorm):
         return super().forward(x, residual)
 
 
+class Fp8Attention(Attention):
+    """Attention whose o product is an `Fp8Linear` fed block-scaled e4m3 rows: at the row counts o takes
+    them, a decode-only step's attention kernel writes its output quantized (one scale per row and
+    KV head's group of query heads, `fp8.ACTIVATION_BLOCK` values), and o's quantizer launch goes."""
+
+    def attend(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """As `Attention.attend`, o fed `fp8.Fp8Rows` where it takes them."""
+        if decode_quantizes(q, meta) and self.o_proj.takes_quantized_rows(q.shape[0], q.device):
+            rows = paged_decode_attention_quantized(q, k_cache, v_cache, meta, self.scale, fp8.ACTIVATION_BLOCK,
+                                                    self.k_scale, self.v_scale)
+            return self.o_proj(fp8.Fp8Rows(*rows, q.dtype, fp8.ACTIVATION_BLOCK))
+        return super().attend(q, k_cache, v_cache, meta)
+
+
 class Fp8SwiGLU(SwiGLU):
     """A SwiGLU MLP with FP8 products: for the row counts its down product takes e4m3
     rows with a scale per row and block at, SiLU * mul emits them in one kernel."""
@@ -109,11 +129,11 @@ def fed_layers(model: nn.Module) -> dict[str, str]:
 
 
 def fuse_input_quantization(model: nn.Module) -> int:
-    """Turn each decoder layer's RMSNorms before qkv and gate_up, and its SwiGLU, into the fused
-    forms where the product after them is an `Fp8Linear` (those of `FUSED_PRODUCERS`); returns how
+    """Turn each decoder layer's RMSNorms before qkv and gate_up, its SwiGLU and its attention into the
+    fused forms where the product after them is an `Fp8Linear` (those of `FUSED_PRODUCERS`); returns how
     many products it feeds.
-    The modules change class in place (same parameters, same names): `Fp8InputNorm` and
-    `Fp8SwiGLU` only add a forward."""
+    The modules change class in place (same parameters, same names): `Fp8InputNorm`, `Fp8SwiGLU` and
+    `Fp8Attention` only override how they run."""
     fed = 0
     for layer in model.modules():
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -128,6 +148,11 @@ def fuse_input_quantization(model: nn.Module) -> int:
         if "silu" in FUSED_PRODUCERS and type(mlp) is SwiGLU and isinstance(mlp.down_proj, Fp8Linear):
             mlp.__class__ = Fp8SwiGLU
             mlp.down_proj.fed = "blocks"
+            fed += 1
+        if "attention" in FUSED_PRODUCERS and type(attn) is Attention and isinstance(attn.o_proj, Fp8Linear) \
+                and attn.num_heads // attn.num_kv_heads * attn.head_dim == fp8.ACTIVATION_BLOCK:
+            attn.__class__ = Fp8Attention  # one block a KV head's group of query heads (Qwen3-8B: 4 x 128)
+            attn.o_proj.fed = "blocks"
             fed += 1
     return fed
 

@@ -33,17 +33,24 @@ class Attention(nn.Module):
         self.register_buffer("k_scale", None, persistent=False)
         self.register_buffer("v_scale", None, persistent=False)
 
-    def forward(self, x, positions, rope, k_cache, v_cache, meta: AttentionMetadata):
-        """Attend x [T, hidden] over the cache, after writing this step's K/V into it."""
-        t = x.shape[0]
+    def queries(self, x, positions, rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """This step's queries [T, heads, head_dim] from x [T, hidden] (normed and rotated), after writing
+        its K/V into the cache."""
         has_norm = self.q_norm is not None
-        q = ops.qk_norm_rope_store(
+        return ops.qk_norm_rope_store(
             self.qkv_proj(x), positions, rope[0], rope[1], self.q_norm.weight if has_norm else None,
             self.k_norm.weight if has_norm else None, self.q_norm.eps if has_norm else 0.0,
             meta.slot_mapping, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.head_dim,
             self.k_scale, self.v_scale)
+
+    def attend(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """o_proj of the queries' attention over the cache: [T, hidden]."""
         out = paged_attention(q, k_cache, v_cache, meta, self.scale, self.k_scale, self.v_scale)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return self.o_proj(out.reshape(q.shape[0], self.q_size))
+
+    def forward(self, x, positions, rope, k_cache, v_cache, meta: AttentionMetadata):
+        """Attend x [T, hidden] over the cache, after writing this step's K/V into it."""
+        return self.attend(self.queries(x, positions, rope, k_cache, v_cache, meta), k_cache, v_cache, meta)
 
 
 class DecoderLayer(nn.Module):
