@@ -61,11 +61,12 @@ install_wheels() {
 start_script() {
     # The common start of a device script, after `set -u` and sourcing this library: OUT (/tmp/out
     # unless set) made, the wheels installed (the script exits when that fails), Python's output
-    # unbuffered and progress bars off.
+    # unbuffered and progress bars off, and the calibration cache off unless set (each engine a script
+    # starts times its products, as A/B runs and start-up timings need).
     OUT=${OUT:-/tmp/out}
     mkdir -p "$OUT"
     install_wheels || exit 1
-    export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+    export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 ONEBIT_CALIBRATION_CACHE=${ONEBIT_CALIBRATION_CACHE:-off}
 }
 
 install_wheels_if_carried() {

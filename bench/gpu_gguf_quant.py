@@ -236,6 +236,7 @@ def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: s
     from onebit.kernels import fp8, gemv  # the calibrations' picks per product shape and row count
     record["fp8_picks"], record["bf16_picks"] = fp8.picks(), gemv.picks()
     record["startup_s"] = llm.engine.runner.startup_s
+    record["calibration_source"] = llm.engine.runner.calibration_source  # "timed", or "cache" (no timing ran)
     # each product's calibration line (us and TB/s of every kind) at the batch sizes timed here
     record["calibration"] = [line for line in llm.engine.runner.gemv_report
                              if any(f", {b} row(s):" in line for b in batches)]

@@ -103,9 +103,10 @@ def test_start_script_makes_out_installs_and_exports(tmp_path):
     write_wheel(tmp_path / ".whl")
     done = bash(f'WHEEL_SITE="{tmp_path}/site"\nstart_script\necho "OUT=$OUT"; ls -d "$OUT"\n'
                 'python3 -c "import os, demo_pkg; print(demo_pkg.VALUE, os.environ[\'PYTHONUNBUFFERED\'], '
-                'os.environ[\'TQDM_DISABLE\'])"', tmp_path, env={"OUT": f"{tmp_path}/given"})
+                'os.environ[\'TQDM_DISABLE\'], os.environ[\'ONEBIT_CALIBRATION_CACHE\'])"', tmp_path,
+                env={"OUT": f"{tmp_path}/given"})
     assert done.returncode == 0, done.stderr
-    assert lines(done.stdout) == [f"OUT={tmp_path}/given", f"{tmp_path}/given", "42 1 1"]
+    assert lines(done.stdout) == [f"OUT={tmp_path}/given", f"{tmp_path}/given", "42 1 1 off"]  # each run calibrates
 
 
 def test_start_script_exits_the_script_without_wheels(tmp_path):

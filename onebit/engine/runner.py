@@ -12,7 +12,8 @@ from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder, ladder_for
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
-from onebit.kernels import batch_invariant, fp8, gemv, ops
+from onebit.engine import calibration_cache
+from onebit.kernels import batch_invariant, fp8, gemv, ops, pdl
 from onebit.kernels.attention import AttentionMetadata, triton_decode, triton_prefill_flash
 from onebit.models.config import ModelConfig
 from onebit.models.fp8_checkpoint import fp8_block_layers
@@ -89,6 +90,8 @@ class ModelRunner:
         self.gemv_report: list[str] = []  # the products' calibration lines, for logs and benchmarks
         # seconds of each CUDA start-up phase (calibration, graph capture, eager warm-up), for logs and benches
         self.startup_s: dict[str, float] = {}
+        # "timed" or "cache" (`calibration_cache`) after a CUDA start-up; "none" elsewhere
+        self.calibration_source = "none"
         if device.type == "cuda":
             self._start_on_cuda(num_blocks, calibrate_bf16=triton_gemv, cuda_graphs=cuda_graphs)
 
@@ -96,22 +99,22 @@ class ModelRunner:
         """The CUDA start-up, each phase timed into `startup_s`: the products' calibrations (before the
         capture, so that each graph records whichever product won for its row count), the graphs'
         capture, the eager warm-up."""
-        model, dtype = self.model, self.dtype
+        model = self.model
         rows = max(self.parallel, min(self.parallel * self.max_graph_chunk, LADDER[-1]))  # the graphs' largest step
         started = time.perf_counter()
-        if calibrate_bf16 and dtype in (torch.bfloat16, torch.float16):
-            # Triton candidates up to gemv.MAX_CALIBRATED_ROWS, cuBLASLt at every graph size
-            self.gemv_report = gemv.calibrate(model.linear_weights(), ladder_for(rows))
-        quantized = fp8_layers(model)
-        if quantized:  # --quantize fp8: its kernel per row count
-            self.gemv_report += fp8.calibrate(quantized, [b for b in ladder_for(rows) if b <= fp8.MAX_CALIBRATED_ROWS],
-                                              dtype, fed_layers(model))
-        blocked = fp8_block_layers(model)
-        if blocked:  # a block-scaled FP8 checkpoint: its kernel per row count
-            self.gemv_report += fp8.calibrate_blocks(
-                blocked, [b for b in ladder_for(rows) if b <= fp8.MAX_WEIGHT_ONLY_ROWS], dtype)
+        folder = calibration_cache.default_dir()
+        inputs = self._calibration_inputs(ladder_for(rows), calibrate_bf16)
+        key = calibration_cache.cache_key(calibration_cache.environment(self.device), inputs)
+        self.gemv_report, source = calibration_cache.calibrate_or_restore(
+            folder, key, lambda: self._calibrate(ladder_for(rows), calibrate_bf16),
+            lambda: {"gemv": gemv.chosen_state(), "fp8": fp8.chosen_state()},
+            lambda state: (gemv.restore_chosen(state["gemv"]), fp8.restore_chosen(state["fp8"])))
         for line in self.gemv_report:
             log.info(line)
+        if source == "cache":
+            log.info("the products' choices come from the calibration cache %s (%s=off times them again)",
+                     folder / f"{key}.json", calibration_cache.ENV)
+        self.calibration_source = source
         self.startup_s["calibration"] = time.perf_counter() - started
         started = time.perf_counter()
         if cuda_graphs:
@@ -124,6 +127,41 @@ class ModelRunner:
         self.warm_up_eager(num_blocks)
         self.startup_s["eager warm-up"] = time.perf_counter() - started
         log.info("start-up on the GPU: %s", ", ".join(f"{phase} {s:.1f} s" for phase, s in self.startup_s.items()))
+
+    def _calibrate(self, ladder: list[int], calibrate_bf16: bool) -> list[str]:
+        """Time the products' candidates at the graphs' row counts (`gemv`, `fp8`); the report lines."""
+        model, dtype = self.model, self.dtype
+        lines = []
+        if calibrate_bf16 and dtype in (torch.bfloat16, torch.float16):
+            # Triton candidates up to gemv.MAX_CALIBRATED_ROWS, cuBLASLt at every graph size
+            lines += gemv.calibrate(model.linear_weights(), ladder)
+        quantized = fp8_layers(model)
+        if quantized:  # --quantize fp8: its kernel per row count
+            lines += fp8.calibrate(quantized, [b for b in ladder if b <= fp8.MAX_CALIBRATED_ROWS], dtype,
+                                   fed_layers(model))
+        blocked = fp8_block_layers(model)
+        if blocked:  # a block-scaled FP8 checkpoint: its kernel per row count
+            lines += fp8.calibrate_blocks(blocked, [b for b in ladder if b <= fp8.MAX_WEIGHT_ONLY_ROWS], dtype)
+        return lines
+
+    def _calibration_inputs(self, ladder: list[int], calibrate_bf16: bool) -> dict:
+        """What `_calibrate` times, as JSON values, for the calibration cache's key: the products'
+        shapes and dtypes, the producers' forms, the row counts, and the module switches that change
+        the candidates or how they are timed."""
+        def shapes(layers: dict) -> list:
+            return sorted({json_shape(v) for v in layers.values()})
+
+        def json_shape(value: tuple) -> str:
+            return " ".join(f"{tuple(t.shape)}:{t.dtype}" if isinstance(t, torch.Tensor) else repr(t) for t in value)
+
+        model = self.model
+        quantized = fp8_layers(model)
+        return {"dtype": str(self.dtype), "rows": ladder, "bf16": calibrate_bf16,
+                "linear": shapes(model.linear_weights()), "fp8": shapes(quantized),
+                "fed": sorted({f"{json_shape(quantized[name])} {form}" for name, form in fed_layers(model).items()}),
+                "fp8_blocks": shapes(fp8_block_layers(model)),
+                "switches": {"fp8.FAST": fp8.FAST, "fp8.FUSE_QUANT": fp8.FUSE_QUANT, "fp8.BLOCK_FORM": fp8.BLOCK_FORM,
+                             "pdl": bool(pdl.options())}}
 
     @torch.inference_mode()
     def warm_up_eager(self, scratch_block: int) -> None:

@@ -460,6 +460,30 @@ def picks() -> dict[str, dict[int, str]]:
             for label, n, k, table in tables}
 
 
+def _config_state(config: tuple | None) -> list | None:
+    return None if config is None else [_config_state(c) if isinstance(c, tuple) else c for c in config]
+
+
+def _config_from_state(config: list | None) -> tuple | None:
+    return None if config is None else tuple(_config_from_state(c) if isinstance(c, list) else c for c in config)
+
+
+def chosen_state() -> dict[str, list]:
+    """Every calibrated choice (the three tables) as JSON-ready lists (`onebit.engine.calibration_cache`)."""
+    return {name: [[_config_state(key), [[rows, kind, _config_state(config)] for rows, (kind, config) in table]]
+                   for key, table in tables.items()]
+            for name, tables in (("plain", _CHOSEN), ("quantized_input", _CHOSEN_QUANTIZED_INPUT),
+                                 ("blocks", _CHOSEN_BLOCKS))}
+
+
+def restore_chosen(state: dict[str, list]) -> None:
+    """Make `chosen_state`'s choices the calibrated ones, as if the calibrations had just found them."""
+    reset()
+    for name, tables in (("plain", _CHOSEN), ("quantized_input", _CHOSEN_QUANTIZED_INPUT), ("blocks", _CHOSEN_BLOCKS)):
+        for key, table in state.get(name, []):
+            tables[_config_from_state(key)] = [(rows, (kind, _config_from_state(config))) for rows, kind, config in table]
+
+
 def reset() -> None:
     """Forget every calibrated choice (tests, A/B runs)."""
     _CHOSEN.clear()

@@ -163,6 +163,19 @@ def picks() -> dict[str, dict[int, str]]:
     return out
 
 
+def chosen_state() -> list:
+    """Every calibrated choice as JSON-ready lists (`onebit.engine.calibration_cache` keeps them on disk)."""
+    return [[device, rows, n, k, str(dtype).removeprefix("torch."), bias, kernel, list(config)]
+            for (device, rows, n, k, dtype, bias), (kernel, config) in _CHOSEN.items()]
+
+
+def restore_chosen(state: list) -> None:
+    """Make `chosen_state`'s choices the calibrated ones, as if `calibrate` had just found them."""
+    _CHOSEN.clear()
+    for device, rows, n, k, dtype, bias, kernel, config in state:
+        _CHOSEN[(device, rows, n, k, getattr(torch, dtype), bias)] = (kernel, tuple(config))
+
+
 def reset() -> None:
     """Forget every choice (tests)."""
     _CHOSEN.clear()
