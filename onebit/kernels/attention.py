@@ -128,8 +128,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     d = meta.num_decodes
     if d:
         if q.is_cuda and triton_decode is not None:
-            # adaptive: the split count from the row count (graph-safe), each context split evenly;
-            # else the engine's fixed split count and length
             # written into the step's output in place: a copy kernel per layer otherwise
             triton_decode.paged_decode_attention(
                 q[:d], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
