@@ -10,6 +10,8 @@ import torch
 # compare each kernel with its plain-torch reference. Must be set before triton is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Tests never read or write the user's calibration cache; the tests of the cache point it at a temporary folder.
+os.environ["ONEBIT_CALIBRATION_CACHE"] = "off"
 
 import pytest  # noqa: E402
 

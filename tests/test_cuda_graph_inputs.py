@@ -145,10 +145,11 @@ def test_eager_warm_up_compiles_the_long_prompt_flash_launch(tiny_model_dir, mon
     assert (triton_prefill_flash.MANY_PROGRAMS_LAUNCH, torch.float32, runner.kv_cache.dtype) in launches
 
 
-def test_the_cuda_start_up_runs_its_phases_in_order_over_the_runner_it_builds(tiny_model_dir, monkeypatch):
+def test_the_cuda_start_up_runs_its_phases_in_order_over_the_runner_it_builds(tiny_model_dir, monkeypatch, tmp_path):
     """`ModelRunner._start_on_cuda` (only a CUDA device runs it), here on a CPU runner with its GPU parts
     faked: the bf16 calibration over every graph row count, the FP8 calibration where there are FP8
-    layers, then the graphs' capture and the eager warm-up, each timed; the report keeps every line."""
+    layers, then the graphs' capture and the eager warm-up, each timed; the report keeps every line.
+    A second start with the same inputs restores the choices from the calibration cache, timing nothing."""
     from onebit.engine import runner as runner_module
 
     llm = LLM(str(tiny_model_dir), device="cpu", parallel=8, block_size=4, enable_prefix_caching=False)
@@ -164,7 +165,9 @@ def test_the_cuda_start_up_runs_its_phases_in_order_over_the_runner_it_builds(ti
             calls.append("capture")
 
     monkeypatch.setattr(runner_module.gemv, "calibrate", lambda layers, rows: calls.append(("bf16", rows)) or ["bf16 line"])
-    monkeypatch.setattr(runner_module, "fp8_layers", lambda model: {"layers.0.o": object()})
+    monkeypatch.setattr(runner_module, "fp8_layers",
+                        lambda model: {"layers.0.o": (torch.zeros(4, 8, dtype=torch.float8_e4m3fn), torch.ones(4), None)})
+    monkeypatch.setenv("ONEBIT_CALIBRATION_CACHE", str(tmp_path / "calibration"))
     monkeypatch.setattr(runner_module, "fed_layers", lambda model: {})
     monkeypatch.setattr(runner_module.fp8, "calibrate",
                         lambda layers, rows, dtype, fed: calls.append(("fp8", rows)) or ["fp8 line"])
@@ -176,6 +179,11 @@ def test_the_cuda_start_up_runs_its_phases_in_order_over_the_runner_it_builds(ti
     largest = min(8 * runner.max_graph_chunk, 512)
     assert calls == [("bf16", ladder_for(largest)), ("fp8", [b for b in ladder_for(largest) if b <= runner_module.fp8.MAX_CALIBRATED_ROWS]),
                      ("graphs", largest), "capture", "warm-up"]
-    assert runner.gemv_report == ["bf16 line", "fp8 line"]
+    assert runner.gemv_report == ["bf16 line", "fp8 line"] and runner.calibration_source == "timed"
     assert list(runner.startup_s) == ["calibration", "graph capture", "eager warm-up"]
     assert isinstance(runner.graphs, Graphs)
+    assert len(list((tmp_path / "calibration").glob("*.json"))) == 1
+    calls.clear()
+    runner._start_on_cuda(llm.engine.scheduler.blocks.num_blocks, calibrate_bf16=True, cuda_graphs=True)
+    assert calls == [("graphs", largest), "capture", "warm-up"]  # nothing timed
+    assert runner.gemv_report == ["bf16 line", "fp8 line"] and runner.calibration_source == "cache"

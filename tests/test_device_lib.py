@@ -101,7 +101,7 @@ def test_install_wheels_fails_without_wheels_and_keeps_pythonpath(tmp_path):
 
 def test_start_script_makes_out_installs_and_exports(tmp_path):
     write_wheel(tmp_path / ".whl")
-    done = bash(f'WHEEL_SITE="{tmp_path}/site"\nstart_script\necho "OUT=$OUT"; ls -d "$OUT"\n'
+    done = bash(f'WHEEL_SITE="{tmp_path}/site"\nunset ONEBIT_CALIBRATION_CACHE\nstart_script\necho "OUT=$OUT"; ls -d "$OUT"\n'
                 'python3 -c "import os, demo_pkg; print(demo_pkg.VALUE, os.environ[\'PYTHONUNBUFFERED\'], '
                 'os.environ[\'TQDM_DISABLE\'], os.environ[\'ONEBIT_CALIBRATION_CACHE\'])"', tmp_path,
                 env={"OUT": f"{tmp_path}/given"})
