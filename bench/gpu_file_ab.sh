@@ -46,8 +46,8 @@ for side in "${distinct[@]}"; do
         echo "no $(overlay "$side") for side $side: put its versions of the files there (see the header)"; exit 1; }
 done
 if [[ ${WHEELS:-1} == 1 ]]; then install_wheels || exit 1; fi  # WHEELS=0: a CPU try in the venv
-export ONEBIT_CALIBRATION_CACHE=${ONEBIT_CALIBRATION_CACHE:-off}  # every run times its own products
-export PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+# as start_script: every run times its own products (the calibration cache off unless set)
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 ONEBIT_CALIBRATION_CACHE=${ONEBIT_CALIBRATION_CACHE:-off}
 TREES=$(mktemp -d)  # the other sides' trees
 for side in "${distinct[@]}"; do
     [[ $side == new ]] && continue

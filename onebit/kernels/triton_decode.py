@@ -148,6 +148,7 @@ def _decode_merge_kernel(
                  row_ok, stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
 
 
+# The Triton dtype a quantized output is rounded to first, by the queries' torch dtype.
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 # The adaptive split rule (`choose_num_splits`). A split shorter than MIN_SPLIT_TOKENS (two key
