@@ -34,7 +34,13 @@ from onebit.kernels.triton_split_k import reduce_partials
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
 # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). BLOCK_M is 1 (one row, no tl.dot) or 16/32/64.
-ONE_ROW_CONFIGS = [(1, 16, 512, 1, 4), (1, 16, 512, 4, 4), (1, 32, 256, 4, 4), (1, 16, 1024, 2, 4),
+# One row, SPLIT 1 with 4 or 8 columns a program and 2,048-value K tiles (session 27 on the H200): every
+# 8B product took one of the two at one row (qkv 9.6 -> 8.6 us, o 7.0 -> 6.7, gate_up 26.5 -> 25.7, down
+# 15.3 -> 15.1, head 138 -> 136) over the split picks before, whose 144 sum launches a step went with
+# them: FP8 B=1 367 -> 380 tok/s. Also timed then and never picked: (1, 8, 1024, 1, 4), (1, 4, 4096, 1, 8),
+# (1, 8, 512, 1, 2).
+ONE_ROW_CONFIGS = [(1, 4, 2048, 1, 4), (1, 8, 2048, 1, 8),
+                   (1, 16, 512, 1, 4), (1, 16, 512, 4, 4), (1, 32, 256, 4, 4), (1, 16, 1024, 2, 4),
                    (1, 32, 512, 2, 4), (1, 64, 256, 4, 8), (1, 16, 256, 8, 4), (1, 8, 1024, 4, 4)]
 FEW_ROW_CONFIGS = [(16, 16, 512, 1, 4), (16, 16, 512, 4, 4), (16, 32, 256, 4, 4), (16, 32, 512, 2, 4),
                    (16, 64, 256, 4, 4), (16, 64, 256, 2, 8), (16, 16, 256, 8, 4), (16, 32, 256, 8, 4)]
@@ -246,7 +252,7 @@ def w8a8_candidates(rows: int) -> list[tuple[int, ...]]:
 def default_config(rows: int) -> tuple[int, int, int, int, int]:
     """The config used for a row count nothing was calibrated for."""
     if rows == 1:
-        return ONE_ROW_CONFIGS[1]
+        return ONE_ROW_CONFIGS[0]
     if rows <= 16:
         return FEW_ROW_CONFIGS[1]
     return MANY_ROW_CONFIGS[0] if rows <= 32 else MANY_ROW_CONFIGS[2]
