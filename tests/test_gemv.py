@@ -37,6 +37,21 @@ def test_every_candidate_matches_f_linear(m, n, k, bias):
         assert ((got - want).norm() / want.norm()).item() < TOLERANCE, (kernel, config)
 
 
+@pytest.mark.parametrize("n,k", [(37, 300), (64, 4100)])
+def test_the_narrow_one_row_configs_match_f_linear_and_are_offered_only_when_on(n, k, monkeypatch):
+    """`NARROW_GEMV`'s configs (K tiles of 2,048-4,096 values, longer than these K) against F.linear,
+    and among the one-row candidates only with the switch on."""
+    narrow = [("gemv", c) for c in triton_gemv.NARROW_GEMV_CONFIGS]
+    assert not set(narrow) & set(triton_gemv.candidates(1))
+    monkeypatch.setattr(triton_gemv, "NARROW_GEMV", True)
+    assert set(narrow) <= set(triton_gemv.candidates(1)) and not set(narrow) & set(triton_gemv.candidates(2))
+    x, weight, b = _case(1, n, k, True, seed=n + k)
+    want = F.linear(x, weight, b)
+    for kernel, config in narrow:
+        got = triton_gemv.KERNELS[kernel](x, weight, b, config)
+        assert ((got - want).norm() / want.norm()).item() < TOLERANCE, config
+
+
 def test_strided_weight_rows():
     """A weight that is a row slice of a wider matrix (row stride > K) reads the right elements."""
     g = torch.Generator().manual_seed(3)
