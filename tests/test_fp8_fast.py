@@ -322,3 +322,32 @@ def test_picks_report_each_table_by_shape_and_rows(monkeypatch):
     assert fp8.picks() == {"4096x1024": {1: "split_k (1, 16, 512, 4, 4)", 64: "scaled_mm None"},
                            "e4m3 rows 6144x1024": {64: "split_k_w8a8 (64, 64, 256, 1, 4, 4)"},
                            "e4m3 blocks 1024x3072": {64: "split_k_w8a8_blocks (64, 64, 256, 1, 4, 4)"}}
+
+
+# (N, K, config, block): K a whole number of tiles and not (the first tile masked), SPLIT 1 and more
+# (each slice's first tile early, an empty last slice), per-column scales and a block-scaled weight.
+EARLY_CASES = [(40, 4096, (1, 4, 2048, 1, 4), None), (24, 700, (1, 8, 512, 1, 4), None),
+               (40, 1000, (1, 16, 256, 3, 4), None), (96, 512, (1, 16, 512, 4, 4), (128, 128)),
+               (100, 384, (1, 16, 256, 1, 4), (64, 128))]
+
+
+@pytest.mark.parametrize("n,k,config,block", EARLY_CASES)
+def test_the_early_first_weight_tile_gives_the_same_bits(n, k, config, block, monkeypatch):
+    """`pdl.early_weights`: the one-row kernel that loads its slice's first weight tile before waiting
+    for the previous kernel sums the same tiles in the same order as the one that waits first."""
+    from onebit.kernels import pdl
+
+    gen = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=gen).to(DEVICE)
+    q = (torch.randn(n, k, generator=gen) * 40).clamp(-448, 448).to(fp8.FP8).to(DEVICE)
+    b = torch.randn(n, generator=gen).to(DEVICE)
+    if block:
+        scale = (torch.rand(-(-n // block[0]), -(-k // block[1]), generator=gen) + 0.5).to(DEVICE)
+    else:
+        scale = (torch.rand(n, generator=gen) + 0.5).to(DEVICE)
+    plain = triton_fast.split_k(x, q, scale, b, config, block=block)
+    monkeypatch.setattr(pdl, "early_weights", lambda: True)
+    early = triton_fast.split_k(x, q, scale, b, config, block=block)
+    assert torch.equal(early, plain)
+    want = fp8.block_weight_only_ref(x, q, scale, block, b) if block else fp8.weight_only_ref(x, q, scale, b)
+    assert ((early.float() - want.float()).norm() / want.float().norm()).item() < (1e-5 if DEVICE == "cpu" else 2e-3)

@@ -52,6 +52,21 @@ def test_the_narrow_one_row_configs_match_f_linear_and_are_offered_only_when_on(
         assert ((got - want).norm() / want.norm()).item() < TOLERANCE, config
 
 
+@pytest.mark.parametrize("n,k,config", [(37, 300, (4, 1024, 4)), (64, 4096, (8, 512, 4)), (20, 1500, (16, 256, 4))])
+def test_the_early_first_weight_tile_gives_the_same_bits(n, k, config, monkeypatch):
+    """`pdl.early_weights`: the gemv that loads its first weight tile before waiting for the previous
+    kernel (a tile past K, a whole number of tiles, a part tile) gives the plain kernel's bits."""
+    from onebit.kernels import pdl
+
+    x, weight, b = _case(1, n, k, True, seed=n * k)
+    plain = triton_gemv.KERNELS["gemv"](x, weight, b, config)
+    monkeypatch.setattr(pdl, "early_weights", lambda: True)
+    early = triton_gemv.KERNELS["gemv"](x, weight, b, config)
+    assert torch.equal(early, plain)
+    want = F.linear(x, weight, b)
+    assert ((early - want).norm() / want.norm()).item() < TOLERANCE
+
+
 def test_strided_weight_rows():
     """A weight that is a row slice of a wider matrix (row stride > K) reads the right elements."""
     g = torch.Generator().manual_seed(3)

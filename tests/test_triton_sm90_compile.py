@@ -66,7 +66,7 @@ COMPILE = textwrap.dedent("""
               "e4m3-mma", sum(1 for line in ptx.splitlines() if "mma" in line and ".e4m3.e4m3" in line),
               "wgmma", ptx.count("wgmma.mma_async"), "shared", kernel.metadata.shared,
               "dp4a", ptx.count("dp4a."), "prmt", ptx.count("prmt.b32"), "hfma2", ptx.count("fma.rn.f16x2"),
-              "hsub2", ptx.count("sub.f16x2"))
+              "hsub2", ptx.count("sub.f16x2"), "loads-before-wait", ptx.split("griddepcontrol.wait")[0].count("ld.global"))
 
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
@@ -214,6 +214,13 @@ COMPILE = textwrap.dedent("""
              {"HAS_RESIDUAL": True, "BLOCK": 4096}),
             ("triton_fp8_fused", "_silu_mul_quantize_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"}, {"BLOCK": 512}),
             ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": False, "BLOCK_N": 8, "BLOCK_K": 512}),
+            # one-row products loading their first weight tile before the grid-dependency wait
+            ("triton_gemv", "_gemv_kernel", {}, {"HAS_BIAS": True, "BLOCK_N": 4, "BLOCK_K": 2048, "EARLY": True}),
+            ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32"},
+             {"HAS_BIAS": True, "BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 2048, "SPLIT": 1, "EVEN_K": True, "EARLY": True}),
+            ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32", "out_ptr": "*fp32"},
+             {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT": 4, "EVEN_K": False,
+              "SCALE_BN": 128, "SCALE_BK": 128, "EARLY": True}),
             # mode "f16"'s x preparation: its own launch, and the input norm that makes it instead
             ("triton_gguf_f16", "_prepare_x_kernel", {"x16_ptr": "*fp16", "xm_ptr": "*fp16", "xe_ptr": "*fp32"},
              {"BLOCK": 256, "SUB": 32, "CHUNKS": 16}),
@@ -234,7 +241,8 @@ COMPILE = textwrap.dedent("""
             ("triton_gemv", "_split_k_kernel", {}, {"HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT": 1}),
         ]:
             module, name, types, constexprs = args
-            compile_sm90(name + ("-w8a8" if constexprs.get("X_FP8") else ""), module, name, types, {**constexprs, **on})
+            label = name + ("-early" if constexprs.get("EARLY") else "") + ("-w8a8" if constexprs.get("X_FP8") else "")
+            compile_sm90(label, module, name, types, {**constexprs, **on})
 """)
 
 
@@ -260,13 +268,15 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 28
+    assert len(lines) == 31
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line
         assert int(waits) == 2, line  # griddepcontrol.wait, then launch_dependents
         # e4m3 rows reach the tensor cores as e4m3 (no widening to bf16 on the way)
         assert (int(e4m3_mma) > 0) == name.endswith("-w8a8"), line
+        # nothing read before the wait, but the early weight tile of `pdl.early_weights`' one-row products
+        assert (int(line.split()[-1]) > 0) == ("-early" in name), line
 
 
 def test_gguf_int_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():

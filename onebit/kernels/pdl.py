@@ -26,6 +26,11 @@ import triton
 import triton.language as tl
 
 enabled = True  # the wish; a launch uses PDL only where `usable()` too
+# One-row products (FP8 split-K, bf16 gemv) may load their first weight tile before `wait_for_previous`:
+# weights are never written by a step's kernels, so that load can overlap the previous kernel's tail,
+# which a one-row product's single pass otherwise waits out. Session 27, off until measured
+# (`bench/gpu_file_ab.sh` with SWITCHES=early:onebit/kernels/pdl.py:EARLY_WEIGHTS).
+EARLY_WEIGHTS = False
 
 
 @triton.jit
@@ -40,6 +45,12 @@ def options() -> dict:
     """Keyword arguments for a launch of a kernel that calls `wait_for_previous(PDL)`: PDL where
     `enabled` and `usable()`, nothing otherwise."""
     return {"PDL": True, "launch_pdl": True} if enabled and usable() else {}
+
+
+def early_weights() -> bool:
+    """Whether a one-row product launched now loads its first weight tile before waiting for the
+    previous kernel (`EARLY_WEIGHTS`, with PDL in use)."""
+    return EARLY_WEIGHTS and enabled and usable()
 
 
 _usable: bool | None = None  # usable()'s answer, found at the first launch (an eager step has hundreds)

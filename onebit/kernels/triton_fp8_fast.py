@@ -93,12 +93,41 @@ def _block_scaled_tile(prod, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N: tl.cons
 
 
 @triton.jit
+def _one_row_weights(w_rows, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    # [BLOCK_N, BLOCK_K] e4m3 weights of the K tile at k0 (zeros past K)
+    rk = k0 + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        w = tl.load(w_rows + rk[None, :], eviction_policy="evict_first")
+    else:
+        w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
+def _one_row_tile(w, x_row, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  EVEN_K: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr):
+    # One row's [BLOCK_N] sums over the K tile at k0 of the weights w, block-scaled where SCALE_BN > 0
+    rk = k0 + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        x = tl.load(x_row + rk).to(tl.float32)
+    else:
+        x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
+    # (if / else, not an early return: the compiler builds what follows a constexpr branch's return)
+    if SCALE_BN == 0:
+        sums = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    else:  # BLOCK_K is a whole number of block columns (or one divides it the other way)
+        sums = _block_scaled_tile(w.to(tl.float32) * x[None, :], s_ptr, rn, n_ok, k0, K, stride_sn,
+                                  BLOCK_N, BLOCK_K, SCALE_BN, SCALE_BK)
+    return sums
+
+
+@triton.jit
 def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
                     SCALE_BN: tl.constexpr = 0, SCALE_BK: tl.constexpr = 0, stride_sn=0,
-                    X_FP8: tl.constexpr = False, xs_ptr=None, XS_BK: tl.constexpr = 0, stride_xsm=0):
-    pdl.wait_for_previous(PDL)
+                    X_FP8: tl.constexpr = False, xs_ptr=None, XS_BK: tl.constexpr = 0, stride_xsm=0,
+                    EARLY: tl.constexpr = False):
     # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials (`triton_split_k.reduce_partials` sums them).
     # X_FP8 (tensor-core tiles only, per-column scales): x holds e4m3 rows quantized per token with
     # one scale each at xs_ptr; the tiles multiply e4m3 by e4m3 as loaded (no widening of the
@@ -110,6 +139,8 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
     # Else a block-scaled weight (as FP8 checkpoints are published): the scale of weight (n, k) is
     # s[n // SCALE_BN, k // SCALE_BK], applied to each block column's partial sum as it is made,
     # so the partials and the output need no scale after.
+    # EARLY (one row, `pdl.early_weights`): the slice's first weight tile is loaded before the wait for the
+    # previous kernel, whose tail it may overlap (no kernel of a step writes a weight); the rest waits first.
     # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -121,19 +152,19 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
     if BLOCK_M == 1:
         x_row = x_ptr + pid_m * stride_xm
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(k_begin, k_begin + K_PER_SPLIT, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                x = tl.load(x_row + rk).to(tl.float32)
-                w = tl.load(w_rows + rk[None, :], eviction_policy="evict_first")
-            else:
-                x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
-                w = tl.load(w_rows + rk[None, :], mask=(rk < K)[None, :], other=0.0, eviction_policy="evict_first")
-            if SCALE_BN == 0:
-                acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-            else:  # BLOCK_K is a whole number of block columns (or one divides it the other way)
-                acc += _block_scaled_tile(w.to(tl.float32) * x[None, :], s_ptr, rn, n_ok, k0, K, stride_sn,
-                                          BLOCK_N, BLOCK_K, SCALE_BN, SCALE_BK)
+        loop_begin = k_begin
+        if EARLY:
+            w_first = _one_row_weights(w_rows, k_begin, K, BLOCK_K, EVEN_K)
+            pdl.wait_for_previous(PDL)
+            acc += _one_row_tile(w_first, x_row, s_ptr, rn, n_ok, k_begin, K, stride_sn, BLOCK_N, BLOCK_K, EVEN_K,
+                                 SCALE_BN, SCALE_BK)
+            loop_begin = k_begin + BLOCK_K
+        else:
+            pdl.wait_for_previous(PDL)
+        for k0 in range(loop_begin, k_begin + K_PER_SPLIT, BLOCK_K):
+            w = _one_row_weights(w_rows, k0, K, BLOCK_K, EVEN_K)
+            acc += _one_row_tile(w, x_row, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N, BLOCK_K, EVEN_K,
+                                 SCALE_BN, SCALE_BK)
         out = out_ptr + pid_m * stride_om + rn
         if SPLIT == 1:
             if SCALE_BN == 0:
@@ -144,6 +175,7 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
         else:
             tl.store(out + pid_k * stride_split, acc, mask=n_ok)
     else:
+        pdl.wait_for_previous(PDL)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rm < M
         x_rows = x_ptr + rm[:, None] * stride_xm
@@ -221,12 +253,14 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
     if split == 1:
         _split_k_kernel[grid](x, q, scale, b_arg, y, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), 0,
                               HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                              SPLIT=1, EVEN_K=even_k, num_warps=warps, **pipeline, **blocks, **pdl.options())
+                              SPLIT=1, EVEN_K=even_k, num_warps=warps, **pipeline, **blocks, **pdl.options(),
+                              EARLY=block_m == 1 and pdl.early_weights())
         return y
     partial = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     _split_k_kernel[grid](x, q, scale, b_arg, partial, m, n, k, k_per_split, x.stride(0), q.stride(0), n, m * n,
                           HAS_BIAS=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
-                          EVEN_K=even_k, num_warps=warps, **pipeline, **blocks, **pdl.options())
+                          EVEN_K=even_k, num_warps=warps, **pipeline, **blocks, **pdl.options(),
+                          EARLY=block_m == 1 and pdl.early_weights())
     reduce_partials(partial, scale if block is None else None, bias, y)
     return y
 

@@ -43,20 +43,40 @@ MANY_ROW_SPLIT_K_CONFIGS = [(64, 64, 64, 2, 4), (64, 64, 128, 2, 4), (64, 128, 6
 
 
 @triton.jit
+def _gemv_weights(w_ptr, rows, row_ok, k0, K, stride_wn, BLOCK_K: tl.constexpr):
+    # the weight rows' K tile at k0 [BLOCK_N, BLOCK_K], zeros outside the matrix
+    cols = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :],
+                   mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _gemv_tile(w, x_ptr, k0, K, BLOCK_K: tl.constexpr):
+    # the row's [BLOCK_N] sums over the K tile at k0 of the weights w
+    cols = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.wait_for_previous(PDL)
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+                 EARLY: tl.constexpr = False):
+    # EARLY (`pdl.early_weights`): the first weight tile is loaded before the wait for the previous kernel.
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :],
-                    mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(w * x[None, :], axis=1)
+    loop_begin = 0
+    if EARLY:
+        w_first = _gemv_weights(w_ptr, rows, row_ok, 0, K, stride_wn, BLOCK_K)
+        pdl.wait_for_previous(PDL)
+        acc += _gemv_tile(w_first, x_ptr, 0, K, BLOCK_K)
+        loop_begin = BLOCK_K
+    else:
+        pdl.wait_for_previous(PDL)
+    for k0 in range(loop_begin, K, BLOCK_K):
+        acc += _gemv_tile(_gemv_weights(w_ptr, rows, row_ok, k0, K, stride_wn, BLOCK_K), x_ptr, k0, K, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
@@ -106,7 +126,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, bias if bias is not None else weight, y, n, k,
                                               weight.stride(0), HAS_BIAS=bias is not None,
-                                              BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl.options())
+                                              BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl.options(),
+                                              EARLY=pdl.early_weights())
     return y
 
 
