@@ -87,6 +87,20 @@ def test_h2_matches_its_reference(qtype, threads, block_n, split, reduce, stages
     assert _rel(got, exact) < max(2e-3, 2 * _rel(bf16_weights, exact)), (_rel(got, exact), _rel(bf16_weights, exact))
 
 
+@pytest.mark.parametrize("qtype,stages", [("Q4_K", 0), ("Q6_K", 2)])
+def test_the_early_first_group_gives_the_same_bits(qtype, stages, monkeypatch):
+    """`pdl.early_weights`: the first group's codes and scales loaded before the wait for the previous
+    kernel change nothing of the result."""
+    from onebit.kernels import pdl
+
+    w = _weight(qtype, 40, seed=3)
+    x = torch.randn(1, COLS, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).float().to(DEVICE)
+    config = tr.RepackedConfig("h2", 16, 1, split=2, reduce="sum", stages=stages, quads=2)
+    plain = tr.matmul_few_rows(x, w, config=config)
+    monkeypatch.setattr(pdl, "early_weights", lambda: True)
+    assert torch.equal(tr.matmul_few_rows(x, w, config=config), plain)
+
+
 def test_h2_keeps_slices_of_any_magnitude():
     """Per-slice scales: a slice 1e6 times larger and a zero slice leave the others' products intact."""
     w = _weight("Q4_K", 32, seed=3)

@@ -151,13 +151,13 @@ COMPILE = textwrap.dedent("""
     elif which == "gguf-h2":  # mode "h2" (1 row, float16 pairs) for its types as the table launches it, PDL on
         from onebit.kernels import triton_gguf_h2 as h2
         for qtype in ("Q4_K", "Q6_K"):
-            for stages in (0, 1, 2):
-                compile_sm90(f"gguf-h2-s{stages}-{qtype}", "triton_gguf_h2", "_h2_kernel",
+            for stages, early in ((0, False), (1, False), (2, False), (0, True)):
+                compile_sm90(f"gguf-h2-s{stages}{'-early' if early else ''}-{qtype}", "triton_gguf_h2", "_h2_kernel",
                              {"x_ptr": "*bf16", "xp_ptr": "*i32", "c_ptr": "*i32",
                               "h_ptr": "*i16" if qtype == "Q6_K" else "*i32", "s_ptr": "*i32",
                               "d_ptr": "*fp32" if qtype == "Q6_K" else "*i32", "y_ptr": "*fp32"},
                              {**h2.kernel_constants(qtype), "SLICE_GROUPS": 4, "BLOCK_N": 64, "THREADS": 2,
-                              "REDUCE": 1, "NUM_STAGES": stages, "ASM": True, "PDL": True})
+                              "REDUCE": 1, "NUM_STAGES": stages, "ASM": True, "PDL": True, "EARLY": early})
     else:  # every PDL kernel, PDL on
         on = {"PDL": True}
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
@@ -308,11 +308,14 @@ def test_gguf_dot_mode_compiles_for_sm90_at_64_rows_on_the_tensor_cores():
 
 def test_gguf_h2_mode_compiles_for_sm90_with_float16_pair_fmas():
     lines = _compile("gguf-h2")
-    assert [line.split()[0] for line in lines] == [f"gguf-h2-s{s}-{q}" for q in ("Q4_K", "Q6_K") for s in (0, 1, 2)]
+    assert [line.split()[0] for line in lines] == [f"gguf-h2-s{s}-{q}" for q in ("Q4_K", "Q6_K")
+                                                   for s in ("0", "1", "2", "0-early")]
     for line in lines:
         fields = line.split()
         assert int(fields[2]) > 0 and fields[4] == "2", line  # it stores (the partial, the scratch); PDL's wait
         assert int(fields[16]) >= 2, line  # the weights' and the sums' HFMA2 (inline PTX), not emulated
+        # the first group's codes and scales before the wait only with `pdl.early_weights`
+        assert (int(fields[-1]) > 0) == ("-early-" in fields[0]), line
 
 
 def test_gguf_g16_mode_compiles_for_sm90_with_one_wgmma_left_in_flight():

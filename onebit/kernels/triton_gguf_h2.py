@@ -280,8 +280,7 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
                stride_ysplit, QTYPE: tl.constexpr, GROUP: tl.constexpr, LANES: tl.constexpr, W_SCALE: tl.constexpr,
                STRIDE: tl.constexpr,
                SLICE_GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, THREADS: tl.constexpr, REDUCE: tl.constexpr,
-               NUM_STAGES: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.wait_for_previous(PDL)
+               NUM_STAGES: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
     # Program (pid_n, pid_k): weight rows pid_n * BLOCK_N.., groups pid_k * SLICE_GROUPS... REDUCE as
     # `triton_gguf_repacked._repacked_kernel`'s (0 store, 1 split-K partial, 2 atomic add).
     pid_k = tl.program_id(1)
@@ -303,10 +302,17 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
     # NUM_STAGES 1: each group's loads, then its arithmetic; 0: the same, but the first group's loads
     # go out before x's preparation (they wait through it instead of after it); 2: the next group's
     # codes and scales are loaded into registers before this group's arithmetic (and the first before
-    # x's preparation).
+    # x's preparation). EARLY (`pdl.early_weights`, stages 0 and 2): those first loads go out before the
+    # wait for the previous kernel too (no kernel of a step writes a weight); everything else waits first.
     if NUM_STAGES != 1:
+        if not EARLY:
+            pdl.wait_for_previous(PDL)
         words, high2, w0, w1, w2, w3, dw = _load_group(row_words, row_high, row_ok, s_rows, d_rows, n_ok, g_first,
                                                        t, LANES, QTYPE)
+        if EARLY:
+            pdl.wait_for_previous(PDL)
+    else:
+        pdl.wait_for_previous(PDL)
     e = _slice_exponent(x_ptr, g_first * GROUP, SLICE_GROUPS * GROUP, GROUP)
     _write_slice_pairs(x_ptr, xp_ptr, g_first, SLICE_GROUPS, _pow2(-e), GROUP, LANES, STRIDE, QTYPE == 1)
     tl.debug_barrier()  # the slice's pairs (written by this program's threads) are read by all of them
@@ -345,4 +351,4 @@ def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int
     _h2_kernel[grid](x, scratch, codes, high, scales, d, target, n, codes.stride(0), high.stride(0), scales.stride(0),
                      d.stride(0), stride_split, SLICE_GROUPS=groups_per_split, BLOCK_N=block_n, THREADS=threads,
                      REDUCE=reduce, NUM_STAGES=stages, ASM=x.device.type == "cuda", num_warps=warps, **meta,
-                     **pdl.options())
+                     **pdl.options(), EARLY=stages != 1 and pdl.early_weights())
