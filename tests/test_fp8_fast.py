@@ -351,3 +351,51 @@ def test_the_early_first_weight_tile_gives_the_same_bits(n, k, config, block, mo
     assert torch.equal(early, plain)
     want = fp8.block_weight_only_ref(x, q, scale, block, b) if block else fp8.weight_only_ref(x, q, scale, b)
     assert ((early.float() - want.float()).norm() / want.float().norm()).item() < (1e-5 if DEVICE == "cpu" else 2e-3)
+
+
+@pytest.mark.parametrize("inter,k,config,bias,early", [(20, 4096, (1, 4, 2048, 1, 4), True, False),
+                                                       (13, 700, (1, 8, 512, 1, 4), False, True),
+                                                       (40, 1000, (1, 16, 256, 1, 4), True, True)])
+def test_gate_up_with_silu_mul_fused_gives_the_bits_of_the_two_kernels(inter, k, config, bias, early, monkeypatch):
+    """`split_k_silu_mul`: one launch summing gate rows and up rows over the same x, then SiLU * mul,
+    equal bit for bit to `split_k` followed by `triton_fused.silu_mul` (a part column tile, K past the last
+    whole tile, with and without the early first tile)."""
+    from onebit.kernels import pdl, triton_fused
+
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    gen = torch.Generator().manual_seed(inter + k)
+    x = torch.randn(1, k, generator=gen).to(dtype).to(DEVICE)
+    q = (torch.randn(2 * inter, k, generator=gen) * 40).clamp(-448, 448).to(fp8.FP8).to(DEVICE)
+    scale = (torch.rand(2 * inter, generator=gen) * 0.01 + 0.001).to(DEVICE)
+    b = torch.randn(2 * inter, generator=gen).to(dtype).to(DEVICE) if bias else None
+    want = triton_fused.silu_mul(triton_fast.split_k(x, q, scale, b, config))
+    monkeypatch.setattr(pdl, "early_weights", lambda: early)
+    got = triton_fast.split_k_silu_mul(x, q, scale, b, config)
+    assert got.shape == (1, inter) and got.dtype == dtype and torch.equal(got, want)
+    gate, up = fp8.weight_only_ref(x.float(), q, scale, b.float() if bias else None).float().cpu().chunk(2, dim=-1)
+    ref = torch.nn.functional.silu(gate) * up
+    assert ((got.float().cpu() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_gate_up_with_silu_mul_refuses_rows_splits_and_odd_weights():
+    x, q = torch.zeros(2, 64, device=DEVICE), torch.zeros(8, 64, dtype=fp8.FP8, device=DEVICE)
+    scale = torch.ones(8, device=DEVICE)
+    with pytest.raises(ValueError, match="one row"):
+        triton_fast.split_k_silu_mul(x, q, scale, None, (1, 4, 64, 1, 4))
+    with pytest.raises(ValueError, match="one row"):
+        triton_fast.split_k_silu_mul(x[:1], q, scale, None, (1, 4, 32, 2, 4))
+    with pytest.raises(ValueError, match="one row"):
+        triton_fast.split_k_silu_mul(x[:1], q[:7], scale[:7], None, (1, 4, 64, 1, 4))
+
+
+def test_silu_mul_config_is_the_one_row_pick_without_a_split_and_only_with_the_switch(clean_choices, monkeypatch):
+    narrow, split = ("split_k", (1, 4, 2048, 1, 4)), ("split_k", (1, 16, 512, 4, 4))
+    fp8._CHOSEN[(96, 256, False)] = [(1, narrow), (8, ("split_k", (16, 32, 256, 4, 4)))]
+    fp8._CHOSEN[(64, 256, False)] = [(1, split)]
+    assert fp8.silu_mul_config(1, 96, 256, False) is None  # off by default
+    monkeypatch.setattr(fp8, "SILU_IN_GATE_UP", True)
+    assert fp8.silu_mul_config(1, 96, 256, False) == narrow[1]
+    assert fp8.silu_mul_config(2, 96, 256, False) is None  # more rows
+    assert fp8.silu_mul_config(1, 64, 256, False) is None  # a split: its partials are summed elsewhere
+    assert fp8.silu_mul_config(1, 95, 256, False) is None  # no [gate | up] halves
+    assert fp8.linear_silu_mul(torch.zeros(1, 256), torch.zeros(96, 256, dtype=fp8.FP8), torch.ones(96)) is None

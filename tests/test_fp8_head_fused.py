@@ -398,3 +398,36 @@ def test_by_default_the_norms_and_silu_are_fused_with_the_quantizer(tiny_model_d
     assert quantize.FUSED_PRODUCERS == ("norm", "silu")
     assert fused(quantize.FUSED_PRODUCERS) == (1, {"qkv_proj": "rows", "gate_up_proj": "rows", "down_proj": "blocks"})
     assert fused(("norm",)) == (0, {"qkv_proj": "rows", "gate_up_proj": "rows"})
+
+
+def test_the_mlp_takes_gate_up_with_silu_mul_fused_where_the_product_offers_it(tiny_model_dir, fp8_flags, monkeypatch):
+    """`Fp8SwiGLU`: where gate_up's `silu_mul` returns the activated rows (`fp8.linear_silu_mul`: one row on
+    the GPU), down reads them and no gate_up product or SiLU kernel runs; where it returns None, the two run."""
+    from onebit.kernels import fused_ref, ops
+    from onebit.models import quantize
+
+    llm = LLM_fp8(tiny_model_dir)
+    mlp = llm.engine.runner.model.layers[0].mlp
+    assert isinstance(mlp, quantize.Fp8SwiGLU)
+    inter = mlp.down_proj.in_features
+    offered, silu_runs = [], []
+    activated = torch.randn(1, inter, generator=torch.Generator().manual_seed(3))
+
+    def linear_silu_mul(x, q, scale, bias=None, fed=""):
+        offered.append(x.shape[0])
+        return activated if x.shape[0] == 1 else None
+
+    monkeypatch.setattr(fp8, "linear_silu_mul", linear_silu_mul)
+    def silu_mul(gate_up):
+        silu_runs.append(gate_up.shape[0])
+        return fused_ref.silu_mul_ref(gate_up)
+
+    monkeypatch.setattr(ops, "silu_mul", silu_mul)
+    x = torch.randn(3, mlp.gate_up_proj.in_features, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        one = mlp(x[:1])
+        three = mlp(x)
+    assert offered == [1, 3] and silu_runs == [3]
+    assert torch.equal(one, mlp.down_proj(activated))
+    gate, up = mlp.gate_up_proj(x).chunk(2, -1)
+    assert torch.allclose(three, mlp.down_proj(torch.nn.functional.silu(gate) * up))

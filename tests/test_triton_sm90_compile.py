@@ -221,6 +221,12 @@ COMPILE = textwrap.dedent("""
             ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32", "out_ptr": "*fp32"},
              {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT": 4, "EVEN_K": False,
               "SCALE_BN": 128, "SCALE_BK": 128, "EARLY": True}),
+            # an MLP's gate_up with SiLU * mul in the same program (`split_k_silu_mul`), then also early
+            ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32"},
+             {"HAS_BIAS": True, "BLOCK_M": 1, "BLOCK_N": 4, "BLOCK_K": 2048, "SPLIT": 1, "EVEN_K": True, "GATED": True}),
+            ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32"},
+             {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 2048, "SPLIT": 1, "EVEN_K": True, "GATED": True,
+              "EARLY": True}),
             # mode "f16"'s x preparation: its own launch, and the input norm that makes it instead
             ("triton_gguf_f16", "_prepare_x_kernel", {"x16_ptr": "*fp16", "xm_ptr": "*fp16", "xe_ptr": "*fp32"},
              {"BLOCK": 256, "SUB": 32, "CHUNKS": 16}),
@@ -268,7 +274,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 31
+    assert len(lines) == 33
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line

@@ -71,6 +71,11 @@ FUSE_QUANT = True
 # GPU; False keeps the weight-only reference everywhere. For accuracy runs (bench/perplexity.py).
 CPU_EMULATES_GPU = False
 
+# One row through a split-K config without a split (session 27's narrow configs): the MLP's gate_up
+# product applies SiLU * mul itself (`linear_silu_mul`) and the SiLU kernel's 36 launches a step go.
+# Off until measured (`bench/gpu_file_ab.sh` with SWITCHES=silu:onebit/kernels/fp8.py:SILU_IN_GATE_UP).
+SILU_IN_GATE_UP = False
+
 # The `run_kernel` kinds that quantize the activations per token (their reference is `w8a8_ref`).
 W8A8_KINDS = ("scaled_mm", "scaled_mm_torch", "split_k_w8a8")
 # The kind that quantizes them per row and block of ACTIVATION_BLOCK values (reference `w8a8_blocks_ref`).
@@ -604,6 +609,27 @@ def calibrate_blocks(layers: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[i
         _CHOSEN_BLOCKS[key] = table
         timer.close()  # the copies' memory back to the device before the graphs are captured
     return lines
+
+
+def linear_silu_mul(x: torch.Tensor | Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+                    fed: str = "") -> torch.Tensor | None:
+    """silu(gate) * up of `linear(x, q, scale, bias, fed)` for an MLP's [gate | up] weight in one kernel,
+    bit for bit the product followed by `ops.silu_mul`, where that applies (`SILU_IN_GATE_UP`, one row in
+    the model's dtype on CUDA, whose calibrated kind is the one-row split-K kernel without a split); else
+    None, and the caller runs the two."""
+    if not (isinstance(x, torch.Tensor) and x.is_cuda and x.dim() == 2 and triton_fp8_fast is not None):
+        return None
+    config = silu_mul_config(x.shape[0], q.shape[0], q.shape[1], bias is not None, fed)
+    return triton_fp8_fast.split_k_silu_mul(x.contiguous(), q, scale, bias, config) if config else None
+
+
+def silu_mul_config(rows: int, n: int, k: int, has_bias: bool, fed: str = "") -> tuple | None:
+    """The config `linear_silu_mul` runs a [gate | up] product of this shape and row count with (its
+    calibrated one-row split-K config without a split, while `SILU_IN_GATE_UP`), else None."""
+    if not (SILU_IN_GATE_UP and FAST and rows == 1 and n % 2 == 0):
+        return None
+    kind, config = choice_for(rows, n, k, has_bias, fed if FUSE_QUANT else "")
+    return config if kind == "split_k" and config[0] == 1 and config[3] == 1 else None
 
 
 def linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,

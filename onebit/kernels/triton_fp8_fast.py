@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
+from onebit.kernels.triton_activations import silu_times
 from onebit.kernels.triton_split_k import reduce_partials
 
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
@@ -104,14 +105,21 @@ def _one_row_weights(w_rows, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr)
 
 
 @triton.jit
-def _one_row_tile(w, x_row, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  EVEN_K: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr):
-    # One row's [BLOCK_N] sums over the K tile at k0 of the weights w, block-scaled where SCALE_BN > 0
+def _one_row_x(x_row, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    # [BLOCK_K] float32 values of the row's K tile at k0 (zeros past K)
     rk = k0 + tl.arange(0, BLOCK_K)
     if EVEN_K:
         x = tl.load(x_row + rk).to(tl.float32)
     else:
         x = tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _one_row_tile(w, x, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr):
+    # One row's [BLOCK_N] sums over the K tile at k0 (x, `_one_row_x`) of the weights w, block-scaled where
+    # SCALE_BN > 0
     # (if / else, not an early return: the compiler builds what follows a constexpr branch's return)
     if SCALE_BN == 0:
         sums = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
@@ -127,7 +135,7 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
                     SCALE_BN: tl.constexpr = 0, SCALE_BK: tl.constexpr = 0, stride_sn=0,
                     X_FP8: tl.constexpr = False, xs_ptr=None, XS_BK: tl.constexpr = 0, stride_xsm=0,
-                    EARLY: tl.constexpr = False):
+                    EARLY: tl.constexpr = False, GATED: tl.constexpr = False):
     # SPLIT > 1: out_ptr is the [SPLIT, M, N] float32 partials (`triton_split_k.reduce_partials` sums them).
     # X_FP8 (tensor-core tiles only, per-column scales): x holds e4m3 rows quantized per token with
     # one scale each at xs_ptr; the tiles multiply e4m3 by e4m3 as loaded (no widening of the
@@ -141,6 +149,9 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
     # so the partials and the output need no scale after.
     # EARLY (one row, `pdl.early_weights`): the slice's first weight tile is loaded before the wait for the
     # previous kernel, whose tail it may overlap (no kernel of a step writes a weight); the rest waits first.
+    # GATED (one row, SPLIT 1, per-column scales): the weight is an MLP's [gate | up] (2N rows, N the
+    # output's width); each program sums gate rows rn and up rows N + rn over the same x loads and stores
+    # silu(gate) * up (`silu_times`, the bits of the product followed by `triton_fused.silu_mul`).
     # Row tiles vary fastest: programs sharing a weight tile run together, so it is read from HBM once.
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -151,27 +162,45 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
     k_begin = pid_k * K_PER_SPLIT
     if BLOCK_M == 1:
         x_row = x_ptr + pid_m * stride_xm
+        up_rows = w_rows + N.to(tl.int64) * stride_wn  # GATED: the up half's rows
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
         loop_begin = k_begin
         if EARLY:
             w_first = _one_row_weights(w_rows, k_begin, K, BLOCK_K, EVEN_K)
+            if GATED:
+                up_first = _one_row_weights(up_rows, k_begin, K, BLOCK_K, EVEN_K)
             pdl.wait_for_previous(PDL)
-            acc += _one_row_tile(w_first, x_row, s_ptr, rn, n_ok, k_begin, K, stride_sn, BLOCK_N, BLOCK_K, EVEN_K,
+            x = _one_row_x(x_row, k_begin, K, BLOCK_K, EVEN_K)
+            acc += _one_row_tile(w_first, x, s_ptr, rn, n_ok, k_begin, K, stride_sn, BLOCK_N, BLOCK_K,
                                  SCALE_BN, SCALE_BK)
+            if GATED:
+                acc_up += _one_row_tile(up_first, x, s_ptr, rn, n_ok, k_begin, K, stride_sn, BLOCK_N, BLOCK_K, 0, 0)
             loop_begin = k_begin + BLOCK_K
         else:
             pdl.wait_for_previous(PDL)
         for k0 in range(loop_begin, k_begin + K_PER_SPLIT, BLOCK_K):
             w = _one_row_weights(w_rows, k0, K, BLOCK_K, EVEN_K)
-            acc += _one_row_tile(w, x_row, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N, BLOCK_K, EVEN_K,
-                                 SCALE_BN, SCALE_BK)
+            if GATED:
+                w_up = _one_row_weights(up_rows, k0, K, BLOCK_K, EVEN_K)
+            x = _one_row_x(x_row, k0, K, BLOCK_K, EVEN_K)
+            acc += _one_row_tile(w, x, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N, BLOCK_K, SCALE_BN, SCALE_BK)
+            if GATED:
+                acc_up += _one_row_tile(w_up, x, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N, BLOCK_K, 0, 0)
         out = out_ptr + pid_m * stride_om + rn
         if SPLIT == 1:
             if SCALE_BN == 0:
                 acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+            if GATED:
+                acc_up = acc_up * tl.load(s_ptr + N + rn, mask=n_ok, other=0.0)
+                if HAS_BIAS:
+                    acc_up += tl.load(b_ptr + N + rn, mask=n_ok, other=0.0).to(tl.float32)
+                dtype = out_ptr.dtype.element_ty
+                tl.store(out, silu_times(acc.to(dtype), acc_up.to(dtype)), mask=n_ok)
+            else:
+                tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
         else:
             tl.store(out + pid_k * stride_split, acc, mask=n_ok)
     else:
@@ -262,6 +291,26 @@ def split_k(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.T
                           EVEN_K=even_k, num_warps=warps, **pipeline, **blocks, **pdl.options(),
                           EARLY=block_m == 1 and pdl.early_weights())
     reduce_partials(partial, scale if block is None else None, bias, y)
+    return y
+
+
+def split_k_silu_mul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                     config: tuple[int, int, int, int, int]) -> torch.Tensor:
+    """silu(gate) * up for one row x [1, K] and an MLP's [gate | up] weight q [2 I, K] (scale [2 I], bias
+    [2 I] or None) in one launch: bit for bit `split_k` with this config followed by `triton_fused.silu_mul`.
+    The config must be a one-row one without a split (BLOCK_M 1, SPLIT 1); returns [1, I] in x's dtype."""
+    block_m, block_n, block_k, split, warps, *stages = config
+    if x.shape[0] != 1 or block_m != 1 or split != 1 or q.shape[0] % 2:
+        raise ValueError(f"SiLU * mul fused takes one row, a one-row config without a split and an even number "
+                         f"of weight rows; got {x.shape[0]} row(s), config {config}, weight {tuple(q.shape)}")
+    n, k = q.shape[0] // 2, q.shape[1]
+    k_per_split = triton.cdiv(k, block_k) * block_k
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _split_k_kernel[(1, triton.cdiv(n, block_n), 1)](
+        x, q, scale, bias if bias is not None else scale, y, 1, n, k, k_per_split, x.stride(0), q.stride(0),
+        y.stride(0), 0, HAS_BIAS=bias is not None, BLOCK_M=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=1,
+        EVEN_K=k_per_split == k, num_warps=warps, **({"num_stages": stages[0]} if stages else {}), **pdl.options(),
+        EARLY=pdl.early_weights(), GATED=True)
     return y
 
 

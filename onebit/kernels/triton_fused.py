@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
+from onebit.kernels.triton_activations import silu_times
 from onebit.kernels.triton_decode import sm_count
 
 
@@ -57,9 +58,7 @@ def _silu_mul_row(gu_row, cols, ok, n_cols):
     # triton_fp8_fused quantizes this same value.
     gate = tl.load(gu_row + cols, mask=ok, other=0.0)
     up = tl.load(gu_row + n_cols + cols, mask=ok, other=0.0)
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
-    return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+    return silu_times(gate, up)
 
 
 @triton.jit

@@ -76,6 +76,11 @@ class Fp8Linear(nn.Module):
         """x @ (qweight * scale).T + bias (x in the model's dtype, or rows already in e4m3)."""
         return fp8.linear(x, self.qweight, self.weight_scale, self.bias, self.fed)
 
+    def silu_mul(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor | None:
+        """silu(gate) * up of this [gate | up] product in one kernel where that applies
+        (`fp8.linear_silu_mul`), else None."""
+        return fp8.linear_silu_mul(x, self.qweight, self.weight_scale, self.bias, self.fed)
+
 
 class Fp8InputNorm(RMSNorm):
     """An RMSNorm whose only reader is an `Fp8Linear`: for the row counts that product takes
@@ -111,6 +116,11 @@ class Fp8SwiGLU(SwiGLU):
 
     def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor:
         """down(silu(gate(x)) * up(x))."""
+        if (isinstance(x, torch.Tensor) and isinstance(self.gate_up_proj, Fp8Linear)
+                and not self.down_proj.takes_quantized_rows(x.shape[0], x.device)):
+            activated = self.gate_up_proj.silu_mul(x)  # one kernel for both (one row), else None
+            if activated is not None:
+                return self.down_proj(activated)
         gate_up = self.gate_up_proj(x)
         if gate_up.dim() == 2 and self.down_proj.takes_quantized_rows(gate_up.shape[0], gate_up.device):
             return self.down_proj(fp8.silu_mul_quantize(gate_up))
