@@ -4,6 +4,7 @@ device call, so each must at least run to its table here."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -94,7 +95,6 @@ def test_sass_loop_count_finds_the_k_loop_of_a_repacked_kernel():
 def test_the_quant_checks_name_configs_the_sweep_and_the_stalls_script_know(monkeypatch):
     """bench/gpu_quant_checks.sh's config names (part A's sweep, parts B and D's ncu launches) are
     `triton_gguf_repacked.CONFIGS` entries the sweep accepts; an unknown name stops the sweep."""
-    import re
 
     from onebit.kernels import triton_gguf_repacked as tr
 
@@ -119,7 +119,6 @@ def test_the_prepared_rows_sweep_times_every_shipped_pick_it_may_replace():
     shipped table's pick at each of its types and row counts (type and shape keys): the merge only
     replaces a pick that the sweep timed beside its rival."""
     import json
-    import re
 
     from onebit.kernels import triton_gguf_repacked as tr
 
@@ -176,7 +175,6 @@ def test_the_g16_call_times_its_launches_beside_every_shipped_pick_of_its_types(
     """bench/gpu_g16.sh's configs are `triton_gguf_repacked.CONFIGS` entries, hold every g16 launch and the
     shipped Q4_K and Q6_K picks at its row counts (the merge replaces only a pick timed beside its rival)."""
     import json
-    import re
 
     from onebit.kernels import triton_gguf_repacked as tr
 
@@ -199,3 +197,15 @@ def test_the_fp8_attention_call_makes_its_side_from_a_line_that_exists():
     script = (ROOT / "bench/gpu_fp8_attention.sh").read_text()
     assert (ROOT / "onebit/models/quantize.py").read_text().splitlines().count('FUSED_PRODUCERS = ("norm", "silu")') == 1
     assert """s/^FUSED_PRODUCERS = ("norm", "silu")$/FUSED_PRODUCERS = ("norm", "silu", "attention")/""" in script
+
+
+def test_the_switches_docs_perf_md_asks_the_ab_to_flip_exist_as_gpu_file_ab_rewrites_them():
+    """Every `SWITCHES=side:path:NAME` in docs/perf.md names a file whose line `NAME = False` exists once:
+    gpu_file_ab.sh turns exactly that line on, and refuses the run otherwise."""
+    text = (ROOT / "docs/perf.md").read_text().replace("\n", " ")
+    switches = re.findall(r"SWITCHES=(\S+)", text)
+    entries = {tuple(entry.split(":")[1:]) for item in switches for entry in item.strip("`").split(",")}
+    assert {("onebit/kernels/pdl.py", "EARLY_WEIGHTS"), ("onebit/kernels/fp8.py", "SILU_IN_GATE_UP"),
+            ("onebit/kernels/triton_gemv.py", "NARROW_GEMV")} <= entries
+    for path, name in entries:
+        assert (ROOT / path).read_text().splitlines().count(f"{name} = False") == 1, (path, name)
