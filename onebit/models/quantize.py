@@ -112,19 +112,19 @@ class Fp8Attention(Attention):
 
 class Fp8SwiGLU(SwiGLU):
     """A SwiGLU MLP with FP8 products: for the row counts its down product takes e4m3
-    rows with a scale per row and block at, SiLU * mul emits them in one kernel."""
+    rows with a scale per row and block at, SiLU * mul emits them in one kernel; where gate_up can apply
+    SiLU * mul itself (`fp8.linear_silu_mul`: one row, off until measured), it does."""
 
     def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor:
         """down(silu(gate(x)) * up(x))."""
-        if (isinstance(x, torch.Tensor) and isinstance(self.gate_up_proj, Fp8Linear)
-                and not self.down_proj.takes_quantized_rows(x.shape[0], x.device)):
-            activated = self.gate_up_proj.silu_mul(x)  # one kernel for both (one row), else None
-            if activated is not None:
-                return self.down_proj(activated)
-        gate_up = self.gate_up_proj(x)
-        if gate_up.dim() == 2 and self.down_proj.takes_quantized_rows(gate_up.shape[0], gate_up.device):
-            return self.down_proj(fp8.silu_mul_quantize(gate_up))
-        return self.down_proj(ops.silu_mul(gate_up))
+        rows, device = (x.q.shape[0], x.q.device) if isinstance(x, fp8.Fp8Rows) else (x.shape[0], x.device)
+        if self.down_proj.takes_quantized_rows(rows, device):
+            return self.down_proj(fp8.silu_mul_quantize(self.gate_up_proj(x)))
+        # gate_up applying SiLU * mul itself (one row, `fp8.linear_silu_mul`), else the two kernels
+        activated = self.gate_up_proj.silu_mul(x) if isinstance(self.gate_up_proj, Fp8Linear) else None
+        if activated is None:
+            activated = ops.silu_mul(self.gate_up_proj(x))
+        return self.down_proj(activated)
 
 
 def fp8_layers(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
