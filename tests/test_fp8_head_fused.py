@@ -417,11 +417,11 @@ def test_the_mlp_takes_gate_up_with_silu_mul_fused_where_the_product_offers_it(t
         offered.append(x.shape[0])
         return activated if x.shape[0] == 1 else None
 
-    monkeypatch.setattr(fp8, "linear_silu_mul", linear_silu_mul)
     def silu_mul(gate_up):
         silu_runs.append(gate_up.shape[0])
         return fused_ref.silu_mul_ref(gate_up)
 
+    monkeypatch.setattr(fp8, "linear_silu_mul", linear_silu_mul)
     monkeypatch.setattr(ops, "silu_mul", silu_mul)
     x = torch.randn(3, mlp.gate_up_proj.in_features, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():

@@ -6,10 +6,10 @@ session 10: 0.4-0.5 ms of a 3.3-5.7 ms step with 300+ kernels). With PDL a kerne
 while the one before it still runs: its programs start, wait at `griddepcontrol.wait` until the
 previous kernel has finished and its writes are visible, and only then touch memory. So each
 kernel here calls `wait_for_previous` first thing: nothing moves before the predecessor is done
-(no read of its output, no write over its input), and only the launch and set-up overlap. The one
-exception is `EARLY_WEIGHTS` (off): one-row products then read their first weight tile before the
-wait, as nothing a step runs writes a weight. The
-same call lets the next kernel launch early (`griddepcontrol.launch_dependents`).
+(no read of its output, no write over its input), and only the launch and set-up overlap. The
+same call lets the next kernel launch early (`griddepcontrol.launch_dependents`). The one exception
+is `EARLY_WEIGHTS` (off): one-row products then read their first weight tile before the wait, as
+nothing a step runs writes a weight.
 
 `enabled` is read at each launch (and so when CUDA graphs are captured). On since session 11's
 G25 (bench/gpu_pdl.py, H200, 8B shape): bf16 +2.6% at B=1, fp8 +5.9% at B=1, within 1% either
@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 enabled = True  # the wish; a launch uses PDL only where `usable()` too
-# One-row products (FP8 split-K, bf16 gemv, packed GGUF mode "h2") may load their first weight tile before `wait_for_previous`:
-# weights are never written by a step's kernels, so that load can overlap the previous kernel's tail,
-# which a one-row product's single pass otherwise waits out. Session 27, off until measured
+# One-row products (FP8 split-K, bf16 gemv, packed GGUF mode "h2") may load their first weight tile
+# before `wait_for_previous`: weights are never written by a step's kernels, so that load can overlap the
+# previous kernel's tail, which a one-row product's single pass otherwise waits out. Session 27, off until measured
 # (`bench/gpu_file_ab.sh` with SWITCHES=early:onebit/kernels/pdl.py:EARLY_WEIGHTS).
 EARLY_WEIGHTS = False
 

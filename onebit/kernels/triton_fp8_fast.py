@@ -130,6 +130,30 @@ def _one_row_tile(w, x, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N: tl.constexpr
 
 
 @triton.jit
+def _one_row_weight_tiles(w_rows, up_rows, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr):
+    # The K tile at k0 of the weight rows and, GATED, of the up rows below them (else the first again,
+    # not loaded twice)
+    w = _one_row_weights(w_rows, k0, K, BLOCK_K, EVEN_K)
+    if GATED:
+        w_up = _one_row_weights(up_rows, k0, K, BLOCK_K, EVEN_K)
+    else:
+        w_up = w
+    return w, w_up
+
+
+@triton.jit
+def _one_row_add(acc, acc_up, w, w_up, x_row, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+                 GATED: tl.constexpr):
+    # acc (and, GATED, acc_up) plus the K tile at k0 of x times w (w_up), as `_one_row_weight_tiles` gave them
+    x = _one_row_x(x_row, k0, K, BLOCK_K, EVEN_K)
+    acc += _one_row_tile(w, x, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N, BLOCK_K, SCALE_BN, SCALE_BK)
+    if GATED:
+        acc_up += _one_row_tile(w_up, x, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N, BLOCK_K, 0, 0)
+    return acc, acc_up
+
+
+@triton.jit
 def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_om,
                     stride_split, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = False,
@@ -166,27 +190,18 @@ def _split_k_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, K_PER_SPLIT, s
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
         loop_begin = k_begin
-        if EARLY:
-            w_first = _one_row_weights(w_rows, k_begin, K, BLOCK_K, EVEN_K)
-            if GATED:
-                up_first = _one_row_weights(up_rows, k_begin, K, BLOCK_K, EVEN_K)
+        if EARLY:  # the first tile's weights, then the wait, then its x
+            w, w_up = _one_row_weight_tiles(w_rows, up_rows, k_begin, K, BLOCK_K, EVEN_K, GATED)
             pdl.wait_for_previous(PDL)
-            x = _one_row_x(x_row, k_begin, K, BLOCK_K, EVEN_K)
-            acc += _one_row_tile(w_first, x, s_ptr, rn, n_ok, k_begin, K, stride_sn, BLOCK_N, BLOCK_K,
-                                 SCALE_BN, SCALE_BK)
-            if GATED:
-                acc_up += _one_row_tile(up_first, x, s_ptr, rn, n_ok, k_begin, K, stride_sn, BLOCK_N, BLOCK_K, 0, 0)
+            acc, acc_up = _one_row_add(acc, acc_up, w, w_up, x_row, s_ptr, rn, n_ok, k_begin, K, stride_sn, BLOCK_N,
+                                       BLOCK_K, EVEN_K, SCALE_BN, SCALE_BK, GATED)
             loop_begin = k_begin + BLOCK_K
         else:
             pdl.wait_for_previous(PDL)
         for k0 in range(loop_begin, k_begin + K_PER_SPLIT, BLOCK_K):
-            w = _one_row_weights(w_rows, k0, K, BLOCK_K, EVEN_K)
-            if GATED:
-                w_up = _one_row_weights(up_rows, k0, K, BLOCK_K, EVEN_K)
-            x = _one_row_x(x_row, k0, K, BLOCK_K, EVEN_K)
-            acc += _one_row_tile(w, x, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N, BLOCK_K, SCALE_BN, SCALE_BK)
-            if GATED:
-                acc_up += _one_row_tile(w_up, x, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N, BLOCK_K, 0, 0)
+            w, w_up = _one_row_weight_tiles(w_rows, up_rows, k0, K, BLOCK_K, EVEN_K, GATED)
+            acc, acc_up = _one_row_add(acc, acc_up, w, w_up, x_row, s_ptr, rn, n_ok, k0, K, stride_sn, BLOCK_N,
+                                       BLOCK_K, EVEN_K, SCALE_BN, SCALE_BK, GATED)
         out = out_ptr + pid_m * stride_om + rn
         if SPLIT == 1:
             if SCALE_BN == 0:

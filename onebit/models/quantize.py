@@ -117,8 +117,7 @@ class Fp8SwiGLU(SwiGLU):
 
     def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor:
         """down(silu(gate(x)) * up(x))."""
-        rows, device = (x.q.shape[0], x.q.device) if isinstance(x, fp8.Fp8Rows) else (x.shape[0], x.device)
-        if self.down_proj.takes_quantized_rows(rows, device):
+        if self.down_proj.takes_quantized_rows(x.shape[0], x.device):  # (`Fp8Rows` has both too)
             return self.down_proj(fp8.silu_mul_quantize(self.gate_up_proj(x)))
         # gate_up applying SiLU * mul itself (one row, `fp8.linear_silu_mul`), else the two kernels
         activated = self.gate_up_proj.silu_mul(x) if isinstance(self.gate_up_proj, Fp8Linear) else None
