@@ -392,7 +392,9 @@ def test_silu_mul_config_is_the_one_row_pick_without_a_split_and_only_with_the_s
     narrow, split = ("split_k", (1, 4, 2048, 1, 4)), ("split_k", (1, 16, 512, 4, 4))
     fp8._CHOSEN[(96, 256, False)] = [(1, narrow), (8, ("split_k", (16, 32, 256, 4, 4)))]
     fp8._CHOSEN[(64, 256, False)] = [(1, split)]
-    assert fp8.silu_mul_config(1, 96, 256, False) is None  # off by default
+    assert fp8.SILU_IN_GATE_UP  # on by default since session 28
+    monkeypatch.setattr(fp8, "SILU_IN_GATE_UP", False)
+    assert fp8.silu_mul_config(1, 96, 256, False) is None
     monkeypatch.setattr(fp8, "SILU_IN_GATE_UP", True)
     assert fp8.silu_mul_config(1, 96, 256, False) == narrow[1]
     assert fp8.silu_mul_config(2, 96, 256, False) is None  # more rows

@@ -38,12 +38,10 @@ def test_every_candidate_matches_f_linear(m, n, k, bias):
 
 
 @pytest.mark.parametrize("n,k", [(37, 300), (64, 4100)])
-def test_the_narrow_one_row_configs_match_f_linear_and_are_offered_only_when_on(n, k, monkeypatch):
-    """`NARROW_GEMV`'s configs (K tiles of 2,048-4,096 values, longer than these K) against F.linear,
-    and among the one-row candidates only with the switch on."""
-    narrow = [("gemv", c) for c in triton_gemv.NARROW_GEMV_CONFIGS]
-    assert not set(narrow) & set(triton_gemv.candidates(1))
-    monkeypatch.setattr(triton_gemv, "NARROW_GEMV", True)
+def test_the_narrow_one_row_configs_match_f_linear_and_are_offered_only_at_one_row(n, k):
+    """The narrow gemv configs (K tiles of 2,048-4,096 values, longer than these K) against F.linear,
+    and among the candidates at one row only."""
+    narrow = [("gemv", c) for c in [(4, 2048, 4), (8, 2048, 8), (8, 1024, 8), (4, 4096, 8)]]
     assert set(narrow) <= set(triton_gemv.candidates(1)) and not set(narrow) & set(triton_gemv.candidates(2))
     x, weight, b = _case(1, n, k, True, seed=n + k)
     want = F.linear(x, weight, b)

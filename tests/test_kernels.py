@@ -120,6 +120,29 @@ def test_add_rms_norm_matches_reference(cols):
     assert none is None and _rel(plain, fused_ref.rms_norm_ref(x, w, 1e-6)) < FUSED_TOL
 
 
+def test_the_norms_loading_their_weight_before_the_wait_give_the_same_bits(monkeypatch):
+    """`pdl.early_weights`: add + RMSNorm, its e4m3 form and its mode-"f16" form load the norm's weight
+    before waiting for the previous kernel and return the plain launches' bits."""
+    from onebit.kernels import pdl, triton_fp8_fused, triton_gguf_f16
+
+    g = torch.Generator().manual_seed(5)
+    x, res = torch.randn(3, 512, generator=g).to(DEVICE), torch.randn(3, 512, generator=g).to(DEVICE)
+    w = (1 + 0.1 * torch.randn(512, generator=g)).to(DEVICE)
+    norms = [triton_fused.add_rms_norm, triton_fp8_fused.add_rms_norm_quantize, triton_gguf_f16.add_rms_norm_f16]
+
+    def flat(result):  # every tensor a norm returns, F16Rows' fields included
+        out = []
+        for item in result:
+            out.extend(flat(item) if isinstance(item, tuple) else [item])
+        return out
+
+    plain = [flat(norm(x, res, w, 1e-6)) for norm in norms]
+    monkeypatch.setattr(pdl, "early_weights", lambda: True)
+    early = [flat(norm(x, res, w, 1e-6)) for norm in norms]
+    for a, b in zip(plain, early):
+        assert len(a) == len(b) >= 2 and all(torch.equal(p, e) for p, e in zip(a, b))
+
+
 def test_silu_mul_matches_reference():
     gu = torch.randn(5, 2 * 1500, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     assert _rel(triton_fused.silu_mul(gu), fused_ref.silu_mul_ref(gu)) < FUSED_TOL

@@ -165,6 +165,12 @@ COMPILE = textwrap.dedent("""
         heads = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "NUM_SPLITS": 4}
         for args in [
             ("triton_fused", "_add_rms_norm_kernel", {}, {"HAS_RESIDUAL": True, "BLOCK": 4096}),
+            # the norms with their weight loaded before the wait (`pdl.early_weights`)
+            ("triton_fused", "_add_rms_norm_kernel", {}, {"HAS_RESIDUAL": True, "BLOCK": 4096, "EARLY": True}),
+            ("triton_fp8_fused", "_add_rms_norm_quantize_kernel", {"q_ptr": fp8, "s_ptr": "*fp32"},
+             {"HAS_RESIDUAL": False, "BLOCK": 4096, "EARLY": True}),
+            ("triton_gguf_f16", "_add_rms_norm_f16_kernel", {"x16_ptr": "*fp16", "xm_ptr": "*fp16", "xe_ptr": "*fp32"},
+             {"HAS_RESIDUAL": True, "BLOCK": 4096, "CHUNK": 256, "SUB": 32, "EARLY": True}),
             ("triton_fused", "_silu_mul_kernel", {}, {"BLOCK": 1024}),
             ("triton_fused", "_qk_norm_rope_store_kernel",
              {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"},
@@ -274,14 +280,15 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 33
+    assert len(lines) == 36
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line
         assert int(waits) == 2, line  # griddepcontrol.wait, then launch_dependents
         # e4m3 rows reach the tensor cores as e4m3 (no widening to bf16 on the way)
         assert (int(e4m3_mma) > 0) == name.endswith("-w8a8"), line
-        # nothing read before the wait, but the early weight tile of `pdl.early_weights`' one-row products
+        # nothing read before the wait, but the early weights of `pdl.early_weights` (one-row products' first
+        # tile, the norms' weight)
         assert (int(line.split()[-1]) > 0) == ("-early" in name), line
 
 

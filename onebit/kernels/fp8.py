@@ -73,8 +73,8 @@ CPU_EMULATES_GPU = False
 
 # One row through a split-K config without a split (session 27's narrow configs): the MLP's gate_up
 # product applies SiLU * mul itself (`linear_silu_mul`) and the SiLU kernel's 36 launches a step go.
-# Off until measured (`bench/gpu_file_ab.sh` with SWITCHES=silu:onebit/kernels/fp8.py:SILU_IN_GATE_UP).
-SILU_IN_GATE_UP = False
+# On since session 28 (H200, 8B shape, FP8 B=1): 389.5 -> 390.9 alone, 393.7 -> 398.6 with `pdl.EARLY_WEIGHTS`.
+SILU_IN_GATE_UP = True
 
 # The `run_kernel` kinds that quantize the activations per token (their reference is `w8a8_ref`).
 W8A8_KINDS = ("scaled_mm", "scaled_mm_torch", "split_k_w8a8")

@@ -29,18 +29,19 @@ import triton.language as tl
 
 from onebit.kernels import pdl
 from onebit.kernels.triton_fp8_fast import _e4m3_scale, _to_e4m3
-from onebit.kernels.triton_fused import _add_rms_norm_row, _silu_mul_row
+from onebit.kernels.triton_fused import _add_rms_norm_row, _norm_weight_then_wait, _silu_mul_row
 
 
 @triton.jit
 def _add_rms_norm_quantize_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, n_cols, eps,
-                                  HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.wait_for_previous(PDL)
+                                  HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+                                  EARLY: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
+    w = _norm_weight_then_wait(w_ptr, cols, ok, PDL, EARLY)
     # The value the unfused kernel stores (rounded to x's dtype), then quantized as a row.
-    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
+    out = _add_rms_norm_row(x_ptr, res_ptr, w, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
     out = out.to(tl.float32)
     scale = _e4m3_scale(tl.max(tl.abs(out), axis=0))
     tl.store(s_ptr + row, scale)
@@ -57,7 +58,8 @@ def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight
     block = triton.next_power_of_2(cols)
     _add_rms_norm_quantize_kernel[(rows,)](x, residual if residual is not None else x, weight, q, scale, res_out,
                                            cols, eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
-                                           num_warps=8 if block >= 4096 else 4, **pdl.options())
+                                           num_warps=8 if block >= 4096 else 4, EARLY=pdl.early_weights(),
+                                           **pdl.options())
     return q, scale, (res_out if residual is not None else None)
 
 

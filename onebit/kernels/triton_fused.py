@@ -16,9 +16,22 @@ from onebit.kernels.triton_decode import sm_count
 
 
 @triton.jit
-def _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL: tl.constexpr):
-    # One row of rms_norm(x [+ residual]) * w in x's dtype (x + residual stored to res_out_ptr first);
-    # triton_fp8_fused quantizes this same value.
+def _norm_weight_then_wait(w_ptr, cols, ok, PDL: tl.constexpr, EARLY: tl.constexpr):
+    # A norm kernel's start: its weight `w_ptr[cols]` and the wait for the previous kernel, the weight
+    # loaded first with EARLY (`pdl.early_weights`: no kernel of a step writes a weight).
+    if EARLY:
+        w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+        pdl.wait_for_previous(PDL)
+    else:
+        pdl.wait_for_previous(PDL)
+        w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+    return w
+
+
+@triton.jit
+def _add_rms_norm_row(x_ptr, res_ptr, w, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL: tl.constexpr):
+    # One row of rms_norm(x [+ residual]) * w (the weight's values at cols) in x's dtype (x + residual stored
+    # to res_out_ptr first); triton_fp8_fused quantizes this same value.
     x = tl.load(x_ptr + row * n_cols + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         x = x + tl.load(res_ptr + row * n_cols + cols, mask=ok, other=0.0)
@@ -26,18 +39,18 @@ def _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols,
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     normed = (xf * rstd).to(x.dtype)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
     return (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.wait_for_previous(PDL)
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+                         EARLY: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
-    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
+    w = _norm_weight_then_wait(w_ptr, cols, ok, PDL, EARLY)
+    out = _add_rms_norm_row(x_ptr, res_ptr, w, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
     tl.store(out_ptr + row * n_cols + cols, out, mask=ok)
 
 
@@ -48,7 +61,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     res_out = torch.empty_like(x) if residual is not None else out
     _add_rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, res_out, cols, eps,
                                   HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(cols),
-                                  **pdl.options())
+                                  EARLY=pdl.early_weights(), **pdl.options())
     return out, (res_out if residual is not None else None)
 
 

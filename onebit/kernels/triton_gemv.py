@@ -23,13 +23,10 @@ from onebit.kernels.triton_split_k import reduce_partials
 
 MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # (BLOCK_N, BLOCK_K, num_warps) tried per shape by the calibration.
-GEMV_CONFIGS = [(4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (16, 256, 4), (32, 256, 8)]
-# Session 27: FP8's one-row split-K kernel gained 3.5% at B=1 from SPLIT 1 with 4-8 columns a program and
-# 2,048-value K tiles (16-32 KB of weight a turn per program), which took every 8B product from the split
-# picks and their sum launches. The bf16 counterparts, timed beside the rest when on (off until measured:
-# `bench/gpu_file_ab.sh` with SWITCHES=narrow:onebit/kernels/triton_gemv.py:NARROW_GEMV).
-NARROW_GEMV = False
-NARROW_GEMV_CONFIGS = [(4, 2048, 4), (8, 2048, 8), (8, 1024, 8), (4, 4096, 8)]
+# The last four, in the shape of FP8's narrow one-row winners (session 27: 4-8 columns a program, long K
+# tiles), took qkv, o and down from cuBLAS and split-K at the 8B shape: bf16 B=1 227.1 -> 233.4 (session 28).
+GEMV_CONFIGS = [(4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (16, 256, 4), (32, 256, 8),
+                (4, 2048, 4), (8, 2048, 8), (8, 1024, 8), (4, 4096, 8)]
 SKINNY_CONFIGS = [(16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4)]
 # `split_k_matmul` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). At 64 rows cuBLAS reads the
 # 4096-wide products at 2.8-3.2 TB/s (o and qkv in one wave of 128 and 96 tiles; G23, session 12)
@@ -207,7 +204,7 @@ KERNELS = {"gemv": gemv, "skinny": skinny_matmul, "split_k": split_k_matmul}
 
 def candidates(rows: int) -> list[tuple[str, tuple]]:
     """(kernel name, config) pairs that can run a product with this many rows."""
-    out = [("gemv", c) for c in GEMV_CONFIGS + (NARROW_GEMV_CONFIGS if NARROW_GEMV else [])] if rows == 1 else []
+    out = [("gemv", c) for c in GEMV_CONFIGS] if rows == 1 else []
     if rows <= MAX_ROWS:  # split-K at 1 row too: the skinny kernel's 16-row tile won some products there (G23)
         out += [("skinny", c) for c in SKINNY_CONFIGS] + [("split_k", c) for c in FEW_ROW_SPLIT_K_CONFIGS]
     elif rows <= MAX_SPLIT_K_ROWS:

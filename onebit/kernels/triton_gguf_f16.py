@@ -33,7 +33,7 @@ import triton.language as tl
 
 from onebit.kernels import pdl
 from onebit.kernels.gguf_repack import F16Rows
-from onebit.kernels.triton_fused import _add_rms_norm_row
+from onebit.kernels.triton_fused import _add_rms_norm_row, _norm_weight_then_wait
 from onebit.kernels.triton_gguf import _store_partial
 from onebit.kernels.triton_gguf_repacked import (_group_code_pairs, _load_scales, _pairs_to_dtype, _plane_byte,
                                                  _plane_code_bits, _plane_scale, _program_tile)
@@ -102,15 +102,15 @@ def prepare_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 @triton.jit
 def _add_rms_norm_f16_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x16_ptr, xm_ptr, xe_ptr, n_cols, eps,
                              HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-                             SUB: tl.constexpr, PDL: tl.constexpr = False):
-    pdl.wait_for_previous(PDL)
+                             SUB: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
     # One row: add + RMSNorm as `triton_fused.add_rms_norm` stores it, then that stored row prepared as
     # `_prepare_x_kernel` prepares it, chunk by chunk through the same helper (the row read back from
     # the cache after a barrier), so the float16 values and means are the launch's own.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
-    out = _add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
+    w = _norm_weight_then_wait(w_ptr, cols, ok, PDL, EARLY)
+    out = _add_rms_norm_row(x_ptr, res_ptr, w, res_out_ptr, row, cols, ok, n_cols, eps, HAS_RESIDUAL)
     out_row = out_ptr + row * n_cols
     tl.store(out_row + cols, out, mask=ok)
     e = _row_exponent(tl.max(tl.where(ok, tl.abs(out.to(tl.float32)), 0.0), axis=0))
@@ -141,7 +141,7 @@ def add_rms_norm_f16(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     _add_rms_norm_f16_kernel[(rows,)](x, residual if residual is not None else x, weight, out, res_out, x16, xm, xe,
                                       cols, eps, HAS_RESIDUAL=residual is not None,
                                       BLOCK=triton.next_power_of_2(cols), CHUNK=PREPARE_BLOCK, SUB=32, num_warps=4,
-                                      **pdl.options())
+                                      EARLY=pdl.early_weights(), **pdl.options())
     return F16Rows(out, x16, xm, xe), (res_out if residual is not None else None)
 
 
