@@ -285,3 +285,56 @@ def test_the_cublaslt_switch_restores_the_preferred_library():
             assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
             raise ValueError("inside")
     assert torch.backends.cuda.preferred_blas_library() == before
+
+
+@pytest.mark.parametrize("n,k,bias,config", [(74, 300, True, (4, 1024, 4)), (64, 1024, False, (8, 512, 4)),
+                                             (10, 17, True, (16, 256, 4))])
+def test_gemv_with_silu_mul_gives_the_bits_of_gemv_then_silu_mul(n, k, bias, config, monkeypatch):
+    """`gemv_silu_mul`: gate rows and up rows summed in one program and silu(gate) * up stored (a part
+    program past I, K past a tile, a whole tile), with and without the early first tile: the bits of
+    `gemv` followed by `triton_fused.silu_mul`."""
+    from onebit.kernels import pdl, triton_fused
+
+    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16  # the interpreter's bf16 is not the GPU's
+    x, weight, b = _case(1, n, k, bias, seed=n + k)
+    weight = weight * k ** -0.5  # gate values of a few units: the SiLU's exp in range
+    x, weight, b = x.to(dtype), weight.to(dtype), b.to(dtype) if b is not None else None
+    want = triton_fused.silu_mul(triton_gemv.gemv(x, weight, b, config))
+    assert want.shape == (1, n // 2)
+    assert torch.equal(triton_gemv.gemv_silu_mul(x, weight, b, config), want)
+    monkeypatch.setattr(pdl, "early_weights", lambda: True)
+    assert torch.equal(triton_gemv.gemv_silu_mul(x, weight, b, config), want)
+    with pytest.raises(ValueError, match="one row"):
+        triton_gemv.gemv_silu_mul(torch.cat([x, x]), weight, b, config)
+
+
+def test_linear_silu_mul_takes_the_one_row_gemv_pick_only_with_the_switch(monkeypatch):
+    """`gemv.linear_silu_mul` runs where gate_up's calibrated one-row pick is the gemv kernel, with that
+    config, and answers None otherwise (switch off, another pick, no pick, two rows, an odd width);
+    the SwiGLU MLP then takes it, and the two kernels where it answers None."""
+    from onebit.kernels import triton_fused
+    from onebit.models.layers import SwiGLU
+
+    mlp = SwiGLU(24, 20, bias=False).to(DEVICE)
+    torch.nn.init.normal_(mlp.gate_up_proj.weight)
+    torch.nn.init.normal_(mlp.down_proj.weight)
+    weight = mlp.gate_up_proj.weight.detach()
+    x = torch.randn(1, 24, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    key = (x.device.type, 1, 40, 24, weight.dtype, False)
+    monkeypatch.setattr(gemv, "_CHOSEN", {key: ("gemv", (8, 512, 4))})
+    assert gemv.linear_silu_mul(x, weight) is None  # off by default until measured
+    monkeypatch.setattr(gemv, "SILU_IN_GATE_UP", True)
+    fused = []
+    real = triton_gemv.gemv_silu_mul
+    monkeypatch.setattr(triton_gemv, "gemv_silu_mul", lambda *a: fused.append(a[3]) or real(*a))
+    want = triton_fused.silu_mul(triton_gemv.gemv(x, weight, None, (8, 512, 4)))
+    assert torch.equal(gemv.linear_silu_mul(x, weight), want) and fused == [(8, 512, 4)]
+    with torch.no_grad():
+        assert torch.equal(mlp(x), mlp.down_proj(want)) and len(fused) == 2
+    assert gemv.linear_silu_mul(torch.cat([x, x]), weight) is None
+    assert gemv.linear_silu_mul(x, weight[:39]) is None
+    monkeypatch.setattr(gemv, "_CHOSEN", {key: ("skinny", (16, 256, 4))})
+    assert gemv.linear_silu_mul(x, weight) is None and len(fused) == 2
+    monkeypatch.setattr(gemv, "_CHOSEN", {})
+    with torch.no_grad():
+        assert torch.allclose(mlp(x), mlp.down_proj(want), rtol=1e-5, atol=1e-5) and len(fused) == 2

@@ -38,6 +38,12 @@ MAX_CALIBRATED_ROWS = triton_gemv.MAX_SPLIT_K_ROWS if triton_gemv is not None el
 # The choice of F.linear through cuBLASLt, in _CHOSEN beside the Triton (kernel name, config) pairs.
 CUBLASLT = ("cublaslt", ())
 
+# One row of an MLP's [gate | up] product whose calibrated pick is the gemv kernel: the product applies SiLU *
+# mul itself (`linear_silu_mul`) and the SiLU kernel's 36 launches a step go, as FP8's `SILU_IN_GATE_UP` (on
+# since session 28) does. Session 28, built without a device, off until measured (`bench/gpu_file_ab.sh` with
+# SWITCHES=silu:onebit/kernels/gemv.py:SILU_IN_GATE_UP).
+SILU_IN_GATE_UP = False
+
 # (device type, rows, N, K, dtype, has bias) -> (kernel name, config); cases where cuBLAS won are absent.
 _CHOSEN: dict[tuple[str, int, int, int, torch.dtype, bool], tuple[str, tuple]] = {}
 
@@ -85,6 +91,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if chosen is not None:
             return run_choice(chosen, x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """silu(gate) * up of `linear(x, weight, bias)` for an MLP's [gate | up] weight in one kernel, bit for bit
+    the product followed by `ops.silu_mul`, where that applies (`SILU_IN_GATE_UP`, one contiguous row whose
+    calibrated pick is the gemv kernel, not in deterministic mode); else None, and the caller runs the two."""
+    if not (SILU_IN_GATE_UP and _CHOSEN and x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous()
+            and weight.stride(1) == 1 and weight.shape[0] % 2 == 0 and not batch_invariant.enabled()):
+        return None
+    chosen = choice_for(x, weight, bias)
+    if chosen is None or chosen[0] != "gemv":
+        return None
+    return triton_gemv.gemv_silu_mul(x, weight, bias, chosen[1])
 
 
 def _correct_candidates(x, weight, bias, name: str) -> list[tuple[str, tuple]]:

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from onebit.kernels import pdl
+from onebit.kernels.triton_activations import silu_times
 from onebit.kernels.triton_split_k import reduce_partials
 
 MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
@@ -48,35 +49,61 @@ def _gemv_weights(w_ptr, rows, row_ok, k0, K, stride_wn, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _gemv_tile(w, x_ptr, k0, K, BLOCK_K: tl.constexpr):
-    # the row's [BLOCK_N] sums over the K tile at k0 of the weights w
+def _gemv_weight_tiles(w_ptr, rows, row_ok, N, k0, K, stride_wn, BLOCK_K: tl.constexpr, GATED: tl.constexpr):
+    # The K tile at k0 of the weight rows and, GATED, of the up rows N + rows below them (else the first
+    # again, not loaded twice)
+    w = _gemv_weights(w_ptr, rows, row_ok, k0, K, stride_wn, BLOCK_K)
+    if GATED:
+        w_up = _gemv_weights(w_ptr, rows + N, row_ok, k0, K, stride_wn, BLOCK_K)
+    else:
+        w_up = w
+    return w, w_up
+
+
+@triton.jit
+def _gemv_add(acc, acc_up, w, w_up, x_ptr, k0, K, BLOCK_K: tl.constexpr, GATED: tl.constexpr):
+    # acc (and, GATED, acc_up) plus the rows' [BLOCK_N] sums over the K tile at k0 of x times w (w_up)
     cols = k0 + tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-    return tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    if GATED:
+        acc_up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
+    return acc, acc_up
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
-                 EARLY: tl.constexpr = False):
+                 EARLY: tl.constexpr = False, GATED: tl.constexpr = False):
     # EARLY (`pdl.early_weights`): the first weight tile is loaded before the wait for the previous kernel.
+    # GATED: the weight is an MLP's [gate | up] (2N rows, N the output's width); each program sums gate rows
+    # and the up rows N + rows over the same x loads and stores silu(gate) * up (`silu_times` of the two
+    # rounded to y's dtype: the bits of the product followed by `triton_fused.silu_mul`).
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     loop_begin = 0
     if EARLY:
-        w_first = _gemv_weights(w_ptr, rows, row_ok, 0, K, stride_wn, BLOCK_K)
+        w_first, w_up_first = _gemv_weight_tiles(w_ptr, rows, row_ok, N, 0, K, stride_wn, BLOCK_K, GATED)
         pdl.wait_for_previous(PDL)
-        acc += _gemv_tile(w_first, x_ptr, 0, K, BLOCK_K)
+        acc, acc_up = _gemv_add(acc, acc_up, w_first, w_up_first, x_ptr, 0, K, BLOCK_K, GATED)
         loop_begin = BLOCK_K
     else:
         pdl.wait_for_previous(PDL)
     for k0 in range(loop_begin, K, BLOCK_K):
-        acc += _gemv_tile(_gemv_weights(w_ptr, rows, row_ok, k0, K, stride_wn, BLOCK_K), x_ptr, k0, K, BLOCK_K)
+        w, w_up = _gemv_weight_tiles(w_ptr, rows, row_ok, N, k0, K, stride_wn, BLOCK_K, GATED)
+        acc, acc_up = _gemv_add(acc, acc_up, w, w_up, x_ptr, k0, K, BLOCK_K, GATED)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
+        if GATED:
+            acc_up += tl.load(b_ptr + N + rows, mask=row_ok, other=0.0).to(tl.float32)
+    out_type = y_ptr.dtype.element_ty
+    if GATED:
+        tl.store(y_ptr + rows, silu_times(acc.to(out_type), acc_up.to(out_type)), mask=row_ok)
+    else:
+        tl.store(y_ptr + rows, acc.to(out_type), mask=row_ok)
 
 
 @triton.jit
@@ -125,6 +152,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
                                               weight.stride(0), HAS_BIAS=bias is not None,
                                               BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl.options(),
                                               EARLY=pdl.early_weights())
+    return y
+
+
+def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int]):
+    """silu(gate) * up for x [1, K] (contiguous) and an MLP's [gate | up] weight [2 I, K] (unit column stride,
+    bias [2 I] or None) in one launch: bit for bit `gemv` with this config followed by
+    `triton_fused.silu_mul`; returns [1, I] in x's dtype."""
+    block_n, block_k, warps = config
+    if x.shape[0] != 1 or weight.shape[0] % 2:
+        raise ValueError(f"gemv_silu_mul takes one row and an even number of weight rows; got {x.shape[0]} "
+                         f"row(s), weight {tuple(weight.shape)}")
+    n, k = weight.shape[0] // 2, weight.shape[1]
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, bias if bias is not None else weight, y, n, k,
+                                              weight.stride(0), HAS_BIAS=bias is not None,
+                                              BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl.options(),
+                                              EARLY=pdl.early_weights(), GATED=True)
     return y
 
 

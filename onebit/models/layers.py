@@ -41,5 +41,10 @@ class SwiGLU(nn.Module):
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP to x [T, hidden]."""
-        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+        """Apply the MLP to x [T, hidden]; where gate_up's product can apply SiLU * mul itself
+        (`gemv.linear_silu_mul`: one row on the gemv kernel), it does."""
+        gate_up = self.gate_up_proj
+        activated = gemv.linear_silu_mul(x, gate_up.weight, gate_up.bias) if type(gate_up) is Linear else None
+        if activated is None:
+            activated = ops.silu_mul(gate_up(x))
+        return self.down_proj(activated)

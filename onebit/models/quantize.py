@@ -113,7 +113,7 @@ class Fp8Attention(Attention):
 class Fp8SwiGLU(SwiGLU):
     """A SwiGLU MLP with FP8 products: for the row counts its down product takes e4m3
     rows with a scale per row and block at, SiLU * mul emits them in one kernel; where gate_up can apply
-    SiLU * mul itself (`fp8.linear_silu_mul`: one row, off until measured), it does."""
+    SiLU * mul itself (`fp8.linear_silu_mul`: one row), it does."""
 
     def forward(self, x: torch.Tensor | fp8.Fp8Rows) -> torch.Tensor:
         """down(silu(gate(x)) * up(x))."""
