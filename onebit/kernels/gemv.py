@@ -86,21 +86,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     won; in deterministic mode (`batch_invariant.mode`) through the batch-invariant product."""
     if batch_invariant.enabled():
         return batch_invariant.linear(x, weight, bias)
-    if _CHOSEN and x.dim() == 2 and x.is_contiguous() and weight.stride(1) == 1:
-        chosen = choice_for(x, weight, bias)
-        if chosen is not None:
-            return run_choice(chosen, x, weight, bias)
+    chosen = _dispatched_choice(x, weight, bias)
+    if chosen is not None:
+        return run_choice(chosen, x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def _dispatched_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[str, tuple] | None:
+    """`choice_for` where the calibrated kernels can take the operands (a contiguous 2-D x, a weight with unit
+    column stride), else None."""
+    if _CHOSEN and x.dim() == 2 and x.is_contiguous() and weight.stride(1) == 1:
+        return choice_for(x, weight, bias)
+    return None
 
 
 def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """silu(gate) * up of `linear(x, weight, bias)` for an MLP's [gate | up] weight in one kernel, bit for bit
     the product followed by `ops.silu_mul`, where that applies (`SILU_IN_GATE_UP`, one contiguous row whose
     calibrated pick is the gemv kernel, not in deterministic mode); else None, and the caller runs the two."""
-    if not (SILU_IN_GATE_UP and _CHOSEN and x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous()
-            and weight.stride(1) == 1 and weight.shape[0] % 2 == 0 and not batch_invariant.enabled()):
+    if not (SILU_IN_GATE_UP and x.shape[0] == 1 and weight.shape[0] % 2 == 0 and not batch_invariant.enabled()):
         return None
-    chosen = choice_for(x, weight, bias)
+    chosen = _dispatched_choice(x, weight, bias)
     if chosen is None or chosen[0] != "gemv":
         return None
     return triton_gemv.gemv_silu_mul(x, weight, bias, chosen[1])

@@ -145,13 +145,19 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int]):
     """F.linear(x, weight, bias) for x [1, K] (contiguous) and a weight [N, K] with unit column stride."""
+    return _launch_gemv(x, weight, bias, config, gated=False)
+
+
+def _launch_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int],
+                 gated: bool) -> torch.Tensor:
+    # `_gemv_kernel` over the weight's rows, or with `gated` over its gate half (SiLU * mul of the halves)
     block_n, block_k, warps = config
-    n, k = weight.shape
+    n, k = weight.shape[0] // (2 if gated else 1), weight.shape[1]
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, bias if bias is not None else weight, y, n, k,
                                               weight.stride(0), HAS_BIAS=bias is not None,
                                               BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl.options(),
-                                              EARLY=pdl.early_weights())
+                                              EARLY=pdl.early_weights(), GATED=gated)
     return y
 
 
@@ -159,17 +165,10 @@ def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """silu(gate) * up for x [1, K] (contiguous) and an MLP's [gate | up] weight [2 I, K] (unit column stride,
     bias [2 I] or None) in one launch: bit for bit `gemv` with this config followed by
     `triton_fused.silu_mul`; returns [1, I] in x's dtype."""
-    block_n, block_k, warps = config
     if x.shape[0] != 1 or weight.shape[0] % 2:
         raise ValueError(f"gemv_silu_mul takes one row and an even number of weight rows; got {x.shape[0]} "
                          f"row(s), weight {tuple(weight.shape)}")
-    n, k = weight.shape[0] // 2, weight.shape[1]
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, bias if bias is not None else weight, y, n, k,
-                                              weight.stride(0), HAS_BIAS=bias is not None,
-                                              BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl.options(),
-                                              EARLY=pdl.early_weights(), GATED=True)
-    return y
+    return _launch_gemv(x, weight, bias, config, gated=True)
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -15,6 +15,11 @@ class Linear(nn.Linear):
         """x @ weight.T + bias."""
         return gemv.linear(x, self.weight, self.bias)
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of this [gate | up] product in one kernel where that applies
+        (`gemv.linear_silu_mul`), else None."""
+        return gemv.linear_silu_mul(x, self.weight, self.bias)
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in float32 like the reference implementation."""
@@ -41,10 +46,12 @@ class SwiGLU(nn.Module):
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP to x [T, hidden]; where gate_up's product can apply SiLU * mul itself
-        (`gemv.linear_silu_mul`: one row on the gemv kernel), it does."""
-        gate_up = self.gate_up_proj
-        activated = gemv.linear_silu_mul(x, gate_up.weight, gate_up.bias) if type(gate_up) is Linear else None
-        if activated is None:
-            activated = ops.silu_mul(gate_up(x))
-        return self.down_proj(activated)
+        """Apply the MLP to x [T, hidden]."""
+        return self.down_proj(self.activated(x))
+
+    def activated(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x)) * up(x): by gate_up's product itself where it offers that (a `silu_mul` method that
+        answers, e.g. `Linear`'s and `Fp8Linear`'s at one row), else the product and the SiLU kernel."""
+        fused = getattr(self.gate_up_proj, "silu_mul", None)
+        out = fused(x) if fused is not None else None
+        return out if out is not None else ops.silu_mul(self.gate_up_proj(x))

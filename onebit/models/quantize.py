@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from onebit.kernels import fp8
-from onebit.kernels import ops
 from onebit.kernels.attention import AttentionMetadata, decode_quantizes, paged_decode_attention_quantized
 from onebit.models.layers import Linear, RMSNorm, SwiGLU
 from onebit.models.transformer import Attention
@@ -119,11 +118,7 @@ class Fp8SwiGLU(SwiGLU):
         """down(silu(gate(x)) * up(x))."""
         if self.down_proj.takes_quantized_rows(x.shape[0], x.device):  # (`Fp8Rows` has both too)
             return self.down_proj(fp8.silu_mul_quantize(self.gate_up_proj(x)))
-        # gate_up applying SiLU * mul itself (one row, `fp8.linear_silu_mul`), else the two kernels
-        activated = self.gate_up_proj.silu_mul(x) if isinstance(self.gate_up_proj, Fp8Linear) else None
-        if activated is None:
-            activated = ops.silu_mul(self.gate_up_proj(x))
-        return self.down_proj(activated)
+        return self.down_proj(self.activated(x))
 
 
 def fp8_layers(model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
