@@ -80,54 +80,6 @@ def test_paged_decode_writes_into_the_given_output():
         triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.25, out=step[:3])
 
 
-# Contexts of 1, 40 and 250 keys in 64-key tiles: 3 fixed splits of 128 keys (the last one empty at 250),
-# 4 of 64 (all four hold keys at 250), the adaptive rule's 16 of 64 (4 live), one split.
-@pytest.mark.parametrize("splits,adaptive", [(3, False), (4, False), (16, True), (1, False)])
-def test_the_last_split_program_merging_gives_the_merge_kernels_bits(splits, adaptive, monkeypatch):
-    """`MERGE_IN_SPLIT`: the split programs that hold keys count themselves and the last of each
-    (sequence, KV head) merges them, a context within one split is written by split 0: bit for bit the
-    merge kernel, plain and block-quantized, into a given output too, with the counters zeroed again
-    after every launch and the merge kernel not launched (one split: unchanged)."""
-    q, k, v, tables, ctx = _case(3, 8, 2, 32, 8, [1, 40, 250], seed=splits)
-    kwargs = {"num_splits": None, "min_split": 16} if adaptive else {"num_splits": splits}
-    if adaptive:
-        assert triton_decode.choose_num_splits(3, 2, 256, triton_decode.sm_count(q.device), 16) == splits
-    block = 4 * 32
-    plain = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, **kwargs)
-    plain_q, plain_s = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, quantize_block=block, **kwargs)
-    merges = []
-    merge_kernel = triton_decode._decode_merge_kernel
-
-    class CountedMerge:  # the merge kernel's launches, counted
-        def __getitem__(self, grid):
-            merges.append(grid)
-            return merge_kernel[grid]
-
-    monkeypatch.setattr(triton_decode, "_decode_merge_kernel", CountedMerge())
-    monkeypatch.setattr(triton_decode, "_merge_counters", {})  # this test's own buffer
-    monkeypatch.setattr(triton_decode, "MERGE_IN_SPLIT", True)
-    merged = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, **kwargs)
-    merged_q, merged_s = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, quantize_block=block,
-                                                               **kwargs)
-    step = torch.full((4, 8, 32), 7.0, device=DEVICE)
-    triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, out=step[:3], **kwargs)
-    assert torch.equal(merged, plain) and torch.equal(step[:3], plain) and (step[3] == 7.0).all()
-    assert torch.equal(merged_s, plain_s) and torch.equal(merged_q.view(torch.uint8), plain_q.view(torch.uint8))
-    assert merges == []
-    counters = triton_decode._merge_counters.get(q.device)
-    assert (counters is None) == (splits == 1) and (counters is None or not counters.any())
-
-
-def test_merge_counters_are_one_buffer_a_device_and_refuse_more_pairs_than_they_hold(monkeypatch):
-    monkeypatch.setattr(triton_decode, "_merge_counters", {})
-    device = torch.device(DEVICE)
-    assert triton_decode.merge_counters(device, triton_decode.MERGE_COUNTERS + 1) is None  # not even allocated
-    first = triton_decode.merge_counters(device, 6)
-    assert first is not None and not first.any() and first.dtype == torch.int32
-    assert triton_decode.merge_counters(device, triton_decode.MERGE_COUNTERS) is first
-    assert triton_decode.merge_counters(device, triton_decode.MERGE_COUNTERS + 1) is None
-
-
 @pytest.mark.skipif(DEVICE != "cuda", reason="bf16 tensor-core path needs the GPU")
 def test_paged_decode_bf16_on_gpu():
     q, k, v, tables, ctx = _case(3, 32, 8, 128, 16, [128, 300, 1000], seed=5)

@@ -70,26 +70,6 @@ COMPILE = textwrap.dedent("""
 
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
-    if which == "decode-merge":  # the split kernel whose last program merges (MERGE_IN_SPLIT), PDL on
-        for cache, quantize in (("*bf16", False), (fp8, True)):
-            types = {"tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
-                     "k_ptr": cache, "v_ptr": cache, "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "count_ptr": "*i32"}
-            constexprs = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "NUM_SPLITS": 32, "BLOCK_SIZE": 16, "TILE": 64,
-                          "KV_FP8": cache == fp8, "DOT_F16": cache == fp8, "PDL": True, "MERGE": True}
-            if quantize:
-                types |= {"out_ptr": fp8, "s_ptr": "*fp32"}
-                constexprs |= {"QUANTIZE": True, "ROUND": tl.bfloat16}
-            fn = importlib.import_module("onebit.kernels.triton_decode")._decode_split_kernel
-            constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
-            kernel = triton.compile(ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs),
-                                    target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True, "num_warps": 2})
-            lines = [line.strip() for line in kernel.asm["ptx"].splitlines()]
-            # each atomic's mnemonic (after a predicate, if any), e.g. atom.global.gpu.acq_rel.add.u32
-            atoms = sorted({word for line in lines for word in line.split() if word.startswith("atom.")})
-            print(f"decode-merge-quantize={int(quantize)}", "atoms", ",".join(atoms),
-                  "cg-loads", sum("ld.global.cg" in line for line in lines),
-                  "barriers", sum(line.startswith(("bar.sync", "barrier.sync")) for line in lines))
-        sys.exit(0)
     if which == "fused-write":  # every variant, PDL off
         for kv_fp8, has_norm, heads in [(f, n, h) for f in (False, True) for n in (False, True) for h in (1, 16)]:
             cache = fp8 if kv_fp8 else "*bf16"
@@ -291,18 +271,6 @@ def _compile(*args: str) -> list[str]:
         pytest.skip("this triton has no ahead-of-time compile API")
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
-
-
-def test_the_split_kernel_merging_in_its_last_program_counts_at_gpu_scope():
-    """`MERGE_IN_SPLIT`: the count is one acquire-release add at GPU scope (the release publishes the
-    partials every thread stored before the barrier, the acquire lets the last program read them), the
-    counter's reset an exchange, and the partials read past L1 (ld.global.cg); plain and quantized output."""
-    lines = _compile("decode-merge")
-    assert [line.split()[0] for line in lines] == ["decode-merge-quantize=0", "decode-merge-quantize=1"]
-    for line in lines:
-        fields = line.split()
-        assert fields[2] == "atom.global.gpu.acq_rel.add.u32,atom.global.gpu.relaxed.exch.b32", line
-        assert int(fields[4]) > 0 and int(fields[6]) > 0, line
 
 
 def test_fused_kv_write_compiles_for_sm90_in_every_variant():

@@ -39,10 +39,9 @@ MAX_CALIBRATED_ROWS = triton_gemv.MAX_SPLIT_K_ROWS if triton_gemv is not None el
 CUBLASLT = ("cublaslt", ())
 
 # One row of an MLP's [gate | up] product whose calibrated pick is the gemv kernel: the product applies SiLU *
-# mul itself (`linear_silu_mul`) and the SiLU kernel's 36 launches a step go, as FP8's `SILU_IN_GATE_UP` (on
-# since session 28) does. Session 28, built without a device, off until measured (`bench/gpu_file_ab.sh` with
-# SWITCHES=silu:onebit/kernels/gemv.py:SILU_IN_GATE_UP).
-SILU_IN_GATE_UP = False
+# mul itself (`linear_silu_mul`) and the SiLU kernel's 36 launches a step go, as FP8's `SILU_IN_GATE_UP` does.
+# Session 29 on the H200: bf16 B=1 236.2 -> 237.7 tok/s, B=32 unchanged (docs/perf-history.md).
+SILU_IN_GATE_UP = True
 
 # (device type, rows, N, K, dtype, has bias) -> (kernel name, config); cases where cuBLAS won are absent.
 _CHOSEN: dict[tuple[str, int, int, int, torch.dtype, bool], tuple[str, tuple]] = {}

@@ -3,9 +3,7 @@
 GQA-aware: one program handles one KV head for all the query heads that share it, so each
 K/V byte is read once per sequence. The context is split into `num_splits` ranges handled by
 separate programs (long contexts with few sequences still fill the GPU); a second small kernel
-merges the partial softmaxes (with one split, the split kernel writes the output itself). With
-`MERGE_IN_SPLIT` the last split program of each sequence and KV head to finish merges them instead
-(a counter per pair, counted with a GPU-scope acquire-release atomic), and the merge launch goes.
+merges the partial softmaxes (with one split, the split kernel writes the output itself).
 Reference: `onebit.kernels.attention.decode_attention_ref`.
 Runs under TRITON_INTERPRET=1 on CPU tensors too, which is how the CPU tests check it.
 
@@ -60,10 +58,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
     DOT_F16: tl.constexpr = False, PDL: tl.constexpr = False,
     s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False, ROUND: tl.constexpr = None,
-    count_ptr=None, MERGE: tl.constexpr = False,
 ):
-    # MERGE (`MERGE_IN_SPLIT`, NUM_SPLITS > 1): the last program of a (sequence, KV head) to store its
-    # partial merges them; count_ptr holds a zeroed int32 counter per pair, left zeroed again.
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -112,67 +107,12 @@ def _decode_split_kernel(
     if NUM_SPLITS == 1:  # the whole context: normalize and write the output, no merge
         _store_group(acc / tl.maximum(l, 1e-30)[:, None], out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok,
                      stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
-    elif MERGE:
-        # Only the splits that hold keys take part: a context of one split's length or less is written
-        # by split 0 as NUM_SPLITS == 1 writes it (a merge of one partial gives the same values), and
-        # the others store nothing, count themselves, and the last to count merges the live ones.
-        live = (ctx_len + split_len - 1) // split_len
-        if live <= 1:
-            if split == 0:
-                _store_group(acc / tl.maximum(l, 1e-30)[:, None], out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok,
-                             stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
-        elif split < live:
-            _store_partial(part_acc_ptr, part_ml_ptr, acc, m, l, (seq * num_kv_heads + kv_head) * NUM_SPLITS + split,
-                           rows, row_ok, dims, GROUP_PAD, HEAD_DIM)
-            # Every thread's partial stored before the count (the barrier), and the count's release at GPU
-            # scope publishes them; the last program's acquire makes all the others' partials visible.
-            tl.debug_barrier()
-            counter = count_ptr + seq * num_kv_heads + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == live - 1:
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zeroed for the next launch
-                merged = _merge_splits(part_acc_ptr, part_ml_ptr, seq, kv_head, num_kv_heads, rows, row_ok, dims,
-                                       live, GROUP_PAD, HEAD_DIM, NUM_SPLITS, ".cg")
-                _store_group(merged, out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok,
-                             stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
-    else:
-        _store_partial(part_acc_ptr, part_ml_ptr, acc, m, l, (seq * num_kv_heads + kv_head) * NUM_SPLITS + split,
-                       rows, row_ok, dims, GROUP_PAD, HEAD_DIM)
-
-
-@triton.jit
-def _store_partial(part_acc_ptr, part_ml_ptr, acc, m, l, base, rows, row_ok, dims,
-                   GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
-    # One split's partial (acc, running max m, sum l) at partial index `base`; only the group's real rows:
-    # padding rows would be bytes written and read for nothing.
-    tl.store(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :], acc, mask=row_ok[:, None])
-    tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2, m, mask=row_ok)
-    tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, l, mask=row_ok)
-
-
-@triton.jit
-def _merge_splits(part_acc_ptr, part_ml_ptr, seq, kv_head, num_kv_heads, rows, row_ok, dims, count,
-                  GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, CACHE: tl.constexpr):
-    # The merged output [GROUP_PAD, HEAD_DIM] float32 of one sequence and KV head from the partials of its
-    # first `count` splits (of NUM_SPLITS), in split order. CACHE: the loads' cache modifier (".cg" where
-    # another program of the same launch wrote the partials: past the SM's own L1).
-    m_all = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    for split in range(count):
+    else:  # only the group's real rows: padding rows would be bytes written and read for nothing
         base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=row_ok,
-                                          other=float("-inf"), cache_modifier=CACHE))
-    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-    l_all = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for split in range(count):
-        base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-        m = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=row_ok, other=float("-inf"),
-                    cache_modifier=CACHE)
-        l = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, mask=row_ok, other=0.0, cache_modifier=CACHE)
-        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
-        l_all += l * w
-        acc += tl.load(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :],
-                       mask=row_ok[:, None], other=0.0, cache_modifier=CACHE) * w[:, None]
-    return acc / tl.maximum(l_all, 1e-30)[:, None]
+        tl.store(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :], acc,
+                 mask=row_ok[:, None])
+        tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2, m, mask=row_ok)
+        tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, l, mask=row_ok)
 
 
 @triton.jit
@@ -184,12 +124,27 @@ def _decode_merge_kernel(
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    num_kv_heads = tl.num_programs(1)
     rows = tl.arange(0, GROUP_PAD)
     row_ok = rows < GROUP
     dims = tl.arange(0, HEAD_DIM)
-    merged = _merge_splits(part_acc_ptr, part_ml_ptr, seq, kv_head, tl.num_programs(1), rows, row_ok, dims,
-                           NUM_SPLITS, GROUP_PAD, HEAD_DIM, NUM_SPLITS, "")
-    _store_group(merged, out_ptr, s_ptr, seq, kv_head, kv_head * GROUP + rows, dims,
+    m_all = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    for split in range(NUM_SPLITS):
+        base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
+        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=row_ok,
+                                          other=float("-inf")))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    l_all = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for split in range(NUM_SPLITS):
+        base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
+        m = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=row_ok, other=float("-inf"))
+        l = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, mask=row_ok, other=0.0)
+        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
+        l_all += l * w
+        acc += tl.load(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :],
+                       mask=row_ok[:, None], other=0.0) * w[:, None]
+    _store_group(acc / tl.maximum(l_all, 1e-30)[:, None], out_ptr, s_ptr, seq, kv_head, kv_head * GROUP + rows, dims,
                  row_ok, stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
 
 
@@ -267,29 +222,6 @@ LAUNCH = {"bf16": DecodeLaunch(64, 2), "fp8": DecodeLaunch(64, 2)}
 # An e4m3 cache with bf16 queries multiplies in float16 (`kv_fp8.float16_products`). False:
 # bfloat16, as before (benches).
 FP8_DOT_F16 = True
-# The last split program of each (sequence, KV head) merges the partials itself, so a decode step has
-# no merge launches (36 a step at the 8B shape whenever the context is split, every B=1 step). Session 28
-# (built without a device, off until measured: `bench/gpu_file_ab.sh` with
-# SWITCHES=merge:onebit/kernels/triton_decode.py:MERGE_IN_SPLIT).
-MERGE_IN_SPLIT = False
-# Counters for MERGE_IN_SPLIT: one int32 a (sequence, KV head) pair of a launch, zeroed once and left zeroed
-# by every launch. One buffer a device, allocated outside graph capture and never replaced (captured graphs
-# keep its address); a launch with more pairs, or the first one during a capture, takes the merge kernel.
-MERGE_COUNTERS = 1 << 16
-_merge_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def merge_counters(device: torch.device, pairs: int) -> torch.Tensor | None:
-    """The zeroed counters a launch of `pairs` (sequence, KV head) pairs merges its splits with, or None
-    where it must launch the merge kernel instead (too many pairs, or none allocated yet while capturing)."""
-    buffer = _merge_counters.get(device)
-    if buffer is None:
-        if pairs > MERGE_COUNTERS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            return None
-        buffer = _merge_counters[device] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
-    return buffer if pairs <= buffer.numel() else None
-
-
 CANDIDATES = {  # bench/gpu_decode_fp8.py's sweep: today's launch, the one before, and the runners-up
     "t64-w2": DecodeLaunch(64, 2), "t64-w4": DecodeLaunch(64, 4), "t128-w2": DecodeLaunch(128, 2),
     "t128-w4": DecodeLaunch(128, 4),
@@ -353,8 +285,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_ml = torch.empty((batch, kv_heads, num_splits, group_pad, 2), dtype=torch.float32, device=q.device)
     else:  # unused by the kernel: the output is written directly
         part_acc = part_ml = out
-    counters = merge_counters(q.device, batch * kv_heads) if MERGE_IN_SPLIT and num_splits > 1 else None
-    merging = {"count_ptr": counters, "MERGE": True} if counters is not None else {}
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml,
         k_scale if fp8 else part_ml, v_scale if fp8 else part_ml, out,
@@ -363,8 +293,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
         NUM_SPLITS=num_splits, KV_FP8=fp8, DOT_F16=kv_fp8.float16_products(fp8, q.dtype, FP8_DOT_F16),
-        **tuning, **pdl.options(), **(quantized if num_splits == 1 or merging else {}), **merging)
-    if num_splits > 1 and not merging:
+        **tuning, **pdl.options(), **(quantized if num_splits == 1 else {}))
+    if num_splits > 1:
         _decode_merge_kernel[(batch, kv_heads)](
             part_acc, part_ml, out, out.stride(0), out.stride(1),
             GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, **pdl.options(), **quantized)
