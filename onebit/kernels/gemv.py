@@ -137,8 +137,8 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor | None]], rows:
     unit tests, which also pass device_types ("cpu",) to run the kernels in Triton's interpreter).
 
     Cost at start-up, Qwen3-8B (5 shapes, 1.6 GB of bf16 weights), `--parallel 64` (rows 1, 2, 4,
-    8, 12, 16, then 24-64 in steps of 8, then the graphs' larger steps to 512 for cuBLASLt alone): 27
-    timings at 1 row (cuBLAS, 10 GEMV, 7 skinny and 8 split-K configs, cuBLASLt), 17 at each other count
+    8, 12, 16, then 24-64 in steps of 8, then the graphs' larger steps to 512 for cuBLASLt alone): 20
+    timings at 1 row (cuBLAS, 10 GEMV, 5 skinny and 3 split-K configs, cuBLASLt), 10 at each other count
     to 16, up to 9 at each count to 128 (cuBLAS, 5-7 split-K, cuBLASLt), 2 above; each timing is 1 warm-up call +
     7 replays x 20 calls of the product: ~10 s in all, plus the Triton compiles (cached on disk after
     the first start)."""

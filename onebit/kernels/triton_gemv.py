@@ -28,18 +28,14 @@ MAX_ROWS = 16  # skinny_matmul pads the rows to this (tl.dot's smallest tile)
 # tiles), took qkv, o and down from cuBLAS and split-K at the 8B shape: bf16 B=1 227.1 -> 233.4 (session 28).
 GEMV_CONFIGS = [(4, 1024, 4), (8, 512, 4), (8, 1024, 4), (16, 512, 4), (16, 256, 4), (32, 256, 8),
                 (4, 2048, 4), (8, 2048, 8), (8, 1024, 8), (4, 4096, 8)]
-# The last two of each few-row list, and the last five split-K ones, carry the one-row gemv's lesson (few
-# columns a program, long K tiles, 8 warps) to 2-16 rows on the tensor cores (session 29): at 8 rows the
-# best candidates read qkv, o and down at 3.1-3.7 TB/s against the one-row gemv's 3.6-4.0.
-SKINNY_CONFIGS = [(16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4), (16, 1024, 8), (32, 512, 8)]
+SKINNY_CONFIGS = [(16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4)]
 # `split_k_matmul` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). At 64 rows cuBLAS reads the
 # 4096-wide products at 2.8-3.2 TB/s (o and qkv in one wave of 128 and 96 tiles; G23, session 12)
 # against 4.0 for gate_up; splitting K gives more programs, each streaming its slice.
 # Above 16 rows, tiles of 64 or 128 rows: sm_90's bf16 wgmma takes 64 rows a warp group (a smaller
 # tile compiles to the older mma instruction). Unmeasured: calibration times them against cuBLAS.
 MAX_SPLIT_K_ROWS = 128
-FEW_ROW_SPLIT_K_CONFIGS = [(16, 32, 256, 2, 4), (16, 64, 128, 4, 4), (16, 32, 128, 4, 4), (16, 16, 512, 2, 4),
-                           (16, 32, 512, 2, 8), (16, 16, 256, 4, 4), (16, 32, 256, 4, 4), (16, 16, 1024, 2, 8)]
+FEW_ROW_SPLIT_K_CONFIGS = [(16, 32, 256, 2, 4), (16, 64, 128, 4, 4), (16, 32, 128, 4, 4)]
 MANY_ROW_SPLIT_K_CONFIGS = [(64, 64, 64, 2, 4), (64, 64, 128, 2, 4), (64, 128, 64, 2, 4), (64, 64, 128, 4, 4),
                             (64, 32, 128, 4, 4), (64, 128, 128, 1, 8), (128, 64, 64, 1, 8)]
 
