@@ -346,3 +346,70 @@ def test_linear_silu_mul_takes_the_one_row_gemv_pick_only_with_the_switch(monkey
     monkeypatch.setattr(gemv, "_CHOSEN", {})
     with torch.no_grad():
         assert torch.allclose(mlp(x), mlp.down_proj(want), rtol=1e-5, atol=1e-5) and len(fused) == 2
+
+
+@pytest.mark.parametrize("n,k,config", [(37, 300, (4, 1024, 4)), (64, 4096, (8, 512, 4)), (20, 1500, (16, 256, 4))])
+@pytest.mark.parametrize("residual,bias,early", [(True, False, False), (True, True, True), (False, True, False),
+                                                 (False, False, True)])
+def test_gemv_rms_normed_matches_the_norm_then_the_product(n, k, config, residual, bias, early, monkeypatch):
+    """`gemv_rms_normed`: the product of the normalized row (a K past one tile, whole tiles, a part tile; with
+    and without a residual, a bias, the early first tile) against the norm kernel followed by `gemv`, and the
+    next residual stream bit for bit the norm kernel's. float32 in the interpreter (its bfloat16 adds are not
+    bfloat16's), bfloat16 on the GPU."""
+    from onebit.kernels import pdl, triton_fused
+
+    monkeypatch.setattr(pdl, "early_weights", lambda: early)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=g).to(DEVICE, dtype)
+    res = torch.randn(1, k, generator=g).to(DEVICE, dtype) if residual else None
+    norm_weight = (torch.rand(k, generator=g) + 0.5).to(DEVICE, dtype)
+    weight = (torch.randn(n, k, generator=g) * k ** -0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g).to(DEVICE, dtype) if bias else None
+    y, summed = triton_gemv.gemv_rms_normed(x, res, norm_weight, 1e-6, weight, b, config)
+    normed, want_summed = triton_fused.add_rms_norm(x, res, norm_weight, 1e-6)
+    want = triton_gemv.gemv(normed, weight, b, config).float()
+    assert y.shape == (1, n) and y.dtype == dtype
+    assert ((y.float() - want).norm() / want.norm()).item() < {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    assert (summed is None) == (res is None)
+    if res is not None:
+        assert torch.equal(summed, want_summed)
+    with pytest.raises(ValueError, match="one row"):
+        triton_gemv.gemv_rms_normed(torch.cat([x, x]), None, norm_weight, 1e-6, weight, b, config)
+
+
+def test_the_input_norm_folds_into_qkv_only_with_the_switch_and_a_gemv_pick(monkeypatch):
+    """`DecoderLayer.normed_qkv`: with `RMS_NORM_IN_GEMV` and qkv's one-row pick the gemv kernel, one
+    `gemv_rms_normed` launch gives qkv (close to the norm then the product) and the residual stream (the same
+    bits; the layer's own input where there is no residual yet); the switch off, another pick or two rows take
+    the norm and the product."""
+    from onebit.models.config import ModelConfig
+    from onebit.models.transformer import DecoderLayer
+
+    cfg = ModelConfig(architecture="Qwen3ForCausalLM", family="qwen3", vocab_size=64, hidden_size=96, intermediate_size=64, num_layers=1,
+                      num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, qk_norm=True)
+    layer = DecoderLayer(cfg).to(DEVICE)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    qkv_weight = layer.self_attn.qkv_proj.weight
+    g = torch.Generator().manual_seed(5)
+    x, res = (torch.randn(1, 96, generator=g).to(DEVICE) for _ in range(2))
+    key = (x.device.type, 1, qkv_weight.shape[0], 96, qkv_weight.dtype, False)
+    monkeypatch.setattr(gemv, "_CHOSEN", {key: ("gemv", (8, 512, 4))})
+    fused = []
+    real = triton_gemv.gemv_rms_normed
+    monkeypatch.setattr(triton_gemv, "gemv_rms_normed", lambda *a: fused.append(a[-1]) or real(*a))
+    with torch.no_grad():
+        plain_qkv, plain_res = layer.normed_qkv(x, res)  # the switch is off by default until measured
+        assert not gemv.RMS_NORM_IN_GEMV and fused == []
+        monkeypatch.setattr(gemv, "RMS_NORM_IN_GEMV", True)
+        qkv, new_res = layer.normed_qkv(x, res)
+        assert fused == [(8, 512, 4)] and torch.equal(new_res, plain_res)
+        assert torch.allclose(qkv, plain_qkv, rtol=1e-4, atol=1e-5)
+        first_qkv, first_res = layer.normed_qkv(x, None)
+        assert len(fused) == 2 and first_res is x
+        assert torch.allclose(first_qkv, layer.self_attn.qkv_proj(layer.input_layernorm(x)), rtol=1e-4, atol=1e-5)
+        layer.normed_qkv(torch.cat([x, x]), torch.cat([res, res]))
+        monkeypatch.setattr(gemv, "_CHOSEN", {key: ("skinny", (16, 256, 4))})
+        layer.normed_qkv(x, res)
+        assert len(fused) == 2

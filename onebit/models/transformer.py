@@ -36,9 +36,13 @@ class Attention(nn.Module):
     def queries(self, x, positions, rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         """This step's queries [T, heads, head_dim] from x [T, hidden] (normed and rotated), after writing
         its K/V into the cache."""
+        return self.queries_from(self.qkv_proj(x), positions, rope, k_cache, v_cache, meta)
+
+    def queries_from(self, qkv, positions, rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """`queries` from this step's qkv product [T, q + 2 kv] already computed."""
         has_norm = self.q_norm is not None
         return ops.qk_norm_rope_store(
-            self.qkv_proj(x), positions, rope[0], rope[1], self.q_norm.weight if has_norm else None,
+            qkv, positions, rope[0], rope[1], self.q_norm.weight if has_norm else None,
             self.k_norm.weight if has_norm else None, self.q_norm.eps if has_norm else 0.0,
             meta.slot_mapping, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.head_dim,
             self.k_scale, self.v_scale)
@@ -66,13 +70,26 @@ class DecoderLayer(nn.Module):
     def forward(self, x, residual, positions, rope, k_cache, v_cache, meta):
         """Run the layer; x is the previous block's output, residual the stream before it
         (None for the first layer). Returns the new (x, residual) pair."""
+        attn = self.self_attn
+        qkv, residual = self.normed_qkv(x, residual)
+        h = attn.attend(attn.queries_from(qkv, positions, rope, k_cache, v_cache, meta), k_cache, v_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+    def normed_qkv(self, x, residual):
+        """(qkv_proj(input_layernorm(x [+ residual])), the residual stream after it): in one kernel where the
+        product offers that (`Linear.rms_normed`: one row whose pick is the gemv kernel), else the norm, then
+        the product (which may take the norm's output in another form, e.g. `Fp8InputNorm`'s e4m3 rows)."""
+        fused = getattr(self.self_attn.qkv_proj, "rms_normed", None) if type(self.input_layernorm) is RMSNorm else None
+        out = fused(x, residual, self.input_layernorm) if fused is not None else None
+        if out is not None:
+            qkv, summed = out
+            return qkv, (x if residual is None else summed)
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
             h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, rope, k_cache, v_cache, meta)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        return self.self_attn.qkv_proj(h), residual
 
 
 class CausalLM(nn.Module):
