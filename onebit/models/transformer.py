@@ -33,13 +33,9 @@ class Attention(nn.Module):
         self.register_buffer("k_scale", None, persistent=False)
         self.register_buffer("v_scale", None, persistent=False)
 
-    def queries(self, x, positions, rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """This step's queries [T, heads, head_dim] from x [T, hidden] (normed and rotated), after writing
-        its K/V into the cache."""
-        return self.queries_from(self.qkv_proj(x), positions, rope, k_cache, v_cache, meta)
-
-    def queries_from(self, qkv, positions, rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """`queries` from this step's qkv product [T, q + 2 kv] already computed."""
+    def queries(self, qkv, positions, rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """This step's queries [T, heads, head_dim] (normed and rotated) from its qkv product [T, q + 2 kv],
+        after writing its K/V into the cache."""
         has_norm = self.q_norm is not None
         return ops.qk_norm_rope_store(
             qkv, positions, rope[0], rope[1], self.q_norm.weight if has_norm else None,
@@ -52,9 +48,10 @@ class Attention(nn.Module):
         out = paged_attention(q, k_cache, v_cache, meta, self.scale, self.k_scale, self.v_scale)
         return self.o_proj(out.reshape(q.shape[0], self.q_size))
 
-    def forward(self, x, positions, rope, k_cache, v_cache, meta: AttentionMetadata):
-        """Attend x [T, hidden] over the cache, after writing this step's K/V into it."""
-        return self.attend(self.queries(x, positions, rope, k_cache, v_cache, meta), k_cache, v_cache, meta)
+    def forward(self, qkv, positions, rope, k_cache, v_cache, meta: AttentionMetadata):
+        """Attend this step's qkv product [T, q + 2 kv] (`qkv_proj` of the normed input: the decoder layer runs
+        it, with the norm before it, `DecoderLayer.normed_qkv`) over the cache, after writing its K/V into it."""
+        return self.attend(self.queries(qkv, positions, rope, k_cache, v_cache, meta), k_cache, v_cache, meta)
 
 
 class DecoderLayer(nn.Module):
@@ -70,9 +67,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x, residual, positions, rope, k_cache, v_cache, meta):
         """Run the layer; x is the previous block's output, residual the stream before it
         (None for the first layer). Returns the new (x, residual) pair."""
-        attn = self.self_attn
         qkv, residual = self.normed_qkv(x, residual)
-        h = attn.attend(attn.queries_from(qkv, positions, rope, k_cache, v_cache, meta), k_cache, v_cache, meta)
+        h = self.self_attn(qkv, positions, rope, k_cache, v_cache, meta)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
