@@ -187,3 +187,32 @@ def test_the_cuda_start_up_runs_its_phases_in_order_over_the_runner_it_builds(ti
     runner._start_on_cuda(llm.engine.scheduler.blocks.num_blocks, calibrate_bf16=True, cuda_graphs=True)
     assert calls == [("graphs", largest), "capture", "warm-up"]  # nothing timed
     assert runner.gemv_report == ["bf16 line", "fp8 line"] and runner.calibration_source == "cache"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="graph capture needs a GPU")
+@pytest.mark.parametrize("own_pool", [False, True])
+def test_captured_replays_match_the_eager_forward(tiny_model_dir, monkeypatch, own_pool):
+    """Every captured size replays what `_forward` computes eagerly over the same static inputs, the
+    one-row graph too when it is captured in a memory pool of its own (ONE_ROW_OWN_POOL)."""
+    from onebit.engine import cuda_graphs
+    monkeypatch.setattr(cuda_graphs, "ONE_ROW_OWN_POOL", own_pool)
+    llm = LLM(str(tiny_model_dir), device="cuda", parallel=4, block_size=4, enable_prefix_caching=False)
+    runner, num_blocks = llm.engine.runner, llm.engine.scheduler.blocks.num_blocks
+    runner.kv_cache.normal_()  # context tokens with finite values, read by both paths alike
+    graphs = CudaGraphDecoder(runner.model, runner.kv_cache, runner.rope, num_blocks, runner.block_size,
+                              max_batch=4, max_blocks=2, num_splits=1, max_context=8)
+    graphs.capture()
+    assert sorted(graphs.graphs) == ladder_for(4)
+    one_row_pool = graphs.graphs[1][0].pool()
+    assert (one_row_pool != graphs.pool) == own_pool
+    for rows in (1, 3):
+        ids, positions = list(range(7, 7 + rows)), [2] * rows
+        slots = [(r % num_blocks) * 4 + 2 for r in range(rows)]
+        tables = [[r % num_blocks, num_blocks] for r in range(rows)]
+        replayed = [t.clone() for t in graphs.run(ids, positions, slots, tables, [3] * rows)]
+        with torch.inference_mode():
+            b = graphs.fill(ids, positions, slots, tables, [3] * rows)
+            eager = graphs._forward(b)
+        for got, want in zip(replayed, eager):
+            assert got.shape == want[:rows].shape and torch.isfinite(got).all()
+            assert (got.float() - want[:rows].float()).abs().max() <= 1e-2 * want.float().abs().max()
