@@ -13,6 +13,10 @@ triton_gemv = pytest.importorskip("onebit.kernels.triton_gemv")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter computes in true fp32; on the GPU tl.dot takes fp32 inputs as tf32.
 TOLERANCE = {"cpu": 1e-4, "cuda": 2e-3}[DEVICE]
+# On the GPU the candidates run in bfloat16: the product and F.linear each round their outputs to bfloat16
+# (half an ulp is 2**-9 of a value); 0.26% was seen at 12 rows, so 1% is the bound (a wrong kernel is off
+# by the order of 100%).
+CANDIDATE_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-2}[DEVICE]
 
 
 def _case(m, n, k, bias, seed):
@@ -40,7 +44,7 @@ def test_every_candidate_matches_f_linear(m, n, k, bias):
         got = triton_gemv.KERNELS[kernel](x, weight, b, config).float()
         assert got.shape == (m, n)
         error = ((got - want).norm() / want.norm()).item()
-        assert error < TOLERANCE, (kernel, config, error)
+        assert error < CANDIDATE_TOLERANCE, (kernel, config, error)
 
 
 @pytest.mark.parametrize("n,k", [(37, 300), (64, 4100)])
