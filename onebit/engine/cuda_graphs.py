@@ -16,11 +16,6 @@ import torch
 from onebit.engine.transfer import upload_into
 from onebit.kernels.attention import AttentionMetadata
 
-# The one-row graph captured in a memory pool of its own instead of inside the larger graphs' pool,
-# where its buffers land wherever the larger graphs' picks left room (session 29 saw B=1 move 2% between
-# trees whose one-row kernels were identical but whose picks at 8 rows differed). Off until measured.
-ONE_ROW_OWN_POOL = False
-
 LADDER = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512]
 
 
@@ -62,8 +57,7 @@ class CudaGraphDecoder:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture one graph per ladder size, largest first so smaller ones reuse its memory pool
-        (the one-row graph in a pool of its own with ONE_ROW_OWN_POOL)."""
+        """Capture one graph per ladder size, largest first so smaller ones reuse its memory pool."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -74,8 +68,7 @@ class CudaGraphDecoder:
         torch.cuda.current_stream().wait_stream(stream)
         for b in reversed(self.sizes):
             graph = torch.cuda.CUDAGraph()
-            own_pool = ONE_ROW_OWN_POOL and b == 1 and len(self.sizes) > 1
-            with torch.cuda.graph(graph, pool=None if own_pool else self.pool):
+            with torch.cuda.graph(graph, pool=self.pool):
                 outputs = self._forward(b)
             if self.pool is None:
                 self.pool = graph.pool()

@@ -42,11 +42,6 @@ CUBLASLT = ("cublaslt", ())
 # mul itself (`linear_silu_mul`) and the SiLU kernel's 36 launches a step go, as FP8's `SILU_IN_GATE_UP` does.
 # Session 29 on the H200: bf16 B=1 236.2 -> 237.7 tok/s, B=32 unchanged (docs/perf-history.md).
 SILU_IN_GATE_UP = True
-# One row of a product after an RMSNorm (the layer asks for qkv's) whose calibrated pick is the gemv kernel: the
-# product normalizes its input itself (`linear_rms_normed`) and the norm kernel's launch goes; every program
-# reads the whole row (and the norm's weight) from L2, 24 KB where it read 8 KB. Session 29, built without a
-# device, off until measured (`bench/gpu_file_ab.sh` with SWITCHES=norm:onebit/kernels/gemv.py:RMS_NORM_IN_GEMV).
-RMS_NORM_IN_GEMV = False
 
 # (device type, rows, N, K, dtype, has bias) -> (kernel name, config); cases where cuBLAS won are absent.
 _CHOSEN: dict[tuple[str, int, int, int, torch.dtype, bool], tuple[str, tuple]] = {}
@@ -114,21 +109,6 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     if chosen is None or chosen[0] != "gemv":
         return None
     return triton_gemv.gemv_silu_mul(x, weight, bias, chosen[1])
-
-
-def linear_rms_normed(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                      weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(linear(rms_norm(s) * norm_weight, weight, bias), s or None) for s = x (+ residual) in one kernel where that
-    applies (`RMS_NORM_IN_GEMV`, one contiguous row whose calibrated pick is the gemv kernel, not in deterministic
-    mode; `triton_gemv.gemv_rms_normed`, equal to the two kernels up to rounding); else None, and the caller runs
-    the norm and the product."""
-    if not (RMS_NORM_IN_GEMV and x.dim() == 2 and x.shape[0] == 1 and not batch_invariant.enabled()
-            and (residual is None or residual.is_contiguous())):
-        return None
-    chosen = _dispatched_choice(x, weight, bias)
-    if chosen is None or chosen[0] != "gemv":
-        return None
-    return triton_gemv.gemv_rms_normed(x, residual, norm_weight, eps, weight, bias, chosen[1])
 
 
 def _correct_candidates(x, weight, bias, name: str) -> list[tuple[str, tuple]]:

@@ -3,9 +3,7 @@
 At a handful of rows a linear layer is pure weight streaming: it reads every weight once and
 does 2 x rows FLOPs per weight. Three kernels, each program owning BLOCK_N output columns and
 walking K in BLOCK_K tiles with fp32 accumulation:
-- `gemv`, one row: an elementwise product and a row sum (no tensor cores needed); its forms
-  `gemv_silu_mul` (an MLP's gate_up with SiLU * mul applied) and `gemv_rms_normed` (the RMSNorm
-  before the product folded into it);
+- `gemv`, one row: an elementwise product and a row sum (no tensor cores needed);
 - `skinny_matmul`, up to 16 rows: the rows padded to 16 and multiplied with `tl.dot`;
 - `split_k_matmul`, up to 128 rows: row tiles through `tl.dot` and K split over several programs
   per output tile, their float32 partials summed in a fixed order by a second kernel
@@ -109,56 +107,6 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
 
 
 @triton.jit
-def _gemv_normed_add(acc, squares, w, x_ptr, res_ptr, g_ptr, res_out_ptr, k0, K, store_end,
-                     BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    # `_gemv_add` of the un-normalized row: s = x (+ residual, rounded to x's dtype as the norm kernel's sum and
-    # stored below column store_end) at the K tile at k0; squares gathers s * s, acc the rows' sums of w * g * s
-    cols = k0 + tl.arange(0, BLOCK_K)
-    ok = cols < K
-    s = tl.load(x_ptr + cols, mask=ok, other=0.0)
-    if HAS_RESIDUAL:
-        s = s + tl.load(res_ptr + cols, mask=ok, other=0.0)
-        tl.store(res_out_ptr + cols, s, mask=cols < store_end)
-    sf = s.to(tl.float32)
-    squares += sf * sf
-    scaled = sf * tl.load(g_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    acc += tl.sum(w.to(tl.float32) * scaled[None, :], axis=1)
-    return acc, squares
-
-
-@triton.jit
-def _gemv_rms_normed_kernel(x_ptr, res_ptr, g_ptr, res_out_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, eps,
-                            HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
-    # y = rms_norm(s) * g @ w.T (+ bias) for the one row s = x (+ residual): every program walks the whole row
-    # anyway, so it sums s * s beside w * (g * s) and scales its outputs by the row's 1 / rms at the end (the
-    # norm's factor is one number a row); program 0 also stores s, the next residual stream.
-    pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    store_end = tl.where(pid == 0, K, 0)  # program 0 stores the sum
-    loop_begin = 0
-    if EARLY:
-        w_first = _gemv_weights(w_ptr, rows, row_ok, 0, K, stride_wn, BLOCK_K)
-        pdl.wait_for_previous(PDL)
-        acc, squares = _gemv_normed_add(acc, squares, w_first, x_ptr, res_ptr, g_ptr, res_out_ptr, 0, K, store_end,
-                                        BLOCK_K, HAS_RESIDUAL)
-        loop_begin = BLOCK_K
-    else:
-        pdl.wait_for_previous(PDL)
-    for k0 in range(loop_begin, K, BLOCK_K):
-        w = _gemv_weights(w_ptr, rows, row_ok, k0, K, stride_wn, BLOCK_K)
-        acc, squares = _gemv_normed_add(acc, squares, w, x_ptr, res_ptr, g_ptr, res_out_ptr, k0, K, store_end,
-                                        BLOCK_K, HAS_RESIDUAL)
-    acc = acc / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
-
-
-@triton.jit
 def load_k_tiles(x_ptr, w_ptr, rm, rn, m_ok, n_ok, k0, K, stride_xm, stride_wn, BLOCK_K: tl.constexpr):
     """Columns k0.. (BLOCK_K of them) of activation rows rm [BM, BK] and of weight rows rn [BN, BK],
     zeros outside the matrices (both with unit column stride)."""
@@ -221,27 +169,6 @@ def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         raise ValueError(f"gemv_silu_mul takes one row and an even number of weight rows; got {x.shape[0]} "
                          f"row(s), weight {tuple(weight.shape)}")
     return _launch_gemv(x, weight, bias, config, gated=True)
-
-
-def gemv_rms_normed(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                    weight: torch.Tensor, bias: torch.Tensor | None,
-                    config: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(F.linear(rms_norm(s) * norm_weight, weight, bias), s or None) for the one row s = x (+ residual), x and
-    residual [1, K] contiguous, in one launch: the norm kernel's launch goes. The products differ from the norm
-    kernel then `gemv` by rounding only (the normalized row is never rounded to x's dtype); s is that kernel's
-    sum bit for bit."""
-    if x.shape[0] != 1:
-        raise ValueError(f"gemv_rms_normed takes one row, got {x.shape[0]}")
-    block_n, block_k, warps = config
-    n, k = weight.shape
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    summed = torch.empty_like(x) if residual is not None else None
-    _gemv_rms_normed_kernel[(triton.cdiv(n, block_n),)](
-        x, residual if residual is not None else x, norm_weight, summed if summed is not None else x, weight,
-        bias if bias is not None else weight, y, n, k, weight.stride(0), eps, HAS_RESIDUAL=residual is not None,
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl.options(),
-        EARLY=pdl.early_weights())
-    return y, summed
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

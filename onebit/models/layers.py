@@ -20,12 +20,6 @@ class Linear(nn.Linear):
         (`gemv.linear_silu_mul`), else None."""
         return gemv.linear_silu_mul(x, self.weight, self.bias)
 
-    def rms_normed(self, x: torch.Tensor, residual: torch.Tensor | None,
-                   norm: "RMSNorm") -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """(this product of norm(x [+ residual]), x + residual or None) in one kernel where that applies
-        (`gemv.linear_rms_normed`), else None."""
-        return gemv.linear_rms_normed(x, residual, norm.weight, norm.eps, self.weight, self.bias)
-
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in float32 like the reference implementation."""

@@ -73,14 +73,8 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
     def normed_qkv(self, x, residual):
-        """(qkv_proj(input_layernorm(x [+ residual])), the residual stream after it): in one kernel where the
-        product offers that (`Linear.rms_normed`: one row whose pick is the gemv kernel), else the norm, then
-        the product (which may take the norm's output in another form, e.g. `Fp8InputNorm`'s e4m3 rows)."""
-        fused = getattr(self.self_attn.qkv_proj, "rms_normed", None) if type(self.input_layernorm) is RMSNorm else None
-        out = fused(x, residual, self.input_layernorm) if fused is not None else None
-        if out is not None:
-            qkv, summed = out
-            return qkv, (x if residual is None else summed)
+        """(qkv_proj(input_layernorm(x [+ residual])), the residual stream after it): the norm, then the product
+        (which may take the norm's output in another form, e.g. `Fp8InputNorm`'s e4m3 rows)."""
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
