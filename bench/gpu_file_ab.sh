@@ -97,4 +97,14 @@ for side, run in dict.fromkeys((stem.split("-")[0], run) for stem, run, _ in row
         values = [d[b] for d in mine if b in d]
         cells.append(f"{sum(values) / len(values):,.1f} ({min(values):,.1f}-{max(values):,.1f})" if values else "-")
     print(f"| {side} | {run} | {len(mine)} | " + " | ".join(cells) + " |")
+sys.path.insert(0, ".")
+from onebit.bench.gpu_clocks import describe  # noqa: E402
+clocked = [(path.stem, run, data.get("clocks") or {})
+           for path in sorted(pathlib.Path(sys.argv[1]).glob("*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1]))
+           for run, data in json.loads(path.read_text()).items()]
+if any(c for _, _, c in clocked):  # the GPU while each figure was timed: a slower clock explains a lower figure
+    print("\n| run | engine | " + " | ".join(f"B={b} clock" for b in batches) + " |")
+    print("|---|---|" + "---|" * len(batches))
+    for stem, run, c in clocked:
+        print(f"| {stem} | {run} | " + " | ".join(describe(c.get(b)) for b in batches) + " |")
 PY

@@ -141,7 +141,12 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     old = tmp_path / "ab" / "old" / "onebit" / "kernels"
     old.mkdir(parents=True)
     (old / "gguf_repacked_table.json").write_text((ROOT / "onebit/kernels/gguf_repacked_table.json").read_text())
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "WHEELS": "0",
+    fake_bin = tmp_path / "bin"  # an nvidia-smi that prints two samples at once, then waits to be stopped
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho '1980, 560.25, 0x0'\necho '1485, 694.48, 0x4'\n"
+                                         "exec sleep 60\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake_bin}:{Path(sys.executable).parent}:{os.environ['PATH']}", "WHEELS": "0",
            "AB_DIR": str(tmp_path / "ab"), "OUT": str(tmp_path / "out"), "TQDM_DISABLE": "1",
            "RUN_ARGS": "--runs q4km-packed --batches 1 --shape qwen3-tiny --device cpu --work " + str(tmp_path / "w")}
 
@@ -157,6 +162,9 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     assert {p.name for p in (tmp_path / "out").glob("*.json")} == {"new-1.json", "old-2.json"}
     run = json.loads((tmp_path / "out" / "new-1.json").read_text())["Q4_K_M packed"]
     assert run["calibration"] == [] and run["decode_tok_s"]["1"] > 0  # the CPU calibrates nothing
+    # the clock while B=1 was timed: the fake's two samples, and a table row per run
+    assert run["clocks"]["1"]["samples"] == 2 and run["clocks"]["1"]["reasons"] == ["power cap"]
+    assert "| new-1 | Q4_K_M packed | 1,732 MHz (min 1,485), 627 W, slowed 50% (power cap) |" in done.stdout
     switched = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                               env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/fp8.py:CPU_EMULATES_GPU"})
     assert switched.returncode == 0, switched.stderr[-2000:]
