@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 import time
@@ -452,3 +453,35 @@ def test_arguments():
         build_parser().parse_args(["--url", "http://x", "--requests", "3", "--duration", "2"])
     with pytest.raises(SystemExit):
         bench_main(["--concurrency", "1"])  # neither --url nor --serve
+
+
+def test_gpu_clocks_sampled_over_each_level_reach_the_tables(fake, tmp_path, monkeypatch):
+    """`--gpu-clocks INDEX`: each level's summary holds the GPU's clock over it (a fake nvidia-smi here, on
+    PATH), the level's line says it, the detailed table gets a column; without the option, no column;
+    with it but no sample, a warning instead of a figure."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho \"$*\" >> " + str(tmp_path / "args") + "\n"
+                                         "printf '1710, 678.5, 0x4\\n1740, 681.5, 0x4\\n'\nexec sleep 60\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    printed = []
+    run = run_online(_config(fake[0], gpu_clocks=3), print_fn=printed.append)
+    assert run["settings"]["gpu_clocks"] == 3
+    arg_lines = (tmp_path / "args").read_text().splitlines()
+    assert len(arg_lines) == 2 and all("-i 3 " in line for line in arg_lines)  # one sampler a level, GPU 3
+    for level in run["levels"]:
+        clock = level["summary"]["gpu_clock"]
+        assert clock["samples"] == 2 and clock["sm_mhz_mean"] == 1725.0 and clock["reasons"] == ["power cap"]
+    assert "C=3: GPU 1,725 MHz (min 1,710), 680 W, slowed 100% (power cap)" in printed
+    table = detail_table(run).splitlines()
+    assert table[0].endswith("| GPU clock |") and table[2].endswith("| 1,725 MHz (min 1,710), 680 W, slowed 100% "
+                                                                     "(power cap) |")
+    plain = run_online(_config(fake[0]), print_fn=lambda *_: None)
+    assert "gpu_clock" not in plain["levels"][0]["summary"] and "GPU clock" not in detail_table(plain)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    printed.clear()
+    blind = run_online(_config(fake[0], gpu_clocks=0, concurrency=[1]), print_fn=printed.append)
+    assert blind["levels"][0]["summary"]["gpu_clock"] is None
+    assert any("no GPU clock sample" in line for line in printed)
+    assert detail_table(blind).splitlines()[2].endswith("| - |")

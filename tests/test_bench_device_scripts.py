@@ -143,7 +143,7 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     (old / "gguf_repacked_table.json").write_text((ROOT / "onebit/kernels/gguf_repacked_table.json").read_text())
     fake_bin = tmp_path / "bin"  # an nvidia-smi that prints two samples at once, then waits to be stopped
     fake_bin.mkdir()
-    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho '1980, 560.25, 0x0'\necho '1485, 694.48, 0x4'\n"
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\nprintf '1980, 560.25, 0x0\\n1485, 694.48, 0x4\\n'\n"
                                          "exec sleep 60\n")
     (fake_bin / "nvidia-smi").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake_bin}:{Path(sys.executable).parent}:{os.environ['PATH']}", "WHEELS": "0",

@@ -40,6 +40,15 @@ def test_the_sampler_reads_what_nvidia_smi_printed_while_the_block_ran(tmp_path)
     assert clocks.summary()["samples"] == 2
 
 
+def test_entering_waits_for_the_first_sample_so_a_short_block_gets_one(tmp_path):
+    fake = tmp_path / "nvidia-smi"  # one sample after a pause, then nothing until stopped
+    fake.write_text(f"#!/bin/sh\nsleep 0.3\nprintf '{LINES[1]}\\n'\nexec sleep 60\n")
+    fake.chmod(0o755)
+    with ClockSampler(command=str(fake)) as clocks:
+        pass
+    assert clocks.samples == [(1485.0, 694.48, 4)]
+
+
 def test_without_nvidia_smi_there_is_no_summary(tmp_path):
     with ClockSampler(command=str(tmp_path / "missing" / "nvidia-smi")) as clocks:
         pass

@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="client processes per level, each running its share of the requests (default auto: "
                              "one per 16 streams, at most the CPUs less 2; one Python process cannot parse "
                              "more than a few thousand streamed tokens/s)")
+    online.add_argument("--gpu-clocks", type=int, metavar="INDEX", default=None,
+                        help="sample GPU INDEX (nvidia-smi's numbering) every 100 ms over each level: its SM clock, "
+                             "power and slowdown reasons, beside the level's tok/s (a GPU at its power cap runs "
+                             "slower clocks, which explains a lower figure)")
     online.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -163,7 +167,8 @@ def _online_config(args: argparse.Namespace, url: str):
                         label=args.label or ("1bit" if args.serve else None), warmup=args.warmup,
                         timeout_s=args.timeout, extra_body=args.extra_body,
                         random_ids=args.random_ids or DEFAULT_RANDOM_IDS, seed=args.seed,
-                        progress=not args.no_progress, client_procs=args.client_procs)
+                        progress=not args.no_progress, client_procs=args.client_procs,
+                        gpu_clocks=args.gpu_clocks)
 
 
 def _online_main(args: argparse.Namespace) -> int:

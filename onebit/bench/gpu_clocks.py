@@ -12,6 +12,7 @@ runs of one tree 14% apart. Benchmarks wrap their timed region in a `ClockSample
 
 from __future__ import annotations
 
+import select
 import subprocess
 
 QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
@@ -60,13 +61,17 @@ def describe(summary: dict | None) -> str:
 
 class ClockSampler:
     """Samples GPU `index` (nvidia-smi's numbering) every `interval_ms` while the `with` block runs.
-    Where nvidia-smi cannot be started (no NVIDIA driver, a CPU machine) it samples nothing and
-    `summary()` is None: the benchmark still runs."""
+    Entering waits (up to `first_sample_s`) for nvidia-smi's first line, so that a short block still
+    gets a sample. Where nvidia-smi cannot be started (no NVIDIA driver, a CPU machine) it samples
+    nothing and `summary()` is None: the benchmark still runs."""
 
-    def __init__(self, index: int = 0, interval_ms: int = 100, command: str = "nvidia-smi"):
+    def __init__(self, index: int = 0, interval_ms: int = 100, command: str = "nvidia-smi",
+                 first_sample_s: float = 5.0):
         self.args = [command, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-i", str(index),
                      "-lms", str(interval_ms)]
+        self.first_sample_s = first_sample_s
         self.process: subprocess.Popen | None = None
+        self.first_line = ""
         self.samples: list[tuple[float, float, int]] = []
 
     def __enter__(self) -> "ClockSampler":
@@ -74,6 +79,10 @@ class ClockSampler:
             self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
             self.process = None
+            return self
+        ready, _, _ = select.select([self.process.stdout], [], [], self.first_sample_s)
+        if ready:
+            self.first_line = self.process.stdout.readline()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -81,11 +90,14 @@ class ClockSampler:
             return
         self.process.terminate()
         try:
-            out, _ = self.process.communicate(timeout=5)
+            self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            out, _ = self.process.communicate()
-        self.samples = parse_samples(out or "")
+            self.process.wait()
+        # Read through the text stream, not communicate(): the first line's read may have buffered more.
+        with self.process.stdout:
+            out = self.process.stdout.read()
+        self.samples = parse_samples(self.first_line + out)
 
     def summary(self) -> dict | None:
         """`summarize` of what was sampled (None when nothing was)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from tqdm import tqdm
 
 from onebit.bench.client import build_payload, endpoint_path, http_client, stream_request
 from onebit.bench.errors import BenchError
+from onebit.bench.gpu_clocks import ClockSampler, describe
 from onebit.bench.job import LevelJob
 from onebit.bench.loadgen import LevelPlan, run_level
 from onebit.bench.procs import run_level_procs
@@ -50,6 +52,7 @@ class OnlineConfig:
     seed: int = 0
     progress: bool = True
     client_procs: int | str = "auto"  # client processes per level, or 'auto' (see split.py)
+    gpu_clocks: int | None = None  # nvidia-smi's index of the GPU whose clock each level samples; None: none
 
     def __post_init__(self):
         if isinstance(self.requests, list) and len(self.requests) != len(self.concurrency):
@@ -94,7 +97,7 @@ def _settings(cfg: OnlineConfig, base: str, model: str, endpoint: str) -> dict:
     return {"url": base, "model": model, "endpoint": endpoint, "prompts": cfg.prompts,
             "max_tokens": cfg.max_tokens, "concurrency": cfg.concurrency, "requests": cfg.requests,
             "duration_s": cfg.duration_s, "request_rate": cfg.request_rate, "warmup": cfg.warmup,
-            "extra_body": cfg.extra_body, "client_procs": cfg.client_procs}
+            "extra_body": cfg.extra_body, "client_procs": cfg.client_procs, "gpu_clocks": cfg.gpu_clocks}
 
 
 async def _warm_up(cfg: OnlineConfig, client: httpx.AsyncClient, url: str, model: str, endpoint: str) -> None:
@@ -109,16 +112,21 @@ async def _warm_up(cfg: OnlineConfig, client: httpx.AsyncClient, url: str, model
 
 async def _run_level(cfg: OnlineConfig, client: httpx.AsyncClient, job: LevelJob, plan: LevelPlan,
                      options: dict) -> dict:
-    """One level, in this process or spread over client processes; its dict in the run."""
+    """One level, in this process or spread over client processes; its dict in the run. With
+    `cfg.gpu_clocks`, the summary's "gpu_clock" holds that GPU's clock over the level (None when
+    nvidia-smi gave no sample)."""
     shares = split_plan(plan, client_procs(cfg.client_procs, plan.concurrency))
     procs = len(shares)
-    if procs == 1:
-        cpu0 = time.process_time()
-        results, wall = await run_level(job.sender(client), plan, cfg.progress)
-        cpu = time.process_time() - cpu0
-    else:
-        results, wall, cpu = await run_level_procs(job, plan, shares, options, cfg.progress)
+    with ClockSampler(cfg.gpu_clocks) if cfg.gpu_clocks is not None else contextlib.nullcontext() as sampler:
+        if procs == 1:
+            cpu0 = time.process_time()
+            results, wall = await run_level(job.sender(client), plan, cfg.progress)
+            cpu = time.process_time() - cpu0
+        else:
+            results, wall, cpu = await run_level_procs(job, plan, shares, options, cfg.progress)
     summary = summarize(results, wall, plan.concurrency)
+    if cfg.gpu_clocks is not None:
+        summary["gpu_clock"] = sampler.summary()
     return {"concurrency": plan.concurrency, "client": client_usage(procs, cpu, wall, summary),
             "summary": summary, "requests": [r.to_json() for r in results]}
 
@@ -128,6 +136,9 @@ def _print_level(level: dict, print_fn) -> None:
     spec = f", spec accepted {fmt_spec(summary['spec'])}" if summary["spec"] else ""
     print_fn(f"C={c}: {fmt_rate(summary['total_tok_s'])} tok/s total, "
              f"{summary['completed']}/{summary['requests']} completed, {summary['failed']} failed{spec}")
+    if "gpu_clock" in summary:
+        print_fn(f"C={c}: GPU {describe(summary['gpu_clock'])}" if summary["gpu_clock"] else
+                 f"C={c}: warning: no GPU clock sample (is nvidia-smi on PATH, and the GPU index right?)")
     if client["busy"] is not None and client["busy"] > BUSY_WARNING:
         procs = "1 client process was" if client["procs"] == 1 else f"{client['procs']} client processes were"
         print_fn(f"C={c}: warning: {procs} {client['busy']:.0%} busy; the benchmark itself may limit this "

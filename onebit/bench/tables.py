@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from onebit.bench.client import endpoint_path
+from onebit.bench.gpu_clocks import describe
 from onebit.bench.runfile import summaries
 
 
@@ -43,6 +44,7 @@ def seed_table(runs: list[dict]) -> str:
 DETAIL_HEADER = ("| C | completed | failed | short | total tok/s | decode tok/s | tok/s per req | req/s | "
                  "TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | e2e p50 s | e2e p99 s |")
 CACHED_HEADER = " prompt cached |"
+CLOCK_HEADER = " GPU clock |"
 SPEC_HEADER = " spec accepted/drafted |"
 
 
@@ -62,9 +64,9 @@ def fmt_spec(spec: dict | None) -> str:
     return f"{rate} ({spec['accepted']:,}/{spec['drafted']:,})"
 
 
-def detail_row(s: dict, spec: bool = False, cached: bool = False) -> str:
+def detail_row(s: dict, spec: bool = False, cached: bool = False, clock: bool = False) -> str:
     """One level's row of the detailed table; `cached` adds the prefix-cache share, `spec` the
-    speculative acceptance cell."""
+    speculative acceptance cell, `clock` the GPU's clock over the level (`--gpu-clocks`)."""
     cells = [str(s["concurrency"]), str(s["completed"]), str(s["failed"]), str(s["short"]),
              fmt_rate(s["total_tok_s"]), fmt_rate(s.get("decode_tok_s")), fmt_rate(s["per_request_tok_s"]),
              fmt_rate(s["req_s"]),
@@ -75,18 +77,23 @@ def detail_row(s: dict, spec: bool = False, cached: bool = False) -> str:
         cells.append(fmt_cached(s))
     if spec:
         cells.append(fmt_spec(s.get("spec")))
+    if clock:
+        cells.append(describe(s.get("gpu_clock")))
     return "| " + " | ".join(cells) + " |"
 
 
 def detail_table(run: dict) -> str:
     """Every figure of every level of one run; the prefix-cache column only when the server reported
-    cached tokens, the speculative one only when some level has drafts."""
+    cached tokens, the speculative one only when some level has drafts, the GPU clock only when the
+    run sampled it."""
     levels = summaries(run)
     spec = any(s.get("spec") for s in levels)
     cached = any(s.get("cached_prompt_tokens") is not None for s in levels)
-    header = DETAIL_HEADER + (CACHED_HEADER if cached else "") + (SPEC_HEADER if spec else "")
+    clock = any("gpu_clock" in s for s in levels)
+    header = DETAIL_HEADER + (CACHED_HEADER if cached else "") + (SPEC_HEADER if spec else "") + \
+        (CLOCK_HEADER if clock else "")
     lines = [header, "|" + "---:|" * header.count(" |")]
-    lines += [detail_row(s, spec, cached) for s in levels]
+    lines += [detail_row(s, spec, cached, clock) for s in levels]
     return "\n".join(lines)
 
 
