@@ -177,7 +177,7 @@ else
     say "GGUF $(du -h "$GGUF" | cut -f1), reference $(head -c 300 "$REF")"
 fi
 
-COMMON=(-m "$MODEL" --concurrency "$CONC" --max-tokens "$MAX_TOKENS" --prompts "$PROMPTS" --out "$RUNS")
+COMMON=(-m "$MODEL" --concurrency "$CONC" --max-tokens "$MAX_TOKENS" --prompts "$PROMPTS" --out "$RUNS" --gpu-clocks 0)  # the clock each peer ran at (power cap)
 OURS_DONE=0
 bench_1bit() {  # step C; arguments: what to put before the command (taskset), then --note ...
     local cpus=() notes=()

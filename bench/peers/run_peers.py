@@ -121,7 +121,7 @@ def bench_peer(peer: Peer, args: argparse.Namespace) -> Path:
             peer.notes.append(message)
         cfg = OnlineConfig(url=url, concurrency=args.concurrency, max_tokens=args.max_tokens, prompts=args.prompts,
                            requests=args.requests, label=peer.label, endpoint=peer.endpoint,
-                           extra_body=peer.extra_body)
+                           extra_body=peer.extra_body, gpu_clocks=args.gpu_clocks)
         run = run_online(cfg)
     run["peer"] = {"command": shlex.join(peer.cmd), "notes": peer.notes + args.note}
     try:
@@ -177,6 +177,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", default="random:128")
     p.add_argument("--requests", type=int, default=None)
     p.add_argument("--serve-timeout", type=float, default=600)
+    p.add_argument("--gpu-clocks", type=int, metavar="INDEX", default=None,
+                   help="sample this GPU's clock, power and slowdowns over each level (as `1bit bench --gpu-clocks`)")
     p.add_argument("--out", default="bench-results/peers")
     return p.parse_args(argv)
 
