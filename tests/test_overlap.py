@@ -8,6 +8,8 @@ that of plain steps, whatever ends a request (length, a stop token, a stop strin
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from onebit import LLM, SamplingParams
@@ -303,6 +305,26 @@ def test_offline_bench_splits_prefill_and_decode_by_first_tokens(tiny_model_dir,
     # Decode counts every token after the first of each request, in both modes.
     assert [round(r.decode_tokens_per_s * r.decode_s) for r in results] == [7, 21]
     assert ("overlapped steps" in lines[0]) == overlap
+    assert all(r.gpu_clock is None for r in results) and "GPU clock" not in lines[1]
+
+
+def test_offline_bench_samples_the_gpu_clock_over_each_batch(tiny_model_dir, tmp_path, monkeypatch):
+    """`1bit bench --offline --gpu-clocks INDEX`: each batch's row ends with that GPU's clock (a fake
+    nvidia-smi here), in its result too."""
+    from onebit.bench.cli import main as bench_main
+    from onebit.bench.offline import run_offline
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\nprintf '1980, 300, 0x0\\n'\nexec sleep 60\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    lines = []
+    results = run_offline(str(tiny_model_dir), [1, 2], 4, 6, "cpu", "float32", print_fn=lines.append, gpu_clocks=0)
+    assert lines[1].endswith("| GPU clock |") and lines[2].endswith("---|")
+    assert [r.gpu_clock["samples"] for r in results] == [1, 1]
+    assert all(line.endswith("| 1,980 MHz (min 1,980), 300 W, slowed 0% |") for line in lines[3:5])
+    assert bench_main(["--offline", "-m", str(tiny_model_dir), "--batch", "1", "--max-tokens", "3",
+                       "--prompt-tokens", "4", "--device", "cpu", "--dtype", "float32", "--gpu-clocks", "0"]) == 0
 
 
 def test_overlap_defaults_to_on_for_cuda_only(tiny_model_dir):

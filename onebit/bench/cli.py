@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="offline: queue each step before the last one's tokens reach the host (as serve --overlap; default: on with CUDA)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--gpu-clocks", type=int, metavar="INDEX", default=None,
+                   help="sample GPU INDEX (nvidia-smi's numbering) every 100 ms over each level or batch: its SM "
+                        "clock, power and slowdown reasons, beside its tok/s (a GPU at its power cap runs slower "
+                        "clocks, which explains a lower figure)")
     online = p.add_argument_group("online (against a server)")
     target = online.add_mutually_exclusive_group()
     target.add_argument("--url", help="server root or OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
@@ -117,10 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="client processes per level, each running its share of the requests (default auto: "
                              "one per 16 streams, at most the CPUs less 2; one Python process cannot parse "
                              "more than a few thousand streamed tokens/s)")
-    online.add_argument("--gpu-clocks", type=int, metavar="INDEX", default=None,
-                        help="sample GPU INDEX (nvidia-smi's numbering) every 100 ms over each level: its SM clock, "
-                             "power and slowdown reasons, beside the level's tok/s (a GPU at its power cap runs "
-                             "slower clocks, which explains a lower figure)")
     online.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -153,7 +153,7 @@ def _offline_main(args: argparse.Namespace) -> int:
         args.model = str(default_model_dir())
     from onebit.bench.offline import run_offline
     run_offline(args.model, args.batch, args.max_tokens, args.prompt_tokens, args.device, args.dtype,
-                overlap=args.overlap)
+                overlap=args.overlap, gpu_clocks=args.gpu_clocks)
     return 0
 
 

@@ -9,8 +9,11 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+import contextlib
+
 import torch
 
+from onebit.bench.gpu_clocks import ClockSampler, describe
 from onebit.engine.config import EngineConfig
 from onebit.engine.build import build_engine
 from onebit.engine.llm_engine import LLMEngine
@@ -27,6 +30,7 @@ class OfflineResult:
     prefill_s: float
     decode_s: float
     generated: int
+    gpu_clock: dict | None = None  # the sampled GPU's clock over the batch (`run_offline(gpu_clocks=...)`)
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -106,8 +110,11 @@ def engine_speed_row(label: str, build: Callable[[], LLMEngine], batches: list[i
 
 
 def run_offline(model: str, batches: list[int], max_tokens: int, prompt_tokens: int, device: str,
-                dtype: str, print_fn=print, overlap: bool | None = None) -> list[OfflineResult]:
-    """Load the model once with enough slots for the largest batch; time each batch size after a warm-up."""
+                dtype: str, print_fn=print, overlap: bool | None = None,
+                gpu_clocks: int | None = None) -> list[OfflineResult]:
+    """Load the model once with enough slots for the largest batch; time each batch size after a warm-up.
+    `gpu_clocks`: nvidia-smi's index of a GPU whose clock, power and slowdowns are sampled over each batch
+    (`onebit.bench.gpu_clocks`) and printed in a last column."""
     config = EngineConfig(model=model, device=device, dtype=dtype, parallel=max(batches),
                           ctx_size=prompt_tokens + max_tokens + 16,
                           max_batch_tokens=max(2048, prompt_tokens * 4), enable_prefix_caching=False,
@@ -117,13 +124,17 @@ def run_offline(model: str, batches: list[int], max_tokens: int, prompt_tokens: 
     results = []
     print_fn(f"model {model} on {engine.device} ({engine.dtype}), prompt {prompt_tokens} tokens, "
              f"{max_tokens} new tokens{', overlapped steps' if engine.overlap else ''}")
-    print_fn("| batch | decode tok/s | total tok/s | prefill s | decode s |")
-    print_fn("|---:|---:|---:|---:|---:|")
+    clock = gpu_clocks is not None
+    print_fn("| batch | decode tok/s | total tok/s | prefill s | decode s |" + (" GPU clock |" if clock else ""))
+    print_fn("|---:|---:|---:|---:|---:|" + ("---|" if clock else ""))
     for b in batches:
-        r = run_batch(engine, b, prompt_tokens, max_tokens, seed=b)
+        with ClockSampler(gpu_clocks) if clock else contextlib.nullcontext() as sampler:
+            r = run_batch(engine, b, prompt_tokens, max_tokens, seed=b)
+        if clock:
+            r.gpu_clock = sampler.summary()
         results.append(r)
         print_fn(f"| {b} | {r.decode_tokens_per_s:,.1f} | {r.total_tokens_per_s:,.1f} | "
-                 f"{r.prefill_s:.2f} | {r.decode_s:.2f} |")
+                 f"{r.prefill_s:.2f} | {r.decode_s:.2f} |" + (f" {describe(r.gpu_clock)} |" if clock else ""))
     if results and results[0].decode_tokens_per_s:
         top = results[-1]
         print_fn(f"batch {top.batch} / batch {results[0].batch}: "
