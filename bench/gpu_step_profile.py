@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_shape_model import make_shape_model  # noqa: E402  (bench/ is the script directory)
 
 from onebit import SamplingParams  # noqa: E402
+from onebit.bench.gpu_clocks import ClockSampler  # noqa: E402
 from onebit.bench.offline import random_prompts  # noqa: E402
 from onebit.engine.build import build_engine  # noqa: E402
 from onebit.engine.config import EngineConfig  # noqa: E402
@@ -86,7 +87,8 @@ def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 
     """Prefill `batch` requests, then profile `steps` decode steps. With `turnover` N > 0, every N
     steps the oldest request ends and a new one arrives, whose 128-token prompt rides along with
     the decodes (a closed loop at 64 streams and 128 new tokens turns one request over every 2
-    steps). Returns wall and kernel times per step (seconds) and the kernel time by kind and name."""
+    steps). Returns wall and kernel times per step (seconds), the kernel time by kind and name, and GPU 0's
+    mean SM clock over the profiled steps (MHz; None without nvidia-smi)."""
     params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True)
     ids = [f"profile-{batch}-{i}" for i in range(batch)]
     fresh = random_prompts(batch + steps, PROMPT, engine.model_config.vocab_size, seed=batch)
@@ -101,7 +103,7 @@ def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize()
-    with profile(activities=activities) as prof:
+    with ClockSampler() as clocks, profile(activities=activities) as prof:
         start = time.perf_counter()
         for i in range(steps):
             if turnover and i % turnover == 0:
@@ -131,7 +133,9 @@ def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 
     by_kind: dict[str, float] = defaultdict(float)
     for name, seconds in by_name.items():
         by_kind[kind_of(name)] += seconds
+    clock = clocks.summary()
     return {"wall": wall / steps, "busy": sum(by_name.values()) / steps, "launches": launches / steps,
+            "sm_mhz": clock["sm_mhz_mean"] if clock else None,
             "by_kind": {k: v / steps for k, v in by_kind.items()},
             "by_name": {k: v / steps for k, v in by_name.items()}}
 
@@ -156,8 +160,9 @@ def main() -> None:
     shape = make_shape_model(Path(tempfile.mkdtemp()) / "shape", args.shape)
     kinds = [k for k, _ in KINDS] + ["other"]
     # kernels a step: the launches the gap is spread over (its us per kernel says what fusing one saves)
+    # SM MHz: the clock the steps ran at (a GPU at its power cap runs 64+ rows at 13-22% under its one-row clock)
     lines = ["| engine | B | step ms | kernels ms | gap ms | kernels a step | gap us per kernel | weight floor ms | "
-             + " | ".join(kinds) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
+             "SM MHz | " + " | ".join(kinds) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
     tops = []
     for label in args.engines.split(","):
         gguf = label in ("Q4_K_M", "Q8_0")
@@ -177,6 +182,7 @@ def main() -> None:
             lines.append(f"| {name} | {b} | {r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | "
                          f"{(r['wall'] - r['busy']) * 1e3:.2f} | {r['launches']:.0f} | "
                          f"{(r['wall'] - r['busy']) * 1e6 / max(r['launches'], 1):.2f} | {floor * 1e3:.2f} | "
+                         f"{'-' if r['sm_mhz'] is None else format(r['sm_mhz'], ',.0f')} | "
                          + " | ".join(f"{ms[k]:.2f}" for k in kinds) + " |")
             print(lines[-1], flush=True)
             top = sorted(r["by_name"].items(), key=lambda kv: -kv[1])[:12]

@@ -30,9 +30,13 @@ def test_step_profile_prints_a_row_per_batch_with_its_kernel_time(tmp_path):
     rows = [line.split("|") for line in (tmp_path / "step_profile.md").read_text().splitlines()
             if line.startswith("| bf16 |")]
     assert [r[2].strip() for r in rows] == ["1", "2", "2 + a prompt every 2 steps"]
+    header = next(line for line in (tmp_path / "step_profile.md").read_text().splitlines() if line.startswith("| engine |"))
+    clock_column = header.split("|").index(" SM MHz ")
     for r in rows:
         step_ms, kernels_ms = float(r[3]), float(r[4])
         assert 0 < kernels_ms <= step_ms * 1.05  # operators ran, and within the step's wall time
+        assert len(r) == len(header.split("|"))
+        assert r[clock_column].strip() == "-" or float(r[clock_column].replace(",", "")) > 0  # no nvidia-smi: "-"
     assert "longest kernels" in out
 
 
