@@ -453,6 +453,11 @@ def test_arguments():
         build_parser().parse_args(["--url", "http://x", "--requests", "3", "--duration", "2"])
     with pytest.raises(SystemExit):
         bench_main(["--concurrency", "1"])  # neither --url nor --serve
+    assert build_parser().parse_args(["--url", "http://x", "--gpu-clocks", "1"]).gpu_clocks == 1
+    assert build_parser().parse_args(["--url", "http://x"]).gpu_clocks is None
+    for bad in ("-1", "gpu0", ""):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--url", "http://x", "--gpu-clocks", bad])
 
 
 def test_gpu_clocks_sampled_over_each_level_reach_the_tables(fake, tmp_path, monkeypatch):
