@@ -79,10 +79,11 @@ done
 rm -rf "$TREES"
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
-rows = []
+rows, clocks = [], {}  # clocks: (run file, engine) -> the GPU clock while each batch size was timed
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1])):
     for run, data in json.loads(path.read_text()).items():
         rows.append((path.stem, run, data["decode_tok_s"]))
+        clocks[path.stem, run] = data.get("clocks") or {}
 batches = sorted({b for _, _, d in rows for b in d}, key=int)
 print("| run | engine | " + " | ".join(f"B={b}" for b in batches) + " |")
 print("|---|---|" + "---:|" * len(batches))
@@ -99,12 +100,9 @@ for side, run in dict.fromkeys((stem.split("-")[0], run) for stem, run, _ in row
     print(f"| {side} | {run} | {len(mine)} | " + " | ".join(cells) + " |")
 sys.path.insert(0, ".")
 from onebit.bench.gpu_clocks import describe  # noqa: E402
-clocked = [(path.stem, run, data.get("clocks") or {})
-           for path in sorted(pathlib.Path(sys.argv[1]).glob("*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1]))
-           for run, data in json.loads(path.read_text()).items()]
-if any(c for _, _, c in clocked):  # the GPU while each figure was timed: a slower clock explains a lower figure
+if any(clocks.values()):  # the GPU while each figure was timed: a slower clock explains a lower figure
     print("\n| run | engine | " + " | ".join(f"B={b} clock" for b in batches) + " |")
     print("|---|---|" + "---|" * len(batches))
-    for stem, run, c in clocked:
+    for (stem, run), c in clocks.items():
         print(f"| {stem} | {run} | " + " | ".join(describe(c.get(b)) for b in batches) + " |")
 PY

@@ -164,7 +164,7 @@ def decode_tok_s(llm, batches, repeats: int = 3, clocks: dict | None = None) -> 
             llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
             return time.perf_counter() - start
         run(4)  # warm-up
-        with ClockSampler() as sampler:
+        with ClockSampler(0 if clocks is not None else None) as sampler:
             speed[b] = round(statistics.median(b * 64 / max(run(65) - run(1), 1e-9) for _ in range(repeats)), 1)
         if clocks is not None:
             clocks[b] = sampler.summary()

@@ -53,3 +53,17 @@ def test_without_nvidia_smi_there_is_no_summary(tmp_path):
     with ClockSampler(command=str(tmp_path / "missing" / "nvidia-smi")) as clocks:
         pass
     assert clocks.process is None and clocks.summary() is None
+
+
+def test_no_index_samples_nothing(tmp_path):
+    """ClockSampler(None): what a benchmark without `--gpu-clocks` holds; it starts no nvidia-smi."""
+    ran = tmp_path / "ran"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\ntouch {ran}\nprintf '{LINES[0]}\\n'\nexec sleep 60\n")
+    fake.chmod(0o755)
+    with ClockSampler(None, command=str(fake)) as clocks:
+        pass
+    assert clocks.process is None and clocks.summary() is None and not ran.exists()
+    with ClockSampler(0, command=str(fake)) as clocks:  # the same fake, given an index, does run
+        pass
+    assert ran.exists() and clocks.summary()["samples"] == 1

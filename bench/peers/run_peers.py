@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from onebit.bench.cli import gpu_index_arg
 from onebit.bench.online import BenchError, OnlineConfig, run_online
 from onebit.bench.report import report, save_run
 from onebit.bench.runfile import safe_name
@@ -177,7 +178,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", default="random:128")
     p.add_argument("--requests", type=int, default=None)
     p.add_argument("--serve-timeout", type=float, default=600)
-    p.add_argument("--gpu-clocks", type=int, metavar="INDEX", default=None,
+    p.add_argument("--gpu-clocks", type=gpu_index_arg, metavar="INDEX", default=None,
                    help="sample this GPU's clock, power and slowdowns over each level (as `1bit bench --gpu-clocks`)")
     p.add_argument("--out", default="bench-results/peers")
     return p.parse_args(argv)

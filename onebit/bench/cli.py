@@ -43,7 +43,8 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _gpu_index(text: str) -> int:
+def gpu_index_arg(text: str) -> int:
+    """argparse type of `--gpu-clocks`: a GPU index as nvidia-smi numbers them."""
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a GPU index (0, 1, ... as nvidia-smi numbers them), got {text!r}")
     return int(text)
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="offline: queue each step before the last one's tokens reach the host (as serve --overlap; default: on with CUDA)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--gpu-clocks", type=_gpu_index, metavar="INDEX", default=None,
+    p.add_argument("--gpu-clocks", type=gpu_index_arg, metavar="INDEX", default=None,
                    help="sample GPU INDEX (nvidia-smi's numbering) every 100 ms over each level or batch: its SM "
                         "clock, power and slowdown reasons, beside its tok/s (a GPU at its power cap runs slower "
                         "clocks, which explains a lower figure)")

@@ -60,21 +60,24 @@ def describe(summary: dict | None) -> str:
 
 
 class ClockSampler:
-    """Samples GPU `index` (nvidia-smi's numbering) every `interval_ms` while the `with` block runs.
-    Entering waits (up to `first_sample_s`) for nvidia-smi's first line, so that a short block still
-    gets a sample. Where nvidia-smi cannot be started (no NVIDIA driver, a CPU machine) it samples
-    nothing and `summary()` is None: the benchmark still runs."""
+    """Samples GPU `index` (nvidia-smi's numbering) every `interval_ms` while the `with` block runs;
+    index None samples nothing (a benchmark run without `--gpu-clocks`). Entering waits (up to
+    `first_sample_s`) for nvidia-smi's first line, so that a short block still gets a sample. Where
+    nvidia-smi cannot be started (no NVIDIA driver, a CPU machine) it samples nothing and `summary()`
+    is None: the benchmark still runs."""
 
-    def __init__(self, index: int = 0, interval_ms: int = 100, command: str = "nvidia-smi",
+    def __init__(self, index: int | None = 0, interval_ms: int = 100, command: str = "nvidia-smi",
                  first_sample_s: float = 5.0):
-        self.args = [command, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-i", str(index),
-                     "-lms", str(interval_ms)]
+        self.args = None if index is None else [command, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                                                "-i", str(index), "-lms", str(interval_ms)]
         self.first_sample_s = first_sample_s
         self.process: subprocess.Popen | None = None
         self.first_line = ""
         self.samples: list[tuple[float, float, int]] = []
 
     def __enter__(self) -> "ClockSampler":
+        if self.args is None:
+            return self
         try:
             self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:

@@ -9,8 +9,6 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-import contextlib
-
 import torch
 
 from onebit.bench.gpu_clocks import ClockSampler, describe
@@ -128,7 +126,7 @@ def run_offline(model: str, batches: list[int], max_tokens: int, prompt_tokens: 
     print_fn("| batch | decode tok/s | total tok/s | prefill s | decode s |" + (" GPU clock |" if clock else ""))
     print_fn("|---:|---:|---:|---:|---:|" + ("---|" if clock else ""))
     for b in batches:
-        with ClockSampler(gpu_clocks) if clock else contextlib.nullcontext() as sampler:
+        with ClockSampler(gpu_clocks) as sampler:
             r = run_batch(engine, b, prompt_tokens, max_tokens, seed=b)
         if clock:
             r.gpu_clock = sampler.summary()

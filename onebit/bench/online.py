@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import time
 from dataclasses import dataclass, field
@@ -117,7 +116,7 @@ async def _run_level(cfg: OnlineConfig, client: httpx.AsyncClient, job: LevelJob
     nvidia-smi gave no sample)."""
     shares = split_plan(plan, client_procs(cfg.client_procs, plan.concurrency))
     procs = len(shares)
-    with ClockSampler(cfg.gpu_clocks) if cfg.gpu_clocks is not None else contextlib.nullcontext() as sampler:
+    with ClockSampler(cfg.gpu_clocks) as sampler:
         if procs == 1:
             cpu0 = time.process_time()
             results, wall = await run_level(job.sender(client), plan, cfg.progress)
