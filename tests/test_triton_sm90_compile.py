@@ -177,14 +177,21 @@ COMPILE = textwrap.dedent("""
              {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": True, "KV_FP8": False}),
             ("triton_decode", "_decode_split_kernel", decode,
              {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True}),
-            ("triton_decode", "_decode_merge_kernel", decode, heads),
+            ("triton_decode", "_decode_merge_kernel", decode, {**heads, "TILE": 64}),
+            # the step's inputs (and older cache entries) read before the wait (`pdl.early_inputs`)
+            ("triton_fused", "_qk_norm_rope_store_kernel",
+             {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"},
+             {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": True, "KV_FP8": False, "EARLY": True}),
+            ("triton_decode", "_decode_split_kernel", decode,
+             {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True, "EARLY": True}),
+            ("triton_decode", "_decode_merge_kernel", decode, {**heads, "TILE": 64, "EARLY": True}),
             # the output written block-quantized for o's e4m3 product (quantize.Fp8Attention), by the split
             # kernel (one split) and by the merge
             ("triton_decode", "_decode_split_kernel", {**decode, "out_ptr": fp8, "s_ptr": "*fp32"},
              {**heads, "NUM_SPLITS": 1, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True, "QUANTIZE": True,
               "ROUND": tl.bfloat16}),
             ("triton_decode", "_decode_merge_kernel", {**decode, "out_ptr": fp8, "s_ptr": "*fp32"},
-             {**heads, "QUANTIZE": True, "ROUND": tl.bfloat16}),
+             {**heads, "TILE": 64, "QUANTIZE": True, "ROUND": tl.bfloat16}),
             ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32", "out_ptr": "*fp32"},
              {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT": 4, "EVEN_K": True}),
             ("triton_fp8_fast", "_split_k_kernel", {"w_ptr": fp8, "s_ptr": "*fp32"},
@@ -284,7 +291,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 38
+    assert len(lines) == 41
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line
@@ -292,7 +299,7 @@ def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
         # e4m3 rows reach the tensor cores as e4m3 (no widening to bf16 on the way)
         assert (int(e4m3_mma) > 0) == name.endswith("-w8a8"), line
         # nothing read before the wait, but the early weights of `pdl.early_weights` (one-row products' first
-        # tile, the norms' weight)
+        # tile, the norms' weight) and the step inputs of `pdl.early_inputs`
         assert (int(line.split()[-1]) > 0) == ("-early" in name), line
 
 
