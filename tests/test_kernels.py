@@ -80,30 +80,6 @@ def test_paged_decode_writes_into_the_given_output():
         triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.25, out=step[:3])
 
 
-# (lens, splits, min_split): fixed splits with empty ones; adaptive splits of one tile; one split
-@pytest.mark.parametrize("lens,splits,min_split", [([1, 40, 90], 3, None), ([1, 17, 64, 65, 200], None, 16),
-                                                   ([9, 30, 33], 1, None)])
-@pytest.mark.parametrize("quantize", [False, True])
-def test_decode_reading_the_step_inputs_before_the_wait_gives_the_same_bits(lens, splits, min_split, quantize):
-    """`pdl.early_inputs`: the context lengths, block tables and every key and value but each row's
-    newest read before the wait, the newest after it; the outputs are the plain launch's bits. A
-    newest key left out (or read twice) changes them."""
-    dtype = torch.float32 if DEVICE == "cpu" else torch.bfloat16
-    q, k, v, tables, ctx = _case(len(lens), 8, 2, 32, 8, lens, seed=len(lens) + 7)
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    extra = {"quantize_block": 4 * 32} if quantize else {}
-    run = lambda early: triton_decode.paged_decode_attention(  # noqa: E731
-        q, k, v, tables, ctx, 0.3, num_splits=splits, max_context=256, min_split=min_split, early=early, **extra)
-    plain, early = run(False), run(True)
-    for a, b in zip(plain if quantize else [plain], early if quantize else [early]):
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-    # the newest key matters: without it the output moves
-    newest = tables.long()[torch.arange(len(lens)), (ctx.long() - 1) // 8] * 8 + (ctx.long() - 1) % 8
-    k.view(-1, 2, 32)[newest] = 0
-    first = lambda out: out[0] if quantize else out  # noqa: E731
-    assert not torch.equal(first(run(True)), first(early))
-
-
 def test_the_merge_reads_only_the_splits_that_hold_keys(monkeypatch):
     """The split kernel stores no partial for a split past a context's end and the merge reads none:
     partial buffers that start as NaN leave every output finite and right."""
@@ -231,28 +207,6 @@ def test_qk_norm_rope_store_matches_reference(with_norm, per_program):
     assert _rel(flat(caches[1]), flat(caches[3])) < FUSED_TOL
     # slots not written stay untouched (NaN) in both
     assert torch.equal(caches[0].isnan(), caches[2].isnan())
-
-
-def test_qk_norm_rope_store_reading_its_inputs_before_the_wait_gives_the_same_bits():
-    """`pdl.early_inputs`: slots, positions, rotary rows and norm weights read before the wait, qkv
-    after it: the same q and cache bits as the plain launch."""
-    from onebit.models.config import ModelConfig
-    from onebit.models.rope import rope_cos_sin
-    heads, kv, dim, block = 6, 2, 16, 4
-    cfg = ModelConfig("Qwen3ForCausalLM", "qwen3", 64, 128, 1, heads, kv, dim, 100)
-    cos, sin = rope_cos_sin(cfg, 64, torch.device(DEVICE))
-    g = torch.Generator().manual_seed(12)
-    qkv = torch.randn(4, (heads + 2 * kv) * dim, generator=g).to(DEVICE)
-    positions, slots = torch.tensor([0, 9, 33, 63], device=DEVICE), torch.tensor([3, 17, 8, 22], device=DEVICE)
-    qn, kn = ((1 + 0.1 * torch.randn(dim, generator=g)).to(DEVICE) for _ in range(2))
-    outs = []
-    for early in (False, True):
-        caches = [torch.zeros((6, block, kv, dim), device=DEVICE) for _ in range(2)]
-        q = triton_fused.qk_norm_rope_store(qkv, positions, cos, sin, qn, kn, 1e-6, slots, caches[0], caches[1],
-                                            heads, kv, dim, early=early)
-        outs.append([q, *caches])
-    assert all(torch.equal(a, b) for a, b in zip(*outs))
-    assert outs[1][1].abs().sum() > 0 and outs[1][2].abs().sum() > 0
 
 
 def test_heads_per_program_grows_with_tokens_and_keeps_programs_per_multiprocessor():

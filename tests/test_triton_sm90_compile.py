@@ -178,13 +178,6 @@ COMPILE = textwrap.dedent("""
             ("triton_decode", "_decode_split_kernel", decode,
              {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True}),
             ("triton_decode", "_decode_merge_kernel", decode, {**heads, "TILE": 64}),
-            # the step's inputs (and older cache entries) read before the wait (`pdl.early_inputs`)
-            ("triton_fused", "_qk_norm_rope_store_kernel",
-             {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"},
-             {"NUM_HEADS": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HAS_NORM": True, "KV_FP8": False, "EARLY": True}),
-            ("triton_decode", "_decode_split_kernel", decode,
-             {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True, "EARLY": True}),
-            ("triton_decode", "_decode_merge_kernel", decode, {**heads, "TILE": 64, "EARLY": True}),
             # the output written block-quantized for o's e4m3 product (quantize.Fp8Attention), by the split
             # kernel (one split) and by the merge
             ("triton_decode", "_decode_split_kernel", {**decode, "out_ptr": fp8, "s_ptr": "*fp32"},
@@ -291,7 +284,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 41
+    assert len(lines) == 38
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line
@@ -299,7 +292,7 @@ def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
         # e4m3 rows reach the tensor cores as e4m3 (no widening to bf16 on the way)
         assert (int(e4m3_mma) > 0) == name.endswith("-w8a8"), line
         # nothing read before the wait, but the early weights of `pdl.early_weights` (one-row products' first
-        # tile, the norms' weight) and the step inputs of `pdl.early_inputs`
+        # tile, the norms' weight)
         assert (int(line.split()[-1]) > 0) == ("-early" in name), line
 
 

@@ -34,13 +34,6 @@ enabled = True  # the wish; a launch uses PDL only where `usable()` too
 # otherwise waits out. On since session 28 (H200, 8B shape, B=1): FP8 389.5 -> 393.7, bf16 227.1 -> 231.6,
 # Q4_K_M packed 315.1 -> 321.6.
 EARLY_WEIGHTS = True
-# The decode attention (its split and merge kernels) and the q/k norm + RoPE + cache write read what the
-# step's inputs and earlier steps wrote before `wait_for_previous`: context lengths, block tables, positions,
-# slots, the rotary tables, the q/k norm weights, and every cached key and value but each row's newest (the
-# one the kernel just before the attention writes). A kernel with PDL starts only once the kernel before
-# it has passed its own wait, so whatever the kernel two back (or an earlier step) wrote is complete.
-# Off until measured (prediction in perf-history, session 31).
-EARLY_INPUTS = False
 
 
 @triton.jit
@@ -61,12 +54,6 @@ def early_weights() -> bool:
     """Whether a one-row product launched now loads its first weight tile before waiting for the
     previous kernel (`EARLY_WEIGHTS`, with PDL in use)."""
     return EARLY_WEIGHTS and enabled and usable()
-
-
-def early_inputs() -> bool:
-    """Whether the decode attention and the q/k norm + RoPE kernel launched now read the step's inputs
-    (and the older cache entries) before waiting for the previous kernel (`EARLY_INPUTS`, with PDL in use)."""
-    return EARLY_INPUTS and enabled and usable()
 
 
 _usable: bool | None = None  # usable()'s answer, found at the first launch (an eager step has hundreds)

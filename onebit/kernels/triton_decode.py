@@ -48,36 +48,18 @@ def _store_group(out, out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok, stride_
 
 
 @triton.jit
-def _split_range(lens_ptr, seq, split, min_split, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr):
-    # (context length, first token, end) of one sequence's split: its context over NUM_SPLITS, in whole
-    # key tiles, at least min_split tokens a split; the used splits are the first cdiv(ctx_len, split_len)
+def _split_length(lens_ptr, seq, min_split, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    # (context length, split length) of a sequence: its context over NUM_SPLITS, in whole key tiles,
+    # at least min_split tokens a split
     ctx_len = tl.load(lens_ptr + seq)
-    split_len = tl.maximum(min_split, (ctx_len + NUM_SPLITS * TILE - 1) // (NUM_SPLITS * TILE) * TILE)
-    start = split * split_len
-    return ctx_len, split_len, start, tl.minimum(start + split_len, ctx_len)
+    return ctx_len, tl.maximum(min_split, (ctx_len + NUM_SPLITS * TILE - 1) // (NUM_SPLITS * TILE) * TILE)
 
 
 @triton.jit
-def _key_offsets(tables_ptr, seq, max_blocks, tokens, tok_ok, kv_head, stride_kb, stride_kt, stride_kh,
-                 BLOCK_SIZE: tl.constexpr):
-    # where the cache rows of `tokens` (one KV head) start, through the sequence's block table
-    blocks = tl.load(tables_ptr + seq * max_blocks + tokens // BLOCK_SIZE, mask=tok_ok, other=0)
-    return blocks.to(tl.int64) * stride_kb + (tokens % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-
-
-@triton.jit
-def _attend(q, k, v, tok_ok, scale, m, l, acc, KV_FP8: tl.constexpr):
-    # one key tile folded into the running softmax (m, l) and output acc of the group's queries
-    if KV_FP8:
-        k, v = k.to(q.dtype), v.to(q.dtype)
-    s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-    s = tl.where(tok_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-    return m_new, l, acc
+def _used_splits(lens_ptr, seq, min_split, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    # how many of a sequence's splits hold keys: the first cdiv(ctx_len, split_len)
+    ctx_len, split_len = _split_length(lens_ptr, seq, min_split, TILE, NUM_SPLITS)
+    return tl.minimum((ctx_len + split_len - 1) // split_len, NUM_SPLITS)
 
 
 # The table width and the split length change from one eager step to the next: specializing on
@@ -91,38 +73,18 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
     DOT_F16: tl.constexpr = False, PDL: tl.constexpr = False,
     s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False, ROUND: tl.constexpr = None,
-    EARLY: tl.constexpr = False,
 ):
-    # EARLY (`pdl.early_inputs`): the context length, the first tile's block-table entries and its keys
-    # and values up to the one before the newest are read before waiting for the previous kernel. The
-    # previous kernel (q/k norm + RoPE + cache write) writes only each row's newest key and value, at
-    # ctx_len - 1; everything else was written by a step before this one. The newest is read after.
-    if not EARLY:
-        pdl.wait_for_previous(PDL)
+    pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     num_kv_heads = tl.num_programs(1)
-    ctx_len, split_len, start, end = _split_range(lens_ptr, seq, split, min_split, TILE, NUM_SPLITS)
-    dims = tl.arange(0, HEAD_DIM)
-    tokens = start + tl.arange(0, TILE)
-    tok_ok = tokens < end
-    offs = _key_offsets(tables_ptr, seq, max_blocks, tokens, tok_ok, kv_head, stride_kb, stride_kt, stride_kh,
-                        BLOCK_SIZE)
-    ptrs = offs[:, None] + dims[None, :]
-    if EARLY:
-        older = (tok_ok & (tokens < ctx_len - 1))[:, None]
-        k = tl.load(k_ptr + ptrs, mask=older, other=0.0)
-        v = tl.load(v_ptr + ptrs, mask=older, other=0.0)
-        pdl.wait_for_previous(PDL)
-        newest = (tok_ok & (tokens == ctx_len - 1))[:, None]
-        k = tl.where(newest, tl.load(k_ptr + ptrs, mask=newest, other=0.0), k)
-        v = tl.where(newest, tl.load(v_ptr + ptrs, mask=newest, other=0.0), v)
-    else:
-        k = tl.load(k_ptr + ptrs, mask=tok_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + ptrs, mask=tok_ok[:, None], other=0.0)
+    ctx_len, split_len = _split_length(lens_ptr, seq, min_split, TILE, NUM_SPLITS)
+    start = split * split_len
+    end = tl.minimum(start + split_len, ctx_len)
 
     rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_DIM)
     row_ok = rows < GROUP
     heads = kv_head * GROUP + rows
     q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
@@ -135,23 +97,30 @@ def _decode_split_kernel(
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    if start < end:  # an empty split (a short context) keeps m = -inf, l = 0
-        m, l, acc = _attend(q, k, v, tok_ok, scale, m, l, acc, KV_FP8)
-    for t0 in range(start + TILE, end, TILE):
+    for t0 in range(start, end, TILE):
         tokens = t0 + tl.arange(0, TILE)
         tok_ok = tokens < end
-        offs = _key_offsets(tables_ptr, seq, max_blocks, tokens, tok_ok, kv_head, stride_kb, stride_kt, stride_kh,
-                            BLOCK_SIZE)
+        blocks = tl.load(tables_ptr + seq * max_blocks + tokens // BLOCK_SIZE, mask=tok_ok, other=0)
+        offs = blocks.to(tl.int64) * stride_kb + (tokens % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
         k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=tok_ok[:, None], other=0.0)
         v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=tok_ok[:, None], other=0.0)
-        m, l, acc = _attend(q, k, v, tok_ok, scale, m, l, acc, KV_FP8)
+        if KV_FP8:
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        s = tl.where(tok_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        m = m_new
     if KV_FP8:
         acc = acc * tl.load(v_scale_ptr + kv_head)
 
     if NUM_SPLITS == 1:  # the whole context: normalize and write the output, no merge
         _store_group(acc / tl.maximum(l, 1e-30)[:, None], out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok,
                      stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
-    elif start < end:  # only the group's real rows of a used split: the merge reads nothing else
+    elif start < end:  # only a used split's real rows: the merge reads nothing else
         base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
         tl.store(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :], acc,
                  mask=row_ok[:, None])
@@ -164,38 +133,37 @@ def _decode_merge_kernel(
     part_acc_ptr, part_ml_ptr, lens_ptr, out_ptr, min_split, stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, PDL: tl.constexpr = False, s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False,
-    ROUND: tl.constexpr = None, EARLY: tl.constexpr = False,
+    ROUND: tl.constexpr = None,
 ):
-    # Reads the partials of the sequence's used splits only (the split kernel stores no others); with
-    # EARLY the context length, a step input, before waiting for the split kernel.
-    if not EARLY:
-        pdl.wait_for_previous(PDL)
+    # Unrolled over NUM_SPLITS so that every partial's loads are in flight at once (a loop bounded by the
+    # used count ran them one after another: bf16 B=1 -1.3%, session 31 call 1); the loads of splits past
+    # the context's end are masked off, as the split kernel stores nothing for them.
+    pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     num_kv_heads = tl.num_programs(1)
-    ctx_len, split_len, _, _ = _split_range(lens_ptr, seq, 0, min_split, TILE, NUM_SPLITS)
-    used = tl.minimum((ctx_len + split_len - 1) // split_len, NUM_SPLITS)
-    if EARLY:
-        pdl.wait_for_previous(PDL)
+    used = _used_splits(lens_ptr, seq, min_split, TILE, NUM_SPLITS)
     rows = tl.arange(0, GROUP_PAD)
     row_ok = rows < GROUP
     dims = tl.arange(0, HEAD_DIM)
     m_all = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    for split in range(used):
+    for split in tl.static_range(NUM_SPLITS):
         base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=row_ok,
+        live = rows < GROUP * (split < used)  # the group's rows in a used split, none past the context
+        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=live,
                                           other=float("-inf")))
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for split in range(used):
+    for split in tl.static_range(NUM_SPLITS):
         base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-        m = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=row_ok, other=float("-inf"))
-        l = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, mask=row_ok, other=0.0)
+        live = rows < GROUP * (split < used)
+        m = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=live, other=float("-inf"))
+        l = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, mask=live, other=0.0)
         w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
         l_all += l * w
         acc += tl.load(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :],
-                       mask=row_ok[:, None], other=0.0) * w[:, None]
+                       mask=live[:, None], other=0.0) * w[:, None]
     _store_group(acc / tl.maximum(l_all, 1e-30)[:, None], out_ptr, s_ptr, seq, kv_head, kv_head * GROUP + rows, dims,
                  row_ok, stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
 
@@ -207,14 +175,8 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 # tiles) costs more in its fixed work (q load, partial store, merge) than it saves.
 MIN_SPLIT_TOKENS = 128
 # SHORT_SPLITS: splits of one key tile (64 tokens) at least, so that a short context at a few rows
-# spreads over more programs, each with one tile to read (with `pdl.EARLY_INPUTS`, read before the
-# wait). Off until measured (prediction in perf-history, session 31).
+# spreads over more programs, each with one tile to read. Off until measured (perf-history, session 31).
 SHORT_SPLITS = False
-
-
-def min_split_tokens() -> int:
-    """The shortest split the adaptive rule makes: MIN_SPLIT_TOKENS, or one 64-key tile with SHORT_SPLITS."""
-    return 64 if SHORT_SPLITS else MIN_SPLIT_TOKENS
 MAX_SPLITS = 32
 CTAS_PER_SM = 2  # programs per SM to aim for: one waits on memory while the other computes
 # The engine's rule: True, `choose_num_splits` per row count with per-sequence split lengths;
@@ -232,6 +194,11 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def min_split_tokens() -> int:
+    """The shortest split the adaptive rule makes: MIN_SPLIT_TOKENS, or one 64-key tile with SHORT_SPLITS."""
+    return 64 if SHORT_SPLITS else MIN_SPLIT_TOKENS
 
 
 def choose_num_splits(rows: int, kv_heads: int, max_context: int, sms: int = 132,
@@ -294,7 +261,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            num_splits: int | None = 1, max_context: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                            min_split: int | None = None, launch: DecodeLaunch | None = None,
-                           out: torch.Tensor | None = None, quantize_block: int = 0, early: bool | None = None
+                           out: torch.Tensor | None = None, quantize_block: int = 0
                            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, heads, head_dim] over cached contexts; caches [blocks, block_size, kv_heads, head_dim]
     (e4m3 caches with their per-KV-head scales k_scale, v_scale [kv_heads] float32).
@@ -312,11 +279,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     product after it): returns (e4m3 [B, heads * head_dim], scales [B, kv_heads] float32), the output
     quantized with one scale per row and block as `fp8.quantize_row_blocks` would quantize it, by the
     kernel that writes it (no output in q's dtype, no quantizer launch).
-    `early`: read the context lengths, block tables and older keys and values before waiting for the
-    previous kernel (default `pdl.early_inputs()`; the same values either way).
     """
     batch, num_heads, head_dim = q.shape
-    early = pdl.early_inputs() if early is None else early
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     group = num_heads // kv_heads
     group_pad = max(16, triton.next_power_of_2(group))
@@ -357,11 +321,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
         NUM_SPLITS=num_splits, KV_FP8=fp8, DOT_F16=kv_fp8.float16_products(fp8, q.dtype, FP8_DOT_F16),
-        EARLY=early, **tuning, **pdl.options(), **(quantized if num_splits == 1 else {}))
+        **tuning, **pdl.options(), **(quantized if num_splits == 1 else {}))
     if num_splits > 1:
         _decode_merge_kernel[(batch, kv_heads)](
             part_acc, part_ml, context_lens, out, min_split, out.stride(0), out.stride(1),
-            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, TILE=tile, NUM_SPLITS=num_splits, EARLY=early,
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, TILE=tile, NUM_SPLITS=num_splits,
             **pdl.options(), **quantized)
     if quantize_block:
         return out.view(batch, num_heads * head_dim), scales

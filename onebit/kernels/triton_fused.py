@@ -121,11 +121,8 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
                                q_out_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, eps, qkv_stride,
                                NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
                                HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr = False,
-                               HEADS: tl.constexpr = 1, EARLY: tl.constexpr = False):
-    # EARLY (`pdl.early_inputs`): the slot, the position, its rotary rows and the norm weights (step
-    # inputs and constants) are read before waiting for the previous kernel; only qkv after it.
-    if not EARLY:
-        pdl.wait_for_previous(PDL)
+                               HEADS: tl.constexpr = 1):
+    pdl.wait_for_previous(PDL)
     # One token's heads HEADS at a time: 0..H-1 query heads, H..H+KV-1 key heads, then value
     # heads. Every head of the tile goes through the same arithmetic and the stores pick, per head,
     # where it goes (masks instead of branches, so a tile may mix kinds).
@@ -137,29 +134,26 @@ def _qk_norm_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
     is_v = live & (head >= NUM_HEADS + NUM_KV)
     half = HEAD_DIM // 2
     lo = tl.arange(0, HEAD_DIM // 2)[None, :]
-    slot = tl.load(slot_ptr + tok).to(tl.int64)
-    pos = tl.load(pos_ptr + tok).to(tl.int64)
-    c = tl.load(cos_ptr + pos * HEAD_DIM + lo)
-    s = tl.load(sin_ptr + pos * HEAD_DIM + lo)
-    if HAS_NORM:
-        w1 = tl.where(is_q[:, None], tl.load(qn_ptr + lo), tl.load(kn_ptr + lo)).to(tl.float32)
-        w2 = tl.where(is_q[:, None], tl.load(qn_ptr + half + lo), tl.load(kn_ptr + half + lo)).to(tl.float32)
-    if EARLY:
-        pdl.wait_for_previous(PDL)
     base = qkv_ptr + tok * qkv_stride + tl.where(live, head, 0)[:, None] * HEAD_DIM
     x1 = tl.load(base + lo, mask=live[:, None], other=0.0)
     x2 = tl.load(base + half + lo, mask=live[:, None], other=0.0)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
     # value heads: straight to the cache
     _store_cache_heads(v_cache_ptr, v_scale_ptr, slot, tl.where(is_v, head - NUM_HEADS - NUM_KV, 0), is_v, x1, x2,
                        lo, NUM_KV, HEAD_DIM, KV_FP8)
     # query and key heads: RMSNorm over the head (with HAS_NORM), then rotary
     y1, y2 = x1, x2
     if HAS_NORM:
+        w1 = tl.where(is_q[:, None], tl.load(qn_ptr + lo), tl.load(kn_ptr + lo)).to(tl.float32)
+        w2 = tl.where(is_q[:, None], tl.load(qn_ptr + half + lo), tl.load(kn_ptr + half + lo)).to(tl.float32)
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / HEAD_DIM + eps)
         n1, n2 = (f1 * rstd[:, None]).to(x1.dtype), (f2 * rstd[:, None]).to(x1.dtype)
         y1 = (w1 * n1.to(tl.float32)).to(x1.dtype)
         y2 = (w2 * n2.to(tl.float32)).to(x1.dtype)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    c = tl.load(cos_ptr + pos * HEAD_DIM + lo)
+    s = tl.load(sin_ptr + pos * HEAD_DIM + lo)
     g1, g2 = y1.to(tl.float32), y2.to(tl.float32)
     o1 = (g1 * c - g2 * s).to(x1.dtype)
     o2 = (g2 * c + g1 * s).to(x1.dtype)
@@ -193,12 +187,10 @@ def tokens_per_heads_choice(heads: int, sms: int, max_tokens: int = 4096) -> lis
 
 
 def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mapping, k_cache, v_cache,
-                       num_heads, num_kv_heads, head_dim, k_scale=None, v_scale=None, heads_per_prog=None,
-                       early=None):
+                       num_heads, num_kv_heads, head_dim, k_scale=None, v_scale=None, heads_per_prog=None):
     """Fused form of `fused_ref.qk_norm_rope_store_ref`; caches must be contiguous [blocks, block_size, KV, D]
     (e4m3 ones with k_scale and v_scale [KV] float32). heads_per_prog: heads a program takes (a power
-    of two; default `heads_per_program`'s rule). early: read everything but qkv before waiting for the
-    previous kernel (default `pdl.early_inputs()`; the same values either way)."""
+    of two; default `heads_per_program`'s rule)."""
     t = qkv.shape[0]
     q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     has_norm = q_norm is not None
@@ -209,5 +201,5 @@ def qk_norm_rope_store(qkv, positions, cos, sin, q_norm, k_norm, eps, slot_mappi
         qkv, positions, cos, sin, q_norm if has_norm else qkv, k_norm if has_norm else qkv, slot_mapping,
         q, k_cache, v_cache, k_scale if fp8 else cos, v_scale if fp8 else cos, eps, qkv.stride(0),
         NUM_HEADS=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HAS_NORM=has_norm, KV_FP8=fp8,
-        HEADS=per_program, EARLY=pdl.early_inputs() if early is None else early, **pdl.options())
+        HEADS=per_program, **pdl.options())
     return q
