@@ -44,9 +44,10 @@ def test_split_count_fills_the_gpu_at_small_batch_and_not_more():
     assert [choose(b) for b in (1, 2, 8, 32, 64, 256)] == [32, 16, 4, 2, 1, 1]
     # about 2 programs per SM (B=1 stops at MAX_SPLITS: 256 programs)
     assert all(choose(b) * b * 8 >= 256 for b in (1, 8, 32))
-    # a context bound too short for min_split tokens per split caps the count
-    assert triton_decode.choose_num_splits(1, 8, 300, 132) == 2  # 3 useful, a power of two
-    assert triton_decode.choose_num_splits(1, 8, 100, 132) == 1
+    # a context bound too short for min_split (64) tokens per split caps the count
+    assert triton_decode.choose_num_splits(1, 8, 300, 132) == 4  # 5 useful, a power of two
+    assert triton_decode.choose_num_splits(1, 8, 100, 132) == 2
+    assert triton_decode.choose_num_splits(1, 8, 64, 132) == 1
 
 
 def test_the_eager_warm_up_meets_every_split_count_once():

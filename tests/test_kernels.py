@@ -99,14 +99,12 @@ def test_the_merge_reads_only_the_splits_that_hold_keys(monkeypatch):
         assert ((ours - ref).norm() / ref.norm()).item() < TOLERANCE
 
 
-def test_short_splits_spread_a_short_context_over_one_tile_splits(monkeypatch):
-    """`SHORT_SPLITS`: the adaptive rule's splits go down to one 64-key tile, so a 512-token bound gives
-    B=1 eight splits instead of four; long bounds and many rows are unchanged; the kernel stays right."""
+def test_a_short_context_spreads_over_one_tile_splits():
+    """Splits go down to one 64-key tile (`MIN_SPLIT_TOKENS`): at a 512-token bound B=1 gets eight
+    splits, and a 192-token context uses three of them, one tile each; the output stays right."""
+    assert triton_decode.MIN_SPLIT_TOKENS == 64
     choose = lambda rows, bound: triton_decode.choose_num_splits(rows, 8, bound, 132)  # noqa: E731
-    before = [choose(1, 512), choose(8, 512), choose(1, 8448), choose(64, 512)]
-    monkeypatch.setattr(triton_decode, "SHORT_SPLITS", True)
-    assert triton_decode.min_split_tokens() == 64
-    assert before == [4, 4, 32, 1] and [choose(1, 512), choose(8, 512), choose(1, 8448), choose(64, 512)] == [8, 4, 32, 1]
+    assert [choose(1, 512), choose(8, 512), choose(1, 8448), choose(64, 512)] == [8, 4, 32, 1]
     q, k, v, tables, ctx = _case(2, 8, 2, 32, 16, [192, 70], seed=9)
     ours = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.2, None, 512)
     ref = decode_attention_ref(q, k, v, tables.long(), ctx.long(), 0.2)

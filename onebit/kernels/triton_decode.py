@@ -171,12 +171,11 @@ def _decode_merge_kernel(
 # The Triton dtype a quantized output is rounded to first, by the queries' torch dtype.
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
-# The adaptive split rule (`choose_num_splits`). A split shorter than MIN_SPLIT_TOKENS (two key
-# tiles) costs more in its fixed work (q load, partial store, merge) than it saves.
-MIN_SPLIT_TOKENS = 128
-# SHORT_SPLITS: splits of one key tile (64 tokens) at least, so that a short context at a few rows
-# spreads over more programs, each with one tile to read. Off until measured (perf-history, session 31).
-SHORT_SPLITS = False
+# The adaptive split rule (`choose_num_splits`): splits of at least one 64-key tile, so that a short
+# context at a few rows spreads over programs that each read one tile (session 31, H200, 8B shape,
+# 128 + 128 tokens, against 128-token splits: bf16 B=1 +0.9 / +1.0% in two calls, FP8 B=1 398.2 -> 406.0;
+# B=8 bf16 +0.7 / +2.3%, FP8 -1.1%). The merge reads only the splits that hold keys.
+MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 32
 CTAS_PER_SM = 2  # programs per SM to aim for: one waits on memory while the other computes
 # The engine's rule: True, `choose_num_splits` per row count with per-sequence split lengths;
@@ -196,20 +195,15 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def min_split_tokens() -> int:
-    """The shortest split the adaptive rule makes: MIN_SPLIT_TOKENS, or one 64-key tile with SHORT_SPLITS."""
-    return 64 if SHORT_SPLITS else MIN_SPLIT_TOKENS
-
-
 def choose_num_splits(rows: int, kv_heads: int, max_context: int, sms: int = 132,
-                      min_split: int | None = None, max_splits: int = MAX_SPLITS) -> int:
+                      min_split: int = MIN_SPLIT_TOKENS, max_splits: int = MAX_SPLITS) -> int:
     """Context splits for a decode launch of `rows` sequences: about CTAS_PER_SM programs (rows x
     kv_heads x splits) per SM, no more splits than a context of max_context tokens can give
     min_split tokens each, at most max_splits; a power of two, so that few kernel variants exist
     and the graph capture compiles all of them (the eager path's mixed steps reuse them).
-    Depends on shapes only (graph-safe). min_split: `min_split_tokens()` unless given."""
+    Depends on shapes only (graph-safe)."""
     want = -(-CTAS_PER_SM * sms // max(rows * kv_heads, 1))
-    useful = -(-max(max_context, 1) // (min_split or min_split_tokens()))
+    useful = -(-max(max_context, 1) // min_split)
     return 1 << (max(1, min(want, useful, max_splits)).bit_length() - 1)
 
 
@@ -268,7 +262,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     block_tables [B, max_blocks] and context_lens [B] are integer tensors on q's device.
     max_context bounds every context (default: the table width). num_splits None chooses the
-    split count by `choose_num_splits` (with min_split `min_split_tokens()` unless given); each
+    split count by `choose_num_splits` (with min_split MIN_SPLIT_TOKENS unless given); each
     sequence then splits its own context evenly (see the module doc). An explicit num_splits
     without min_split is the fixed rule: every split covers ceil(max_context / num_splits)
     tokens. All launch parameters depend on shapes only, so the call can be captured in a CUDA graph.
@@ -287,7 +281,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     max_blocks = block_tables.shape[1]
     max_context = max_context or max_blocks * block_size
     if num_splits is None:
-        min_split = min_split or min_split_tokens()
+        min_split = min_split or MIN_SPLIT_TOKENS
         num_splits = choose_num_splits(batch, kv_heads, max_context, sm_count(q.device), min_split)
     elif min_split is None:
         min_split = -(-max_context // num_splits)
