@@ -19,6 +19,7 @@ from onebit.engine.sampler import Sampler
 from onebit.engine.scheduler import Scheduler
 from onebit.engine.spec.speculator import Speculator
 from onebit.kernels import kv_fp8
+from onebit.models import transformer
 from onebit.models.config import ModelConfig
 from onebit.models.loader import load_model, resolve_model_path
 from onebit.models.tokenizer import Tokenizer
@@ -78,6 +79,8 @@ def _load(config: EngineConfig, path: Path, tokenizer: Tokenizer, device: torch.
         from onebit.engine.spec.draft_model import load_draft_model
         draft = load_draft_model(spec.draft_model, tokenizer, device, dtype, config.load_format)
     model, cfg = load_model(path, device, dtype, config.load_format, config.gguf_keep_packed)
+    if transformer.FOLD_NORMS and device.type == "cuda" and not config.quantize:
+        log.info("folded the norms of %d decoder layers into their products", model.fold_norms())
     if config.quantize:
         from onebit.models.quantize import quantize_model
         count = quantize_model(model, config.quantize, head=config.quantize_lm_head)

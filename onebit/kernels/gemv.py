@@ -111,6 +111,33 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return triton_gemv.gemv_silu_mul(x, weight, bias, chosen[1])
 
 
+def one_row_gemv_config(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple | None:
+    """The gemv kernel's config where this weight's calibrated one-row pick is that kernel (not in
+    deterministic mode), else None: the products a decoder layer may run with its norms folded in
+    (`gemv_folded`)."""
+    if batch_invariant.enabled() or weight.stride(1) != 1:
+        return None
+    chosen = _CHOSEN.get((weight.device.type, 1, weight.shape[0], weight.shape[1], weight.dtype, bias is not None))
+    return chosen[1] if chosen is not None and chosen[0] == "gemv" else None
+
+
+def gemv_folded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple,
+                norm_eps: float | None = None, residual: torch.Tensor | None = None,
+                silu_mul: bool = False) -> torch.Tensor:
+    """One row through the gemv kernel with `config` (`one_row_gemv_config`): with norm_eps, of x / rms(x)
+    for a weight with its norm's weight folded in (`fold_norm_into`); with residual, plus that
+    row; with silu_mul, silu(gate) * up of an MLP's [gate | up] weight."""
+    if silu_mul:
+        return triton_gemv.gemv_silu_mul(x, weight, bias, config, norm_eps=norm_eps)
+    return triton_gemv.gemv(x, weight, bias, config, norm_eps=norm_eps, residual=residual)
+
+
+def fold_norm_into(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] times an RMSNorm's weight [K] along its columns, in float32 and rounded once to the
+    weight's dtype: the weight `gemv_folded(..., norm_eps=...)` multiplies the raw row by."""
+    return (weight.float() * norm_weight.float()[None, :]).to(weight.dtype)
+
+
 def _correct_candidates(x, weight, bias, name: str) -> list[tuple[str, tuple]]:
     """The choices for x's row count that run and match F.linear: Triton (kernel, config) pairs, then
     `CUBLASLT` where offered."""

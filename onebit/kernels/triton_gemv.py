@@ -61,40 +61,53 @@ def _gemv_weight_tiles(w_ptr, rows, row_ok, N, k0, K, stride_wn, BLOCK_K: tl.con
 
 
 @triton.jit
-def _gemv_add(acc, acc_up, w, w_up, x_ptr, k0, K, BLOCK_K: tl.constexpr, GATED: tl.constexpr):
-    # acc (and, GATED, acc_up) plus the rows' [BLOCK_N] sums over the K tile at k0 of x times w (w_up)
+def _gemv_add(acc, acc_up, ss, w, w_up, x_ptr, k0, K, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
+              NORM: tl.constexpr):
+    # acc (and, GATED, acc_up) plus the rows' [BLOCK_N] sums over the K tile at k0 of x times w (w_up);
+    # NORM: ss plus the tile's sum of x squared (the program reads all of x, so it has the whole row's)
     cols = k0 + tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
     acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     if GATED:
         acc_up += tl.sum(w_up.to(tl.float32) * x[None, :], axis=1)
-    return acc, acc_up
+    if NORM:
+        ss += tl.sum(x * x, axis=0)
+    return acc, acc_up, ss
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
-                 EARLY: tl.constexpr = False, GATED: tl.constexpr = False):
+                 EARLY: tl.constexpr = False, GATED: tl.constexpr = False, NORM: tl.constexpr = False, eps=0.0,
+                 RESIDUAL: tl.constexpr = False, r_ptr=None):
     # EARLY (`pdl.early_weights`): the first weight tile is loaded before the wait for the previous kernel.
     # GATED: the weight is an MLP's [gate | up] (2N rows, N the output's width); each program sums gate rows
     # and the up rows N + rows over the same x loads and stores silu(gate) * up (`silu_times` of the two
     # rounded to y's dtype: the bits of the product followed by `triton_fused.silu_mul`).
+    # NORM (a weight with the RMSNorm's weight folded into its columns, `gemv.fold_norm_into`): the products of the
+    # raw row x, times 1 / rms(x) (eps inside) before the bias: the product of the normed row, without a
+    # norm kernel. RESIDUAL: y = product (rounded to y's dtype) + r_ptr's row, the add + norm kernel's sum.
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    ss = tl.sum(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)
     loop_begin = 0
     if EARLY:
         w_first, w_up_first = _gemv_weight_tiles(w_ptr, rows, row_ok, N, 0, K, stride_wn, BLOCK_K, GATED)
         pdl.wait_for_previous(PDL)
-        acc, acc_up = _gemv_add(acc, acc_up, w_first, w_up_first, x_ptr, 0, K, BLOCK_K, GATED)
+        acc, acc_up, ss = _gemv_add(acc, acc_up, ss, w_first, w_up_first, x_ptr, 0, K, BLOCK_K, GATED, NORM)
         loop_begin = BLOCK_K
     else:
         pdl.wait_for_previous(PDL)
     for k0 in range(loop_begin, K, BLOCK_K):
         w, w_up = _gemv_weight_tiles(w_ptr, rows, row_ok, N, k0, K, stride_wn, BLOCK_K, GATED)
-        acc, acc_up = _gemv_add(acc, acc_up, w, w_up, x_ptr, k0, K, BLOCK_K, GATED)
+        acc, acc_up, ss = _gemv_add(acc, acc_up, ss, w, w_up, x_ptr, k0, K, BLOCK_K, GATED, NORM)
+    if NORM:
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * rstd
+        acc_up = acc_up * rstd
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
         if GATED:
@@ -102,6 +115,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
     out_type = y_ptr.dtype.element_ty
     if GATED:
         tl.store(y_ptr + rows, silu_times(acc.to(out_type), acc_up.to(out_type)), mask=row_ok)
+    elif RESIDUAL:
+        tl.store(y_ptr + rows, acc.to(out_type) + tl.load(r_ptr + rows, mask=row_ok, other=0.0), mask=row_ok)
     else:
         tl.store(y_ptr + rows, acc.to(out_type), mask=row_ok)
 
@@ -143,32 +158,42 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
     store_rows(acc, b_ptr, y_ptr, rm, rn, m_ok, n_ok, stride_ym, HAS_BIAS)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int]):
-    """F.linear(x, weight, bias) for x [1, K] (contiguous) and a weight [N, K] with unit column stride."""
-    return _launch_gemv(x, weight, bias, config, gated=False)
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int],
+         norm_eps: float | None = None, residual: torch.Tensor | None = None):
+    """F.linear(x, weight, bias) for x [1, K] (contiguous) and a weight [N, K] with unit column stride.
+    norm_eps: the product of x / rms(x) (eps inside the root) instead of x, for a weight with its
+    RMSNorm's weight folded in (`gemv.fold_norm_into`). residual [1, N] (contiguous, x's dtype): returns the
+    product rounded to x's dtype plus residual (what add + RMSNorm would sum)."""
+    if residual is not None and (residual.shape != (1, weight.shape[0]) or not residual.is_contiguous()):
+        raise ValueError(f"residual {tuple(residual.shape)} does not fit a [1, {weight.shape[0]}] output")
+    return _launch_gemv(x, weight, bias, config, gated=False, norm_eps=norm_eps, residual=residual)
 
 
 def _launch_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int],
-                 gated: bool) -> torch.Tensor:
+                 gated: bool, norm_eps: float | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     # `_gemv_kernel` over the weight's rows, or with `gated` over its gate half (SiLU * mul of the halves)
     block_n, block_k, warps = config
     n, k = weight.shape[0] // (2 if gated else 1), weight.shape[1]
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    extra = {} if norm_eps is None else {"NORM": True, "eps": norm_eps}
+    if residual is not None:
+        extra |= {"RESIDUAL": True, "r_ptr": residual}
     _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, bias if bias is not None else weight, y, n, k,
                                               weight.stride(0), HAS_BIAS=bias is not None,
                                               BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **pdl.options(),
-                                              EARLY=pdl.early_weights(), GATED=gated)
+                                              EARLY=pdl.early_weights(), GATED=gated, **extra)
     return y
 
 
-def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int]):
+def gemv_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple[int, int, int],
+                  norm_eps: float | None = None):
     """silu(gate) * up for x [1, K] (contiguous) and an MLP's [gate | up] weight [2 I, K] (unit column stride,
     bias [2 I] or None) in one launch: bit for bit `gemv` with this config followed by
-    `triton_fused.silu_mul`; returns [1, I] in x's dtype."""
+    `triton_fused.silu_mul`; returns [1, I] in x's dtype. norm_eps as `gemv`'s."""
     if x.shape[0] != 1 or weight.shape[0] % 2:
         raise ValueError(f"gemv_silu_mul takes one row and an even number of weight rows; got {x.shape[0]} "
                          f"row(s), weight {tuple(weight.shape)}")
-    return _launch_gemv(x, weight, bias, config, gated=True)
+    return _launch_gemv(x, weight, bias, config, gated=True, norm_eps=norm_eps)
 
 
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

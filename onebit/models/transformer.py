@@ -45,13 +45,24 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         """o_proj of the queries' attention over the cache: [T, hidden]."""
+        return self.o_proj(self.attention_rows(q, k_cache, v_cache, meta))
+
+    def attention_rows(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """The queries' attention over the cache as o_proj's input rows [T, heads * head_dim]."""
         out = paged_attention(q, k_cache, v_cache, meta, self.scale, self.k_scale, self.v_scale)
-        return self.o_proj(out.reshape(q.shape[0], self.q_size))
+        return out.reshape(q.shape[0], self.q_size)
 
     def forward(self, qkv, positions, rope, k_cache, v_cache, meta: AttentionMetadata):
         """Attend this step's qkv product [T, q + 2 kv] (`qkv_proj` of the normed input: the decoder layer runs
         it, with the norm before it, `DecoderLayer.normed_qkv`) over the cache, after writing its K/V into it."""
         return self.attend(self.queries(qkv, positions, rope, k_cache, v_cache, meta), k_cache, v_cache, meta)
+
+
+# Fold each decoder layer's two RMSNorm weights into the products after them (qkv, gate_up) at load, so that a
+# one-row step runs the layer as four gemv launches with the norms inside them (`DecoderLayer.one_row`: no
+# norm kernels; o and down add the residual as they store). Read by the engine's loader (CUDA, bf16/fp16
+# weights, no --quantize). Off until measured (prediction in docs/perf-history.md, session 31).
+FOLD_NORMS = False
 
 
 class DecoderLayer(nn.Module):
@@ -63,6 +74,43 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.norms_folded = False  # `fold_norms` done
+
+    @torch.no_grad()
+    def fold_norms(self) -> bool:
+        """Multiply the input norm's weight into qkv_proj's columns and the post-attention norm's into
+        gate_up_proj's, and make both norm weights ones (so every other path computes what it did);
+        only where both products are plain `Linear` layers. Returns whether it folded."""
+        attn, mlp = self.self_attn, self.mlp
+        if self.norms_folded or type(attn.qkv_proj) is not Linear or type(mlp.gate_up_proj) is not Linear:
+            return False
+        for norm, product in ((self.input_layernorm, attn.qkv_proj), (self.post_attention_layernorm, mlp.gate_up_proj)):
+            product.weight.copy_(gemv.fold_norm_into(product.weight, norm.weight))
+            norm.weight.fill_(1.0)
+        self.norms_folded = True
+        return True
+
+    def one_row_configs(self) -> tuple | None:
+        """The gemv configs of (qkv, o, gate_up, down) when the norms are folded and all four products' one-row
+        picks are the gemv kernel (`gemv.one_row_gemv_config`), else None."""
+        if not self.norms_folded:
+            return None
+        products = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+        configs = tuple(gemv.one_row_gemv_config(p.weight, p.bias) for p in products)
+        return None if None in configs else configs
+
+    def one_row(self, h, positions, rope, k_cache, v_cache, meta, configs):
+        """The layer over one row of the residual stream h [1, hidden] with folded norms (`one_row_configs`):
+        qkv of h / rms(h), the attention, o plus h, gate_up's SiLU * mul of that over its rms, down plus
+        that. Returns the next residual stream."""
+        attn, mlp = self.self_attn, self.mlp
+        c_qkv, c_o, c_gate_up, c_down = configs
+        qkv = gemv.gemv_folded(h, attn.qkv_proj.weight, attn.qkv_proj.bias, c_qkv, norm_eps=self.input_layernorm.eps)
+        rows = attn.attention_rows(attn.queries(qkv, positions, rope, k_cache, v_cache, meta), k_cache, v_cache, meta)
+        h = gemv.gemv_folded(rows, attn.o_proj.weight, attn.o_proj.bias, c_o, residual=h)
+        act = gemv.gemv_folded(h, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, c_gate_up,
+                               norm_eps=self.post_attention_layernorm.eps, silu_mul=True)
+        return gemv.gemv_folded(act, mlp.down_proj.weight, mlp.down_proj.bias, c_down, residual=h)
 
     def forward(self, x, residual, positions, rope, k_cache, v_cache, meta):
         """Run the layer; x is the previous block's output, residual the stream before it
@@ -102,10 +150,25 @@ class CausalLM(nn.Module):
         output before the final norm (what an MTP head reads).
         """
         x, residual = self.embed_tokens(input_ids), None
+        configs = self.one_row_configs() if x.shape[0] == 1 else None
+        if configs is not None:  # folded norms, every product on the gemv kernel: the residual stream alone
+            for i, (layer, layer_configs) in enumerate(zip(self.layers, configs)):
+                x = layer.one_row(x, positions, rope, kv_cache[0, i], kv_cache[1, i], meta, layer_configs)
+            normed = self.norm(x)
+            return (normed, x) if return_prenorm else normed
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, rope, kv_cache[0, i], kv_cache[1, i], meta)
         normed, prenorm = self.norm(x, residual)
         return (normed, prenorm) if return_prenorm else normed
+
+    def fold_norms(self) -> int:
+        """`DecoderLayer.fold_norms` in every layer; returns how many folded."""
+        return sum(layer.fold_norms() for layer in self.layers)
+
+    def one_row_configs(self) -> list[tuple] | None:
+        """Every layer's `one_row_configs`, or None unless all layers have them."""
+        configs = [layer.one_row_configs() for layer in self.layers]
+        return None if None in configs else configs
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] for selected hidden states [N, hidden]."""
