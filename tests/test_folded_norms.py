@@ -120,3 +120,21 @@ def test_a_folded_one_row_step_matches_the_plain_model(tiny_models, arch, monkey
     for a, b in zip(got, want):
         assert _rel(a, b) < TOLERANCE
     assert _rel(step(folded, 2)[0], step(plain, 2)[0]) < TOLERANCE
+
+
+def test_the_engine_folds_on_cuda_only_and_not_under_quantize(tiny_model_dir):
+    """`build.fold_norms`: the loader's rule (CUDA, no --quantize, the switch on); the model is on the CPU
+    here, which the rule does not look at."""
+    from onebit.engine import build
+    from onebit.engine.config import EngineConfig
+    from onebit.models import transformer
+    from onebit.models.loader import load_model
+
+    assert transformer.FOLD_NORMS  # on since session 31
+    config = EngineConfig(model=str(tiny_model_dir))
+    model, _ = load_model(tiny_model_dir, torch.device("cpu"), torch.float32)
+    assert build.fold_norms(model, config, torch.device("cpu")) == 0
+    assert build.fold_norms(model, EngineConfig(model=str(tiny_model_dir), quantize="fp8"), torch.device("cuda")) == 0
+    assert not model.layers[0].norms_folded
+    assert build.fold_norms(model, config, torch.device("cuda")) == len(model.layers)
+    assert all(layer.norms_folded for layer in model.layers)

@@ -70,6 +70,14 @@ def _make_drafter(config: EngineConfig, draft, runner: ModelRunner, cfg: ModelCo
     return spec.drafter_factory(vocab_size=cfg.vocab_size, seed=config.seed)
 
 
+def fold_norms(model, config: EngineConfig, device: torch.device) -> int:
+    """Fold the decoder norms into the products after them (`transformer.FOLD_NORMS`) where the one-row
+    gemv path can use them: on CUDA, weights not quantized by --quantize. Returns the layers folded."""
+    if transformer.FOLD_NORMS and device.type == "cuda" and not config.quantize:
+        return model.fold_norms()
+    return 0
+
+
 def _load(config: EngineConfig, path: Path, tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype):
     """(model, its config, MTP head or None, (draft model, its config) or None)."""
     spec = config.speculative
@@ -79,8 +87,9 @@ def _load(config: EngineConfig, path: Path, tokenizer: Tokenizer, device: torch.
         from onebit.engine.spec.draft_model import load_draft_model
         draft = load_draft_model(spec.draft_model, tokenizer, device, dtype, config.load_format)
     model, cfg = load_model(path, device, dtype, config.load_format, config.gguf_keep_packed)
-    if transformer.FOLD_NORMS and device.type == "cuda" and not config.quantize:
-        log.info("folded the norms of %d decoder layers into their products", model.fold_norms())
+    folded = fold_norms(model, config, device)
+    if folded:
+        log.info("folded the norms of %d decoder layers into their products", folded)
     if config.quantize:
         from onebit.models.quantize import quantize_model
         count = quantize_model(model, config.quantize, head=config.quantize_lm_head)
