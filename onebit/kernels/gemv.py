@@ -99,18 +99,6 @@ def _dispatched_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return None
 
 
-def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-    """silu(gate) * up of `linear(x, weight, bias)` for an MLP's [gate | up] weight in one kernel, bit for bit
-    the product followed by `ops.silu_mul`, where that applies (`SILU_IN_GATE_UP`, one contiguous row whose
-    calibrated pick is the gemv kernel, not in deterministic mode); else None, and the caller runs the two."""
-    if not (SILU_IN_GATE_UP and x.shape[0] == 1 and weight.shape[0] % 2 == 0 and not batch_invariant.enabled()):
-        return None
-    chosen = _dispatched_choice(x, weight, bias)
-    if chosen is None or chosen[0] != "gemv":
-        return None
-    return triton_gemv.gemv_silu_mul(x, weight, bias, chosen[1])
-
-
 def one_row_gemv_config(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple | None:
     """The gemv kernel's config where this weight's calibrated one-row pick is that kernel (not in
     deterministic mode), else None: the products a decoder layer may run with its norms folded in
@@ -119,6 +107,16 @@ def one_row_gemv_config(weight: torch.Tensor, bias: torch.Tensor | None) -> tupl
         return None
     chosen = _CHOSEN.get((weight.device.type, 1, weight.shape[0], weight.shape[1], weight.dtype, bias is not None))
     return chosen[1] if chosen is not None and chosen[0] == "gemv" else None
+
+
+def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """silu(gate) * up of `linear(x, weight, bias)` for an MLP's [gate | up] weight in one kernel, bit for bit
+    the product followed by `ops.silu_mul`, where that applies (`SILU_IN_GATE_UP`, one contiguous row whose
+    calibrated pick is the gemv kernel, `one_row_gemv_config`); else None, and the caller runs the two."""
+    if not (SILU_IN_GATE_UP and x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous() and weight.shape[0] % 2 == 0):
+        return None
+    config = one_row_gemv_config(weight, bias)
+    return None if config is None else triton_gemv.gemv_silu_mul(x, weight, bias, config)
 
 
 def gemv_folded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple,

@@ -92,7 +92,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
     row_ok = rows < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    ss = tl.sum(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)
+    ss = tl.sum(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)  # a float32 scalar zero: the row's sum of squares
     loop_begin = 0
     if EARLY:
         w_first, w_up_first = _gemv_weight_tiles(w_ptr, rows, row_ok, N, 0, K, stride_wn, BLOCK_K, GATED)
