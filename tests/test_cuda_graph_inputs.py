@@ -85,13 +85,25 @@ def _run_staggered(engine, prompts, params) -> dict[str, list[int]]:
     return out
 
 
-def test_prompt_chunks_and_mixed_steps_through_graph_rows_match_eager(tiny_model_dir):
-    """Prefill chunks run as graph rows (one row per token), also next to running decodes."""
+def attention_from_qkv(monkeypatch, on: bool) -> None:
+    """With `on`, decode-only steps take the attention straight from the qkv rows (`attention.FROM_QKV`, the
+    GPU's path) on the CPU too: its Triton kernels in the interpreter."""
+    from onebit.models import transformer
+    if on:
+        monkeypatch.setattr(transformer, "decodes_from_qkv",
+                            lambda qkv, meta: meta.num_decodes == qkv.shape[0] and not meta.prefills)
+
+
+@pytest.mark.parametrize("from_qkv", [False, True])
+def test_prompt_chunks_and_mixed_steps_through_graph_rows_match_eager(tiny_model_dir, from_qkv, monkeypatch):
+    """Prefill chunks run as graph rows (one row per token), also next to running decodes; with from_qkv,
+    their rows read the step's keys from the qkv rows of the rows before them."""
     from onebit.engine.runner import GRAPH_CHUNK_TOKENS
     prompts = [list(range(30, 47)), list(range(50, 55)), list(range(5, 45))]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     want = _run_staggered(LLM(str(tiny_model_dir), device="cpu", parallel=4, block_size=4).engine, prompts, params)
     llm = LLM(str(tiny_model_dir), device="cpu", parallel=4, block_size=4)
+    attention_from_qkv(monkeypatch, from_qkv)
     seen = emulate_graphs(llm, chunk=GRAPH_CHUNK_TOKENS)
     got = _run_staggered(llm.engine, prompts, params)
     assert got == want
@@ -100,10 +112,10 @@ def test_prompt_chunks_and_mixed_steps_through_graph_rows_match_eager(tiny_model
     assert llm.engine.scheduler.blocks.num_free == llm.engine.scheduler.blocks.num_blocks
 
 
-@pytest.mark.parametrize("speculative", ["mtp", "ngram"])
-def test_verification_through_graph_rows_is_lossless(speculative):
+@pytest.mark.parametrize("speculative,from_qkv", [("mtp", False), ("ngram", False), ("ngram", True)])
+def test_verification_through_graph_rows_is_lossless(speculative, from_qkv, monkeypatch):
     """Verify steps (1 + k rows per sequence) and MTP state collection through the graph path give
-    the same greedy tokens as plain eager decoding."""
+    the same greedy tokens as plain eager decoding (from_qkv: `attention_from_qkv`)."""
     from onebit.models.default_model import default_model_dir
     prompts = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\n\ndef f(path):"]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -111,6 +123,7 @@ def test_verification_through_graph_rows_is_lossless(speculative):
     llm = LLM(str(default_model_dir()), device="cpu", parallel=3, speculative={"method": speculative, "draft_max": 3})
     policy = llm.engine.speculator.policy
     policy.choose = lambda batch, drafting=None: policy.k_max  # pin the draft length (the policy times steps)
+    attention_from_qkv(monkeypatch, from_qkv)
     seen = emulate_graphs(llm, chunk=4)
     got = llm.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]

@@ -42,6 +42,7 @@ class CudaGraphDecoder:
         self.slots = torch.full((max_batch,), self.scratch_slot, dtype=torch.long, device=device)
         self.tables = torch.full((max_batch, max_blocks), scratch_block, dtype=torch.int32, device=device)
         self.lens = torch.ones(max_batch, dtype=torch.int32, device=device)
+        self.starts = torch.zeros(max_batch, dtype=torch.long, device=device)  # `decode_step_starts`
         self.num_splits, self.max_context = num_splits, max_context
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.pool = None
@@ -50,7 +51,8 @@ class CudaGraphDecoder:
     def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         meta = AttentionMetadata(slot_mapping=self.slots[:b], num_decodes=b, decode_block_tables=self.tables[:b],
                                  decode_context_lens=self.lens[:b], prefills=[],
-                                 decode_num_splits=self.num_splits, decode_max_context=self.max_context)
+                                 decode_num_splits=self.num_splits, decode_max_context=self.max_context,
+                                 decode_step_starts=self.starts[:b])
         normed, prenorm = self.model(self.ids[:b], self.positions[:b], self.kv_cache, meta, self.rope,
                                      return_prenorm=True)
         return self.model.compute_logits(normed), prenorm
@@ -80,8 +82,10 @@ class CudaGraphDecoder:
         return 0 < rows <= self.sizes[-1]
 
     def fill(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-             lens: list[int]) -> int:
-        """Write one step's rows into the static inputs, padded to a ladder size; return that size."""
+             lens: list[int], starts: list[int] | None = None) -> int:
+        """Write one step's rows into the static inputs, padded to a ladder size; return that size.
+        starts: each row's sequence's first position in this step (`AttentionMetadata.decode_step_starts`;
+        None: every row is its sequence's only token, its position)."""
         n = len(ids)
         b = next(size for size in self.sizes if size >= n)
         width = max(len(t) for t in tables)
@@ -92,15 +96,17 @@ class CudaGraphDecoder:
         upload_into(self.positions[:b], positions + [0] * pad)
         upload_into(self.slots[:b], slots + [self.scratch_slot] * pad)
         upload_into(self.lens[:b], lens + [1] * pad)
+        upload_into(self.starts[:b], (positions if starts is None else starts) + [0] * pad)
         upload_into(self.tables[:b, :width], rows)
         return b
 
     def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-            lens: list[int], feed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            lens: list[int], starts: list[int] | None = None,
+            feed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill the static inputs for this step and replay; returns (logits, pre-norm states), one
         row per input row. Both are views of static buffers that the next replay overwrites.
         `feed` (row indices, token ids on the device) overwrites those rows' input ids."""
-        b = self.fill(ids, positions, slots, tables, lens)
+        b = self.fill(ids, positions, slots, tables, lens, starts)
         if feed is not None:
             self.ids.index_copy_(0, *feed)
         captured = self.graphs.get(b)

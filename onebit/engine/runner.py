@@ -219,9 +219,10 @@ class ModelRunner:
         self.model.compute_logits(normed[-1:])
 
     def _graph_rows(self, plan: list[tuple[Sequence, int]]):
-        """One row per packed token: (ids, positions, slots, block tables, context lengths)."""
+        """One row per packed token: (ids, positions, slots, block tables, context lengths, and each row's
+        sequence's first position in the step)."""
         bs = self.block_size
-        ids, positions, slots, tables, lens = [], [], [], [], []
+        ids, positions, slots, tables, lens, starts = [], [], [], [], [], []
         for seq, n in plan:
             start = seq.num_computed_tokens
             table = seq.block_table
@@ -231,7 +232,8 @@ class ModelRunner:
                 slots.append(table[p // bs] * bs + p % bs)
                 tables.append(table)
                 lens.append(p + 1)
-        return ids, positions, slots, tables, lens
+                starts.append(start)
+        return ids, positions, slots, tables, lens, starts
 
     def _use_graph(self, plan: list[tuple[Sequence, int]]) -> bool:
         # A chunk of n tokens costs n reads of its context as rows, so only short ones

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onebit.kernels import kv_fp8, pdl
+from onebit.kernels import kv_fp8, pdl, triton_qkv_rows
 from onebit.kernels.triton_fp8_fast import _e4m3_scale, _to_e4m3
 
 
@@ -73,7 +73,13 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
     DOT_F16: tl.constexpr = False, PDL: tl.constexpr = False,
     s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False, ROUND: tl.constexpr = None,
+    pos_ptr=None, cos_ptr=None, sin_ptr=None, qn_ptr=None, kn_ptr=None, starts_ptr=None, eps=0.0,
+    FROM_QKV: tl.constexpr = False, NUM_HEADS: tl.constexpr = 0, NUM_KV: tl.constexpr = 0,
+    HAS_NORM: tl.constexpr = False, HAS_STARTS: tl.constexpr = False,
 ):
+    # FROM_QKV: q_ptr is the step's qkv product (row stride stride_qb); the queries and this step's keys and
+    # values come from it normed and rotated (`triton_qkv_rows`), each row storing its own key and value.
+    # Keys from first_new on (starts_ptr[seq] with HAS_STARTS, else the row's own token alone) are the step's.
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -87,8 +93,14 @@ def _decode_split_kernel(
     dims = tl.arange(0, HEAD_DIM)
     row_ok = rows < GROUP
     heads = kv_head * GROUP + rows
-    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=row_ok[:, None], other=0.0)
+    if FROM_QKV:
+        q = triton_qkv_rows.step_queries(q_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, seq, heads, row_ok, dims,
+                                         stride_qb, eps, HEAD_DIM, HAS_NORM)
+        newest = ctx_len - 1
+        first_new = tl.load(starts_ptr + seq) if HAS_STARTS else newest
+    else:
+        q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                    mask=row_ok[:, None], other=0.0)
     if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
         scale = scale * tl.load(k_scale_ptr + kv_head)
     if DOT_F16:  # kv_fp8.float16_products: k and v below follow q's dtype
@@ -102,10 +114,17 @@ def _decode_split_kernel(
         tok_ok = tokens < end
         blocks = tl.load(tables_ptr + seq * max_blocks + tokens // BLOCK_SIZE, mask=tok_ok, other=0)
         offs = blocks.to(tl.int64) * stride_kb + (tokens % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=tok_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=tok_ok[:, None], other=0.0)
+        cached = tok_ok & (tokens < first_new) if FROM_QKV else tok_ok  # the step's own keys come from qkv
+        k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=cached[:, None], other=0.0)
+        v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=cached[:, None], other=0.0)
         if KV_FP8:
             k, v = k.to(q.dtype), v.to(q.dtype)
+        if FROM_QKV:
+            if t0 + TILE > first_new:  # the tile holds keys this step computes
+                k, v = triton_qkv_rows.step_keys_values(
+                    k, v, q_ptr, pos_ptr, cos_ptr, sin_ptr, kn_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, offs,
+                    seq, kv_head, tokens, tok_ok, first_new, newest, dims, stride_qb, eps, NUM_HEADS, NUM_KV,
+                    HEAD_DIM, HAS_NORM, KV_FP8)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
         s = tl.where(tok_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -274,8 +293,57 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     quantized with one scale per row and block as `fp8.quantize_row_blocks` would quantize it, by the
     kernel that writes it (no output in q's dtype, no quantizer launch).
     """
-    batch, num_heads, head_dim = q.shape
-    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    if q.stride(2) != 1:
+        raise ValueError(f"q needs a unit last stride, got strides {q.stride()}")
+    return _attend(q, (q.stride(0), q.stride(1)), q.shape[1], {}, k_cache, v_cache, block_tables, context_lens,
+                   scale, num_splits, max_context, k_scale, v_scale, min_split, launch, out, quantize_block)
+
+
+def paged_decode_attention_from_qkv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                                    sin: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                                    eps: float, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                                    step_starts: torch.Tensor | None = None, num_splits: int | None = 1,
+                                    max_context: int | None = None, k_scale: torch.Tensor | None = None,
+                                    v_scale: torch.Tensor | None = None, min_split: int | None = None,
+                                    launch: DecodeLaunch | None = None, out: torch.Tensor | None = None,
+                                    quantize_block: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`paged_decode_attention` of one step's rows straight from their qkv product [B, (heads + 2 kv) * D]:
+    what `fused_ref.qk_norm_rope_store_ref` (q/k norm when q_norm is given, RoPE at `positions` from the
+    [positions, D] cos / sin tables, K and V written into the caches) and then the attention compute,
+    in the attention's own kernel (no launch between the qkv product and it).
+
+    Row r's key and value go into the cache at its newest position (context_lens[r] - 1, through its
+    block table). `step_starts` [B] (None: each row is its sequence's only token of the step) gives the
+    first position this step computes of row r's sequence: the rows holding positions step_starts[r]..
+    context_lens[r] - 2 of that sequence are the ones just before r, in order (a verification or a
+    prompt's tail as rows), and r reads those keys from their qkv rows, not the cache, which their own
+    programs write during the same launch. The other arguments are `paged_decode_attention`'s.
+    """
+    batch = qkv.shape[0]
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if qkv.stride(1) != 1 or qkv.shape[1] != (num_heads + 2 * kv_heads) * head_dim:
+        raise ValueError(f"qkv {tuple(qkv.shape)} (strides {qkv.stride()}) is not [rows, ({num_heads} + 2 x "
+                         f"{kv_heads}) x {head_dim}] with a unit last stride")
+    if head_dim & (head_dim - 1) or not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("the attention from qkv takes a power-of-two head_dim and contiguous cos / sin tables")
+    has_norm = q_norm is not None
+    source = {"pos_ptr": positions, "cos_ptr": cos, "sin_ptr": sin, "qn_ptr": q_norm if has_norm else cos,
+              "kn_ptr": k_norm if has_norm else cos, "starts_ptr": step_starts if step_starts is not None else positions,
+              "eps": eps, "FROM_QKV": True, "NUM_HEADS": num_heads, "NUM_KV": kv_heads, "HAS_NORM": has_norm,
+              "HAS_STARTS": step_starts is not None}
+    return _attend(qkv, (qkv.stride(0), head_dim), num_heads, source, k_cache, v_cache, block_tables,
+                   context_lens, scale, num_splits, max_context, k_scale, v_scale, min_split, launch, out,
+                   quantize_block)
+
+
+def _attend(q, q_strides, num_heads, source, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
+            max_context, k_scale, v_scale, min_split, launch, out, quantize_block):
+    # Both entry points' launches: q the queries [B, heads, D], or with `source` (the split kernel's
+    # FROM_QKV arguments) the qkv rows [B, width]; q_strides its (row, head) strides.
+    batch = q.shape[0]
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    shape = (batch, num_heads, head_dim)
     group = num_heads // kv_heads
     group_pad = max(16, triton.next_power_of_2(group))
     max_blocks = block_tables.shape[1]
@@ -294,13 +362,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if quantize_block != group * head_dim or out is not None:
             raise ValueError(f"a quantized output takes blocks of {group} heads x {head_dim} = {group * head_dim} "
                              f"values and no `out`, got a block of {quantize_block}")
-        out = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
+        out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=q.device)
         scales = torch.empty((batch, kv_heads), dtype=torch.float32, device=q.device)
         quantized = {"s_ptr": scales, "stride_sb": scales.stride(0), "QUANTIZE": True, "ROUND": _TL_DTYPES[q.dtype]}
     elif out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.stride(2) != 1:
-        raise ValueError(f"out {tuple(out.shape)} with strides {out.stride()} does not fit q {tuple(q.shape)}")
+        out = torch.empty(shape, dtype=q.dtype, device=q.device)
+    elif tuple(out.shape) != shape or out.stride(2) != 1:
+        raise ValueError(f"out {tuple(out.shape)} with strides {out.stride()} does not fit the queries {shape}")
     if num_splits > 1:
         part_acc = torch.empty((batch, kv_heads, num_splits, group_pad, head_dim), dtype=torch.float32,
                                device=q.device)
@@ -311,11 +379,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml,
         k_scale if fp8 else part_ml, v_scale if fp8 else part_ml, out,
         scale, max_blocks, min_split,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        *q_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
         NUM_SPLITS=num_splits, KV_FP8=fp8, DOT_F16=kv_fp8.float16_products(fp8, q.dtype, FP8_DOT_F16),
-        **tuning, **pdl.options(), **(quantized if num_splits == 1 else {}))
+        **tuning, **pdl.options(), **(quantized if num_splits == 1 else {}), **source)
     if num_splits > 1:
         _decode_merge_kernel[(batch, kv_heads)](
             part_acc, part_ml, context_lens, out, min_split, out.stride(0), out.stride(1),
