@@ -163,7 +163,7 @@ COMPILE = textwrap.dedent("""
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
                   "k_ptr": fp8, "v_ptr": fp8, "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
         heads = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "NUM_SPLITS": 4}
-        qkv_rows = {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "starts_ptr": "*i64"}
+        qkv_rows = {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
         from_qkv = {"FROM_QKV": True, "NUM_HEADS": 32, "NUM_KV": 8, "HAS_NORM": True}
         for args in [
             ("triton_fused", "_add_rms_norm_kernel", {}, {"HAS_RESIDUAL": True, "BLOCK": 4096}),
@@ -180,10 +180,9 @@ COMPILE = textwrap.dedent("""
             ("triton_decode", "_decode_split_kernel", decode,
              {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True}),
             ("triton_decode", "_decode_merge_kernel", decode, {**heads, "TILE": 64}),
-            # straight from the qkv rows (`attention.FROM_QKV`): a bf16 cache with the step's starts (graph rows),
-            # an e4m3 cache with one token a row; a runtime `if` in the key loop
+            # straight from the qkv rows (`attention.FROM_QKV`), bf16 and e4m3 caches: a runtime `if` in the key loop
             ("triton_decode", "_decode_split_kernel", {**decode, **qkv_rows, "k_ptr": "*bf16", "v_ptr": "*bf16"},
-             {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": False, **from_qkv, "HAS_STARTS": True}),
+             {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": False, **from_qkv}),
             ("triton_decode", "_decode_split_kernel", {**decode, **qkv_rows},
              {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True, **from_qkv}),
             # the output written block-quantized for o's e4m3 product (quantize.Fp8Attention), by the split

@@ -119,7 +119,8 @@ class ModelRunner:
         started = time.perf_counter()
         if cuda_graphs:
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, self.block_size, rows,
-                                           -(-self.ctx_size // self.block_size), self.num_splits, self.ctx_size)
+                                           -(-self.ctx_size // self.block_size), self.num_splits, self.ctx_size,
+                                           max_decode_rows=self.parallel)
             with batch_invariant.mode(self.deterministic):
                 self.graphs.capture()
             self.startup_s["graph capture"] = time.perf_counter() - started
@@ -219,10 +220,9 @@ class ModelRunner:
         self.model.compute_logits(normed[-1:])
 
     def _graph_rows(self, plan: list[tuple[Sequence, int]]):
-        """One row per packed token: (ids, positions, slots, block tables, context lengths, and each row's
-        sequence's first position in the step)."""
+        """One row per packed token: (ids, positions, slots, block tables, context lengths)."""
         bs = self.block_size
-        ids, positions, slots, tables, lens, starts = [], [], [], [], [], []
+        ids, positions, slots, tables, lens = [], [], [], [], []
         for seq, n in plan:
             start = seq.num_computed_tokens
             table = seq.block_table
@@ -232,8 +232,7 @@ class ModelRunner:
                 slots.append(table[p // bs] * bs + p % bs)
                 tables.append(table)
                 lens.append(p + 1)
-                starts.append(start)
-        return ids, positions, slots, tables, lens, starts
+        return ids, positions, slots, tables, lens
 
     def _use_graph(self, plan: list[tuple[Sequence, int]]) -> bool:
         # A chunk of n tokens costs n reads of its context as rows, so only short ones
@@ -273,7 +272,7 @@ class ModelRunner:
 
     def _run_graph(self, plan: list[tuple[Sequence, int]], want_hidden: bool, feed) -> StepOutput:
         rows, sample_rows, starts = self._logit_rows(plan)
-        logits, prenorm = self.graphs.run(*self._graph_rows(plan), feed=feed)
+        logits, prenorm = self.graphs.run(*self._graph_rows(plan), feed=feed, distinct=all(n == 1 for _, n in plan))
         if len(sample_rows) != logits.shape[0]:
             logits = logits[self._tensor(sample_rows)]
         return StepOutput(logits, rows, prenorm if want_hidden else None, starts)

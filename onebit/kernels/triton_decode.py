@@ -73,13 +73,14 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
     DOT_F16: tl.constexpr = False, PDL: tl.constexpr = False,
     s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False, ROUND: tl.constexpr = None,
-    pos_ptr=None, cos_ptr=None, sin_ptr=None, qn_ptr=None, kn_ptr=None, starts_ptr=None, eps=0.0,
+    pos_ptr=None, cos_ptr=None, sin_ptr=None, qn_ptr=None, kn_ptr=None, eps=0.0,
     FROM_QKV: tl.constexpr = False, NUM_HEADS: tl.constexpr = 0, NUM_KV: tl.constexpr = 0,
-    HAS_NORM: tl.constexpr = False, HAS_STARTS: tl.constexpr = False,
+    HAS_NORM: tl.constexpr = False,
 ):
-    # FROM_QKV: q_ptr is the step's qkv product (row stride stride_qb); the queries and this step's keys and
-    # values come from it normed and rotated (`triton_qkv_rows`), each row storing its own key and value.
-    # Keys from first_new on (starts_ptr[seq] with HAS_STARTS, else the row's own token alone) are the step's.
+    # FROM_QKV: q_ptr is the step's qkv product (row stride stride_qb), one token a sequence; the queries and
+    # the row's key and value come from it normed and rotated (`triton_qkv_rows`), the key and value stored
+    # into the caches by the program whose split holds the row's newest position and, in the tile that holds
+    # it, taken from registers instead of the cache (whose entry the store may not have reached yet).
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -96,8 +97,17 @@ def _decode_split_kernel(
     if FROM_QKV:
         q = triton_qkv_rows.step_queries(q_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, seq, heads, row_ok, dims,
                                          stride_qb, eps, HEAD_DIM, HAS_NORM)
+        k_new, v_new = triton_qkv_rows.step_key_value(
+            q_ptr, pos_ptr, cos_ptr, sin_ptr, kn_ptr, k_scale_ptr, v_scale_ptr, k_ptr, v_ptr, seq, kv_head, dims,
+            stride_qb, eps, NUM_HEADS, NUM_KV, HEAD_DIM, HAS_NORM, KV_FP8)
         newest = ctx_len - 1
-        first_new = tl.load(starts_ptr + seq) if HAS_STARTS else newest
+        holds_newest = (newest >= start) & (newest < end)
+        block = tl.load(tables_ptr + seq * max_blocks + newest // BLOCK_SIZE).to(tl.int64)
+        dst = block * stride_kb + (newest % BLOCK_SIZE) * stride_kt + kv_head * stride_kh + dims
+        tl.store(k_ptr + dst, k_new, mask=dims < HEAD_DIM * holds_newest)
+        tl.store(v_ptr + dst, v_new, mask=dims < HEAD_DIM * holds_newest)
+        if KV_FP8:
+            k_new, v_new = k_new.to(q.dtype), v_new.to(q.dtype)
     else:
         q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                     mask=row_ok[:, None], other=0.0)
@@ -114,17 +124,14 @@ def _decode_split_kernel(
         tok_ok = tokens < end
         blocks = tl.load(tables_ptr + seq * max_blocks + tokens // BLOCK_SIZE, mask=tok_ok, other=0)
         offs = blocks.to(tl.int64) * stride_kb + (tokens % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-        cached = tok_ok & (tokens < first_new) if FROM_QKV else tok_ok  # the step's own keys come from qkv
-        k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=cached[:, None], other=0.0)
-        v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=cached[:, None], other=0.0)
+        k = tl.load(k_ptr + offs[:, None] + dims[None, :], mask=tok_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=tok_ok[:, None], other=0.0)
         if KV_FP8:
             k, v = k.to(q.dtype), v.to(q.dtype)
         if FROM_QKV:
-            if t0 + TILE > first_new:  # the tile holds keys this step computes
-                k, v = triton_qkv_rows.step_keys_values(
-                    k, v, q_ptr, pos_ptr, cos_ptr, sin_ptr, kn_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, offs,
-                    seq, kv_head, tokens, tok_ok, first_new, newest, dims, stride_qb, eps, NUM_HEADS, NUM_KV,
-                    HEAD_DIM, HAS_NORM, KV_FP8)
+            if t0 + TILE > newest:  # the tile that holds the row's own key and value
+                mine = (tokens == newest)[:, None]
+                k, v = tl.where(mine, k_new[None, :], k), tl.where(mine, v_new[None, :], v)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
         s = tl.where(tok_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -263,6 +270,9 @@ LAUNCH = {"bf16": DecodeLaunch(64, 2), "fp8": DecodeLaunch(64, 2)}
 # An e4m3 cache with bf16 queries multiplies in float16 (`kv_fp8.float16_products`). False:
 # bfloat16, as before (benches).
 FP8_DOT_F16 = True
+# The attention from qkv on 4 warps (fewer registers a thread: no spills at one split, ptxas for sm_90a) instead
+# of `LAUNCH`'s 2; session 32's A/B.
+FROM_QKV_WIDE = False
 CANDIDATES = {  # bench/gpu_decode_fp8.py's sweep: today's launch, the one before, and the runners-up
     "t64-w2": DecodeLaunch(64, 2), "t64-w4": DecodeLaunch(64, 4), "t128-w2": DecodeLaunch(128, 2),
     "t128-w4": DecodeLaunch(128, 4),
@@ -303,24 +313,18 @@ def paged_decode_attention_from_qkv(qkv: torch.Tensor, positions: torch.Tensor, 
                                     sin: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                                     eps: float, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                                    step_starts: torch.Tensor | None = None, num_splits: int | None = 1,
-                                    max_context: int | None = None, k_scale: torch.Tensor | None = None,
-                                    v_scale: torch.Tensor | None = None, min_split: int | None = None,
-                                    launch: DecodeLaunch | None = None, out: torch.Tensor | None = None,
-                                    quantize_block: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`paged_decode_attention` of one step's rows straight from their qkv product [B, (heads + 2 kv) * D]:
-    what `fused_ref.qk_norm_rope_store_ref` (q/k norm when q_norm is given, RoPE at `positions` from the
-    [positions, D] cos / sin tables, K and V written into the caches) and then the attention compute,
-    in the attention's own kernel (no launch between the qkv product and it).
-
-    Row r's key and value go into the cache at its newest position (context_lens[r] - 1, through its
-    block table). `step_starts` [B] (None: each row is its sequence's only token of the step) gives the
-    first position this step computes of row r's sequence: the rows holding positions step_starts[r]..
-    context_lens[r] - 2 of that sequence are the ones just before r, in order (a verification or a
-    prompt's tail as rows), and r reads those keys from their qkv rows, not the cache, which their own
-    programs write during the same launch. The other arguments are `paged_decode_attention`'s.
+                                    num_splits: int | None = 1, max_context: int | None = None,
+                                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                                    min_split: int | None = None, launch: DecodeLaunch | None = None,
+                                    out: torch.Tensor | None = None, quantize_block: int = 0
+                                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`paged_decode_attention` of one decode step's rows straight from their qkv product [B, (heads + 2 kv) * D],
+    each row its sequence's only token of the step: what `fused_ref.qk_norm_rope_store_ref` (q/k norm when
+    q_norm is given, RoPE at `positions` from the [positions, D] cos / sin tables, K and V written into the
+    caches) and then the attention compute, in the attention's own kernels (no launch between the qkv
+    product and them). Row r's key and value go into the caches at its newest position, context_lens[r] - 1,
+    through its block table. The other arguments are `paged_decode_attention`'s.
     """
-    batch = qkv.shape[0]
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if qkv.stride(1) != 1 or qkv.shape[1] != (num_heads + 2 * kv_heads) * head_dim:
         raise ValueError(f"qkv {tuple(qkv.shape)} (strides {qkv.stride()}) is not [rows, ({num_heads} + 2 x "
@@ -328,10 +332,11 @@ def paged_decode_attention_from_qkv(qkv: torch.Tensor, positions: torch.Tensor, 
     if head_dim & (head_dim - 1) or not (cos.is_contiguous() and sin.is_contiguous()):
         raise ValueError("the attention from qkv takes a power-of-two head_dim and contiguous cos / sin tables")
     has_norm = q_norm is not None
+    if FROM_QKV_WIDE and launch is None:
+        launch = DecodeLaunch(64, 4)
     source = {"pos_ptr": positions, "cos_ptr": cos, "sin_ptr": sin, "qn_ptr": q_norm if has_norm else cos,
-              "kn_ptr": k_norm if has_norm else cos, "starts_ptr": step_starts if step_starts is not None else positions,
-              "eps": eps, "FROM_QKV": True, "NUM_HEADS": num_heads, "NUM_KV": kv_heads, "HAS_NORM": has_norm,
-              "HAS_STARTS": step_starts is not None}
+              "kn_ptr": k_norm if has_norm else cos, "eps": eps, "FROM_QKV": True, "NUM_HEADS": num_heads,
+              "NUM_KV": kv_heads, "HAS_NORM": has_norm}
     return _attend(qkv, (qkv.stride(0), head_dim), num_heads, source, k_cache, v_cache, block_tables,
                    context_lens, scale, num_splits, max_context, k_scale, v_scale, min_split, launch, out,
                    quantize_block)

@@ -1,4 +1,4 @@
-"""Triton pieces that read a step's queries and newest keys/values straight from its qkv product.
+"""Triton pieces that read a decode step's queries and new keys/values straight from its qkv product.
 
 The decode attention kernel uses them when it takes the qkv rows instead of prepared queries
 (`triton_decode.paged_decode_attention_from_qkv`): the q/k norm (Qwen3) and RoPE of
@@ -25,24 +25,16 @@ def e4m3_value(x, inv_scale):
 
 
 @triton.jit
-def _norm_rope(x, x_rot, w_ptr, pos, cos_ptr, sin_ptr, dims, rot, eps,
-               HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):
-    # Heads x [R, D] (x_rot: the same with halves swapped) at positions pos [R]: RMSNorm over each head with
-    # the weight at w_ptr (with HAS_NORM), then rotary; each step rounded to x's dtype as the reference does.
-    y, y_rot = x, x_rot
-    if HAS_NORM:
-        f, f_rot = x.to(tl.float32), x_rot.to(tl.float32)
-        rstd = (1.0 / tl.sqrt(tl.sum(f * f, axis=1) / HEAD_DIM + eps))[:, None]
-        w = tl.load(w_ptr + dims).to(tl.float32)[None, :]
-        w_rot = tl.load(w_ptr + rot).to(tl.float32)[None, :]
-        y = (w * (f * rstd).to(x.dtype).to(tl.float32)).to(x.dtype)
-        y_rot = (w_rot * (f_rot * rstd).to(x.dtype).to(tl.float32)).to(x.dtype)
-    table = pos.to(tl.int64)[:, None] * HEAD_DIM + dims[None, :]
-    c = tl.load(cos_ptr + table)
-    s = tl.load(sin_ptr + table)
+def _normed(x, rstd, w):
+    # x * rstd rounded to x's dtype, times the norm weight w, rounded again (as the reference rounds)
+    return (w * (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _rotated(y, y_rot, c, s, first):
+    # rotary of heads y (y_rot: halves swapped) with the position's cos c and sin s; `first` marks the first half
     g, g_rot = y.to(tl.float32), y_rot.to(tl.float32)
-    first = (dims < HEAD_DIM // 2)[None, :]
-    return tl.where(first, g * c - g_rot * s, g * c + g_rot * s).to(x.dtype)
+    return tl.where(first, g * c - g_rot * s, g * c + g_rot * s).to(y.dtype)
 
 
 @triton.jit
@@ -53,35 +45,40 @@ def step_queries(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, seq, heads, row_ok,
     base = qkv_ptr + seq.to(tl.int64) * stride_row + heads[:, None] * HEAD_DIM
     x = tl.load(base + dims[None, :], mask=row_ok[:, None], other=0.0)
     x_rot = tl.load(base + rot[None, :], mask=row_ok[:, None], other=0.0)
-    pos = tl.load(pos_ptr + seq + heads * 0)
-    return _norm_rope(x, x_rot, qn_ptr, pos, cos_ptr, sin_ptr, dims, rot, eps, HEAD_DIM, HAS_NORM)
+    if HAS_NORM:
+        f = x.to(tl.float32)
+        rstd = (1.0 / tl.sqrt(tl.sum(f * f, axis=1) / HEAD_DIM + eps))[:, None]
+        x, x_rot = (_normed(x, rstd, tl.load(qn_ptr + dims).to(tl.float32)[None, :]),
+                    _normed(x_rot, rstd, tl.load(qn_ptr + rot).to(tl.float32)[None, :]))
+    pos = tl.load(pos_ptr + seq).to(tl.int64)
+    c = tl.load(cos_ptr + pos * HEAD_DIM + dims)[None, :]
+    s = tl.load(sin_ptr + pos * HEAD_DIM + dims)[None, :]
+    return _rotated(x, x_rot, c, s, (dims < HEAD_DIM // 2)[None, :])
 
 
 @triton.jit
-def step_keys_values(k, v, qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kn_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr,
-                     v_scale_ptr, offs, seq, kv_head, tokens, tok_ok, first_new, newest, dims, stride_row, eps,
-                     NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr):
-    """A key tile's keys and values k, v [TILE, D] (already in the products' dtype) with the tokens this step
-    computes (first_new..newest of sequence row `seq`, held by the rows just before it) taken from their qkv
-    rows, normed and rotated, and the row's own token (newest) stored into the caches at its offset in
-    `offs`. An e4m3 cache gets (and the tile carries) value / its head's scale, rounded as the cache holds it."""
-    new = tok_ok & (tokens >= first_new)
-    rows = tl.where(new, seq - (newest - tokens), seq).to(tl.int64)
+def step_key_value(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, kn_ptr, k_scale_ptr, v_scale_ptr, k_cache_ptr, v_cache_ptr,
+                   seq, kv_head, dims, stride_row, eps, NUM_HEADS: tl.constexpr, NUM_KV: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, KV_FP8: tl.constexpr):
+    """The step's key and value [D] of KV head kv_head for row `seq` (its key normed and rotated) as the caches
+    hold them: in their dtype, an e4m3 cache's as value / its head's scale (the key rounded to the model's
+    dtype first, as the reference does)."""
     rot = (dims + HEAD_DIM // 2) % HEAD_DIM
-    base = qkv_ptr + rows[:, None] * stride_row
-    key = base + (NUM_HEADS + kv_head) * HEAD_DIM
-    x = tl.load(key + dims[None, :], mask=new[:, None], other=0.0)
-    x_rot = tl.load(key + rot[None, :], mask=new[:, None], other=0.0)
-    pos = tl.load(pos_ptr + rows, mask=new, other=0)
-    k_new = _norm_rope(x, x_rot, kn_ptr, pos, cos_ptr, sin_ptr, dims, rot, eps, HEAD_DIM, HAS_NORM)
-    v_new = tl.load(base + (NUM_HEADS + NUM_KV + kv_head) * HEAD_DIM + dims[None, :], mask=new[:, None], other=0.0)
+    row = qkv_ptr + seq.to(tl.int64) * stride_row
+    key = row + (NUM_HEADS + kv_head) * HEAD_DIM
+    x = tl.load(key + dims)
+    x_rot = tl.load(key + rot)
+    if HAS_NORM:
+        f = x.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(f * f, axis=0) / HEAD_DIM + eps)
+        x, x_rot = (_normed(x, rstd, tl.load(kn_ptr + dims).to(tl.float32)),
+                    _normed(x_rot, rstd, tl.load(kn_ptr + rot).to(tl.float32)))
+    pos = tl.load(pos_ptr + seq).to(tl.int64)
+    c = tl.load(cos_ptr + pos * HEAD_DIM + dims)
+    s = tl.load(sin_ptr + pos * HEAD_DIM + dims)
+    k = _rotated(x, x_rot, c, s, dims < HEAD_DIM // 2)
+    v = tl.load(row + (NUM_HEADS + NUM_KV + kv_head) * HEAD_DIM + dims)
     if KV_FP8:
-        k_new = e4m3_value(k_new, 1.0 / tl.load(k_scale_ptr + kv_head)).to(k_cache_ptr.dtype.element_ty)
-        v_new = e4m3_value(v_new, 1.0 / tl.load(v_scale_ptr + kv_head)).to(v_cache_ptr.dtype.element_ty)
-    else:
-        k_new, v_new = k_new.to(k_cache_ptr.dtype.element_ty), v_new.to(v_cache_ptr.dtype.element_ty)
-    mine = (tok_ok & (tokens == newest))[:, None]
-    tl.store(k_cache_ptr + offs[:, None] + dims[None, :], k_new, mask=mine)
-    tl.store(v_cache_ptr + offs[:, None] + dims[None, :], v_new, mask=mine)
-    return tl.where(new[:, None], k_new.to(k.dtype), k), tl.where(new[:, None], v_new.to(v.dtype), v)
+        k = e4m3_value(k, 1.0 / tl.load(k_scale_ptr + kv_head))
+        v = e4m3_value(v, 1.0 / tl.load(v_scale_ptr + kv_head))
+    return k.to(k_cache_ptr.dtype.element_ty), v.to(v_cache_ptr.dtype.element_ty)
