@@ -85,52 +85,25 @@ def _run_staggered(engine, prompts, params) -> dict[str, list[int]]:
     return out
 
 
-def attention_from_qkv(monkeypatch, on: bool) -> list[int]:
-    """With `on`, decode-only steps of distinct rows take the attention straight from the qkv rows
-    (`attention.FROM_QKV`, the GPU's path) on the CPU too: its Triton kernels in the interpreter. Returns a
-    list that records the row count of each layer that took it."""
-    from onebit.kernels import attention
-    from onebit.models import transformer
-    if on and torch.cuda.is_available():  # as CPU_ONLY: the CPU engine's Triton launches need the interpreter
-        pytest.skip("Triton on CPU tensors needs the interpreter")
-    taken = []
-    monkeypatch.setattr(attention, "FROM_QKV", on)  # the graph decoder's distinct-rows sizes
-    # one split a row (as on a one-multiprocessor GPU): the interpreter runs every program of every layer's
-    # launch in turn, 32 splits a row for the 132 of an H200 (tests/test_decode_from_qkv.py covers splits)
-    monkeypatch.setattr(attention.triton_decode, "sm_count", lambda device: 1)
-
-    def decides(qkv, meta):
-        if on and meta.num_decodes == qkv.shape[0] and not meta.prefills and meta.decode_rows_distinct:
-            taken.append(qkv.shape[0])
-            return True
-        return False
-    monkeypatch.setattr(transformer, "decodes_from_qkv", decides)
-    return taken
-
-
-@pytest.mark.parametrize("from_qkv", [False, True])
-def test_prompt_chunks_and_mixed_steps_through_graph_rows_match_eager(tiny_model_dir, from_qkv, monkeypatch):
-    """Prefill chunks run as graph rows (one row per token), also next to running decodes; with from_qkv,
-    their rows read the step's keys from the qkv rows of the rows before them."""
+def test_prompt_chunks_and_mixed_steps_through_graph_rows_match_eager(tiny_model_dir):
+    """Prefill chunks run as graph rows (one row per token), also next to running decodes."""
     from onebit.engine.runner import GRAPH_CHUNK_TOKENS
     prompts = [list(range(30, 47)), list(range(50, 55)), list(range(5, 45))]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     want = _run_staggered(LLM(str(tiny_model_dir), device="cpu", parallel=4, block_size=4).engine, prompts, params)
     llm = LLM(str(tiny_model_dir), device="cpu", parallel=4, block_size=4)
-    taken = attention_from_qkv(monkeypatch, from_qkv)
     seen = emulate_graphs(llm, chunk=GRAPH_CHUNK_TOKENS)
     got = _run_staggered(llm.engine, prompts, params)
     assert got == want
     assert seen[0] == 17 + 5  # the first step: both prompts, one row per token
     assert 2 + 40 in seen  # the mixed step: two decodes and the third prompt
-    assert bool(taken) == from_qkv and set(taken) <= {1, 2, 4}  # decode steps only (3 rows pad to 4)
     assert llm.engine.scheduler.blocks.num_free == llm.engine.scheduler.blocks.num_blocks
 
 
-@pytest.mark.parametrize("speculative,from_qkv", [("mtp", False), ("ngram", False), ("ngram", True)])
-def test_verification_through_graph_rows_is_lossless(speculative, from_qkv, monkeypatch):
+@pytest.mark.parametrize("speculative", ["mtp", "ngram"])
+def test_verification_through_graph_rows_is_lossless(speculative):
     """Verify steps (1 + k rows per sequence) and MTP state collection through the graph path give
-    the same greedy tokens as plain eager decoding (from_qkv: `attention_from_qkv`)."""
+    the same greedy tokens as plain eager decoding."""
     from onebit.models.default_model import default_model_dir
     prompts = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\n\ndef f(path):"]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -138,13 +111,11 @@ def test_verification_through_graph_rows_is_lossless(speculative, from_qkv, monk
     llm = LLM(str(default_model_dir()), device="cpu", parallel=3, speculative={"method": speculative, "draft_max": 3})
     policy = llm.engine.speculator.policy
     policy.choose = lambda batch, drafting=None: policy.k_max  # pin the draft length (the policy times steps)
-    taken = attention_from_qkv(monkeypatch, from_qkv)
     seen = emulate_graphs(llm, chunk=4)
     got = llm.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert llm.engine.spec_proposed > 0
     assert any(rows > 3 for rows in seen)  # some step verified drafts as extra rows
-    assert bool(taken) == from_qkv and max(taken, default=0) <= 4  # plain decode steps of the three (padded to 4)
     bm = llm.engine.scheduler.blocks
     assert bm.num_free == bm.num_blocks
 
@@ -191,10 +162,8 @@ def test_the_cuda_start_up_runs_its_phases_in_order_over_the_runner_it_builds(ti
     calls = []
 
     class Graphs:
-        def __init__(self, model, kv_cache, rope, num_blocks, block_size, rows, max_blocks, splits, ctx,
-                     max_decode_rows):
+        def __init__(self, model, kv_cache, rope, num_blocks, block_size, rows, max_blocks, splits, ctx):
             assert model is runner.model and kv_cache is runner.kv_cache and block_size == 4 and ctx == runner.ctx_size
-            assert max_decode_rows == 8  # --parallel: a decode-only step's most rows
             calls.append(("graphs", rows))
 
         def capture(self):
@@ -226,29 +195,24 @@ def test_the_cuda_start_up_runs_its_phases_in_order_over_the_runner_it_builds(ti
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="graph capture needs a GPU")
-@pytest.mark.parametrize("from_qkv", [False, True])
-def test_captured_replays_match_the_eager_forward(tiny_model_dir, from_qkv, monkeypatch):
+def test_captured_replays_match_the_eager_forward(tiny_model_dir):
     """Every captured size replays what `_forward` computes eagerly over the same static inputs (the smaller
-    graphs in the largest one's memory pool); with `attention.FROM_QKV`, the sizes up to the decode rows
-    (3 here: 1, 2 and 4) also in the distinct-rows form, which replays what its eager form computes."""
-    from onebit.kernels import attention
-    monkeypatch.setattr(attention, "FROM_QKV", from_qkv)
+    graphs in the largest one's memory pool)."""
     llm = LLM(str(tiny_model_dir), device="cuda", parallel=4, block_size=4, enable_prefix_caching=False)
     runner, num_blocks = llm.engine.runner, llm.engine.scheduler.blocks.num_blocks
     runner.kv_cache.normal_()  # context tokens with finite values, read by both paths alike
     graphs = CudaGraphDecoder(runner.model, runner.kv_cache, runner.rope, num_blocks, runner.block_size,
-                              max_batch=8, max_blocks=2, num_splits=1, max_context=8, max_decode_rows=3)
+                              max_batch=4, max_blocks=2, num_splits=1, max_context=8)
     graphs.capture()
-    assert sorted(graphs.graphs) == sorted([(b, False) for b in ladder_for(8)]
-                                           + [(b, True) for b in ladder_for(4) if from_qkv])
-    for rows, distinct in ((1, False), (3, False), (1, True), (3, True)):
+    assert sorted(graphs.graphs) == ladder_for(4)
+    for rows in (1, 3):
         ids, positions = list(range(7, 7 + rows)), [2] * rows
         slots = [(r % num_blocks) * 4 + 2 for r in range(rows)]
         tables = [[r % num_blocks, num_blocks] for r in range(rows)]
-        replayed = [t.clone() for t in graphs.run(ids, positions, slots, tables, [3] * rows, distinct=distinct)]
+        replayed = [t.clone() for t in graphs.run(ids, positions, slots, tables, [3] * rows)]
         with torch.inference_mode():
             b = graphs.fill(ids, positions, slots, tables, [3] * rows)
-            eager = graphs._forward(b, distinct and from_qkv)
+            eager = graphs._forward(b)
         for got, want in zip(replayed, eager):
             assert got.shape == want[:rows].shape and torch.isfinite(got).all()
             assert (got.float() - want[:rows].float()).abs().max() <= 1e-2 * want.float().abs().max()

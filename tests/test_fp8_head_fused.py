@@ -274,7 +274,7 @@ def test_silu_producer_hands_its_down_product_block_scaled_rows(tiny_model_dir, 
     reference of down on silu(gate) * up; where down does not take them, the plain path runs."""
     from onebit import LLM
     from onebit.kernels import fused_ref
-    from onebit.models import quantize, transformer
+    from onebit.models import quantize
 
     monkeypatch.setattr(quantize, "FUSED_PRODUCERS", ("norm", "silu"))
     llm = LLM(str(tiny_model_dir), device="cpu", parallel=1, quantize="fp8", quantize_lm_head=False)
@@ -298,19 +298,16 @@ def test_silu_producer_hands_its_down_product_block_scaled_rows(tiny_model_dir, 
     assert not torch.equal(plain, got)  # the weight-only reference: activations not quantized
 
 
-@pytest.mark.parametrize("from_qkv", [False, True])
-def test_attention_producer_hands_o_block_scaled_rows_on_decode_steps(tiny_model_dir, fp8_flags, monkeypatch,
-                                                                     from_qkv):
+def test_attention_producer_hands_o_block_scaled_rows_on_decode_steps(tiny_model_dir, fp8_flags, monkeypatch):
     """With "attention" among the producers, a decode-only step's attention kernel (Triton's interpreter
     here) writes o's input as block-scaled e4m3 rows, one block per KV head's group of query heads: o's
-    output is bit for bit the block-form reference on the plain kernel's output, the attention reading
-    prepared queries or (from_qkv, `attention.FROM_QKV`) the qkv rows. A step with a prefill, or a row
-    count o does not take them at, runs the plain path."""
+    output is bit for bit the block-form reference on the plain kernel's output. A step with a prefill,
+    or a row count o does not take them at, runs the plain path."""
     if DEVICE == "cuda":  # the model runs on the CPU, so Triton must be the interpreter
         pytest.skip("a wiring test for Triton's interpreter; tests/test_kernels.py checks the kernel on the GPU")
     from onebit.kernels import triton_decode
     from onebit.kernels.attention import AttentionMetadata
-    from onebit.models import quantize, transformer
+    from onebit.models import quantize
 
     monkeypatch.setattr(quantize, "FUSED_PRODUCERS", ("norm", "silu", "attention"))
     monkeypatch.setattr(fp8, "ACTIVATION_BLOCK", 32)  # the tiny model's group: 2 query heads x 16
@@ -326,36 +323,24 @@ def test_attention_producer_hands_o_block_scaled_rows_on_decode_steps(tiny_model
 
     monkeypatch.setattr(fp8, "takes_quantized_rows", takes)
     monkeypatch.setattr(quantize, "decode_quantizes", lambda q, meta: not meta.prefills)  # the CPU's q too
-    monkeypatch.setattr(transformer, "decodes_from_qkv", lambda qkv, meta: from_qkv and not meta.prefills)
     g = torch.Generator().manual_seed(11)
     heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
     k_cache, v_cache = (torch.randn(6, 4, kv_heads, dim, generator=g) for _ in range(2))
-    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=g)
-    rope = llm.engine.runner.rope
+    q = torch.randn(3, heads, dim, generator=g)
     tables = torch.tensor([[0, 1, 0], [2, 3, 4], [5, 0, 0]], dtype=torch.int32)
     lens = torch.tensor([7, 10, 2], dtype=torch.int32)
-    positions = (lens - 1).long()
-    slots = torch.tensor([1 * 4 + 2, 4 * 4 + 1, 5 * 4 + 1])  # each row's newest position through its table
-
-    def meta(rows):
-        return AttentionMetadata(slot_mapping=slots[:rows], num_decodes=rows, decode_block_tables=tables[:rows],
-                                 decode_context_lens=lens[:rows], prefills=[], decode_max_context=12)
-
+    meta = AttentionMetadata(slot_mapping=torch.zeros(3, dtype=torch.long), num_decodes=3, decode_block_tables=tables,
+                             decode_context_lens=lens, prefills=[], decode_max_context=12)
     with torch.no_grad():
-        got = attn(qkv, positions, rope, k_cache.clone(), v_cache.clone(), meta(3))
-        k_plain, v_plain = k_cache.clone(), v_cache.clone()
-        if from_qkv:
-            plain = triton_decode.paged_decode_attention_from_qkv(
-                qkv, positions, *rope, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, heads, k_plain,
-                v_plain, tables, lens, attn.scale, None, None, 12)
-        else:
-            q = attn.queries(qkv, positions, rope, k_plain, v_plain, meta(3))
-            plain = triton_decode.paged_decode_attention(q, k_plain, v_plain, tables, lens, attn.scale, None, 12)
+        got = attn.attend(q, k_cache, v_cache, meta)
+        plain = triton_decode.paged_decode_attention(q, k_cache, v_cache, tables, lens, attn.scale, None, 12)
         o = attn.o_proj
         rows = fp8.Fp8Rows(*fp8.quantize_row_blocks(plain.reshape(3, -1), 32), plain.dtype, 32)
         want = fp8.quantized_input_ref(rows, o.qweight, o.weight_scale, o.bias)
         assert asked == [(3, "blocks")] and torch.equal(got, want)
-        two = attn(qkv[:2], positions[:2], rope, k_cache.clone(), v_cache.clone(), meta(2))
+        two = attn.attend(q[:2], k_cache, v_cache, AttentionMetadata(
+            slot_mapping=torch.zeros(2, dtype=torch.long), num_decodes=2, decode_block_tables=tables[:2],
+            decode_context_lens=lens[:2], prefills=[], decode_max_context=12))
     assert asked[-1] == (2, "blocks")  # not taken at 2 rows: the plain output, o quantizing nothing on the CPU
     assert not torch.equal(two, want[:2]) and ((two - want[:2]).norm() / want[:2].norm()).item() < 0.1
 

@@ -163,8 +163,6 @@ COMPILE = textwrap.dedent("""
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
                   "k_ptr": fp8, "v_ptr": fp8, "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32"}
         heads = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "NUM_SPLITS": 4}
-        qkv_rows = {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
-        from_qkv = {"FROM_QKV": True, "NUM_HEADS": 32, "NUM_KV": 8, "HAS_NORM": True}
         for args in [
             ("triton_fused", "_add_rms_norm_kernel", {}, {"HAS_RESIDUAL": True, "BLOCK": 4096}),
             # the norms with their weight loaded before the wait (`pdl.early_weights`)
@@ -180,11 +178,6 @@ COMPILE = textwrap.dedent("""
             ("triton_decode", "_decode_split_kernel", decode,
              {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True}),
             ("triton_decode", "_decode_merge_kernel", decode, {**heads, "TILE": 64}),
-            # straight from the qkv rows (`attention.FROM_QKV`), bf16 and e4m3 caches: a runtime `if` in the key loop
-            ("triton_decode", "_decode_split_kernel", {**decode, **qkv_rows, "k_ptr": "*bf16", "v_ptr": "*bf16"},
-             {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": False, **from_qkv}),
-            ("triton_decode", "_decode_split_kernel", {**decode, **qkv_rows},
-             {**heads, "BLOCK_SIZE": 16, "TILE": 64, "KV_FP8": True, "DOT_F16": True, **from_qkv}),
             # the output written block-quantized for o's e4m3 product (quantize.Fp8Attention), by the split
             # kernel (one split) and by the merge
             ("triton_decode", "_decode_split_kernel", {**decode, "out_ptr": fp8, "s_ptr": "*fp32"},
@@ -297,7 +290,7 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():
     lines = _compile("pdl")
-    assert len(lines) == 42
+    assert len(lines) == 40
     for line in lines:
         name, _, stores, _, waits, _, e4m3_mma = line.split()[:7]
         assert int(stores) > 0, line

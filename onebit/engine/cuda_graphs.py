@@ -7,10 +7,6 @@ verifying k drafts is k + 1 rows that share its block table with context lengths
 A step of R rows runs the graph captured for the smallest ladder size >= R; the extra rows
 are padding that writes into a scratch cache block and attends to one token of it. Inputs
 live in static buffers that each step overwrites in place.
-
-With `attention.FROM_QKV` on the GPU, the sizes up to the decode rows a step can have are captured
-twice: once for steps whose rows are all distinct sequences (plain decodes: the attention takes the
-qkv rows itself, `AttentionMetadata.decode_rows_distinct`), once for any rows.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from onebit.engine.transfer import upload_into
-from onebit.kernels import attention
 from onebit.kernels.attention import AttentionMetadata
 
 LADDER = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512]
@@ -36,7 +31,7 @@ class CudaGraphDecoder:
     eagerly over the same static buffers."""
 
     def __init__(self, model, kv_cache: torch.Tensor, rope, scratch_block: int, block_size: int,
-                 max_batch: int, max_blocks: int, num_splits: int, max_context: int, max_decode_rows: int | None = None):
+                 max_batch: int, max_blocks: int, num_splits: int, max_context: int):
         device = kv_cache.device
         self.model, self.kv_cache, self.rope = model, kv_cache, rope
         self.block_size = block_size
@@ -48,20 +43,14 @@ class CudaGraphDecoder:
         self.tables = torch.full((max_batch, max_blocks), scratch_block, dtype=torch.int32, device=device)
         self.lens = torch.ones(max_batch, dtype=torch.int32, device=device)
         self.num_splits, self.max_context = num_splits, max_context
-        # by (size, rows distinct): see the module doc
-        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.pool = None
         self.sizes = ladder_for(max_batch)
-        # the sizes a decode-only step (at most max_decode_rows rows) pads to, captured a second time for
-        # distinct rows; none unless the attention then differs
-        most = min(size for size in self.sizes if size >= min(max_decode_rows or max_batch, max_batch))
-        self.distinct_sizes = [b for b in self.sizes if b <= most] if attention.FROM_QKV else []
 
-    def _forward(self, b: int, distinct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         meta = AttentionMetadata(slot_mapping=self.slots[:b], num_decodes=b, decode_block_tables=self.tables[:b],
                                  decode_context_lens=self.lens[:b], prefills=[],
-                                 decode_num_splits=self.num_splits, decode_max_context=self.max_context,
-                                 decode_rows_distinct=distinct)
+                                 decode_num_splits=self.num_splits, decode_max_context=self.max_context)
         normed, prenorm = self.model(self.ids[:b], self.positions[:b], self.kv_cache, meta, self.rope,
                                      return_prenorm=True)
         return self.model.compute_logits(normed), prenorm
@@ -76,17 +65,14 @@ class CudaGraphDecoder:
             # kernel by row count), then settle the allocator at the largest size.
             for b in self.sizes + [self.sizes[-1]]:
                 self._forward(b)
-            for b in self.distinct_sizes:
-                self._forward(b, distinct=True)
         torch.cuda.current_stream().wait_stream(stream)
         for b in reversed(self.sizes):
-            for distinct in (False, True) if b in self.distinct_sizes else (False,):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    outputs = self._forward(b, distinct)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[b, distinct] = (graph, outputs)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self._forward(b)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[b] = (graph, outputs)
         torch.cuda.synchronize()
 
     def can_run(self, rows: int) -> bool:
@@ -110,19 +96,16 @@ class CudaGraphDecoder:
         return b
 
     def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-            lens: list[int], feed: tuple[torch.Tensor, torch.Tensor] | None = None,
-            distinct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            lens: list[int], feed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill the static inputs for this step and replay; returns (logits, pre-norm states), one
         row per input row. Both are views of static buffers that the next replay overwrites.
-        `feed` (row indices, token ids on the device) overwrites those rows' input ids. `distinct`: every
-        row is its sequence's only token of the step (`AttentionMetadata.decode_rows_distinct`)."""
+        `feed` (row indices, token ids on the device) overwrites those rows' input ids."""
         b = self.fill(ids, positions, slots, tables, lens)
         if feed is not None:
             self.ids.index_copy_(0, *feed)
-        distinct = distinct and b in self.distinct_sizes
-        captured = self.graphs.get((b, distinct))
+        captured = self.graphs.get(b)
         if captured is None:
-            logits, prenorm = self._forward(b, distinct)
+            logits, prenorm = self._forward(b)
         else:
             captured[0].replay()
             logits, prenorm = captured[1]

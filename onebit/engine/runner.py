@@ -119,8 +119,7 @@ class ModelRunner:
         started = time.perf_counter()
         if cuda_graphs:
             self.graphs = CudaGraphDecoder(model, self.kv_cache, self.rope, num_blocks, self.block_size, rows,
-                                           -(-self.ctx_size // self.block_size), self.num_splits, self.ctx_size,
-                                           max_decode_rows=self.parallel)
+                                           -(-self.ctx_size // self.block_size), self.num_splits, self.ctx_size)
             with batch_invariant.mode(self.deterministic):
                 self.graphs.capture()
             self.startup_s["graph capture"] = time.perf_counter() - started
@@ -272,7 +271,7 @@ class ModelRunner:
 
     def _run_graph(self, plan: list[tuple[Sequence, int]], want_hidden: bool, feed) -> StepOutput:
         rows, sample_rows, starts = self._logit_rows(plan)
-        logits, prenorm = self.graphs.run(*self._graph_rows(plan), feed=feed, distinct=all(n == 1 for _, n in plan))
+        logits, prenorm = self.graphs.run(*self._graph_rows(plan), feed=feed)
         if len(sample_rows) != logits.shape[0]:
             logits = logits[self._tensor(sample_rows)]
         return StepOutput(logits, rows, prenorm if want_hidden else None, starts)

@@ -35,8 +35,6 @@ class AttentionMetadata:
     decode_num_splits, decode_max_context: the engine's fixed KV split count and context bound
     (the batch-invariant kernel's split length; the decode kernel's split count comes from the
     row count unless `triton_decode.adaptive_splits` is off).
-    decode_rows_distinct: every decode row is its sequence's only token of the step (False for the graph
-    rows of a step where one sequence spans several: a prompt's tail, a verification).
     """
 
     slot_mapping: torch.Tensor
@@ -47,7 +45,6 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None = None
     decode_num_splits: int = 1
     decode_max_context: int | None = None
-    decode_rows_distinct: bool = True
 
 
 def _read(cache: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -98,32 +95,6 @@ def _decode_splits(meta: AttentionMetadata) -> int | None:
     # adaptive: the split count from the row count (graph-safe), each context split evenly; else the
     # engine's fixed split count and length
     return None if triton_decode.adaptive_splits else meta.decode_num_splits
-
-
-# A decode-only step on the GPU whose rows are distinct sequences runs q/k norm, RoPE, the K/V cache write and
-# the attention in the attention's kernels (`decodes_from_qkv`), not a q/k/v write kernel before them: one
-# launch a layer less.
-FROM_QKV = False
-
-
-def decodes_from_qkv(qkv: torch.Tensor, meta: AttentionMetadata) -> bool:
-    """Whether `paged_decode_attention_from_qkv` runs this step: `FROM_QKV`, `decode_quantizes`'s rule (every
-    token a decode, on the GPU's decode kernel), and every row its sequence's only token of the step."""
-    return FROM_QKV and meta.decode_rows_distinct and decode_quantizes(qkv, meta)
-
-
-def paged_decode_attention_from_qkv(qkv: torch.Tensor, positions: torch.Tensor, rope, q_norm, k_norm, eps: float,
-                                    num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                    meta: AttentionMetadata, scale: float, k_scale: torch.Tensor | None = None,
-                                    v_scale: torch.Tensor | None = None, quantize_block: int = 0):
-    """A decode-only step's attention (`decodes_from_qkv`) from its qkv product [T, (heads + 2 kv) * D]: the
-    queries and keys normed (q_norm / k_norm weights, when given) and rotated (rope: the (cos, sin) tables),
-    each row's K/V written into the caches, the attention [T, heads, D] (or with quantize_block, the e4m3
-    rows and scales of `paged_decode_attention_quantized`), all in the attention's own kernels."""
-    return triton_decode.paged_decode_attention_from_qkv(
-        qkv, positions, rope[0], rope[1], q_norm, k_norm, eps, num_heads, k_cache, v_cache,
-        meta.decode_block_tables, meta.decode_context_lens, scale, _decode_splits(meta),
-        meta.decode_max_context, k_scale, v_scale, quantize_block=quantize_block)
 
 
 def decode_quantizes(q: torch.Tensor, meta: AttentionMetadata) -> bool:

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onebit.kernels import kv_fp8, pdl, triton_qkv_rows
+from onebit.kernels import kv_fp8, pdl
 from onebit.kernels.triton_fp8_fast import _e4m3_scale, _to_e4m3
 
 
@@ -73,14 +73,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
     DOT_F16: tl.constexpr = False, PDL: tl.constexpr = False,
     s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False, ROUND: tl.constexpr = None,
-    pos_ptr=None, cos_ptr=None, sin_ptr=None, qn_ptr=None, kn_ptr=None, eps=0.0,
-    FROM_QKV: tl.constexpr = False, NUM_HEADS: tl.constexpr = 0, NUM_KV: tl.constexpr = 0,
-    HAS_NORM: tl.constexpr = False,
 ):
-    # FROM_QKV: q_ptr is the step's qkv product (row stride stride_qb), one token a sequence; the queries and
-    # the row's key and value come from it normed and rotated (`triton_qkv_rows`), the key and value stored
-    # into the caches by the program whose split holds the row's newest position and, in the tile that holds
-    # it, taken from registers instead of the cache (whose entry the store may not have reached yet).
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -94,23 +87,8 @@ def _decode_split_kernel(
     dims = tl.arange(0, HEAD_DIM)
     row_ok = rows < GROUP
     heads = kv_head * GROUP + rows
-    if FROM_QKV:
-        q = triton_qkv_rows.step_queries(q_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, seq, heads, row_ok, dims,
-                                         stride_qb, eps, HEAD_DIM, HAS_NORM)
-        k_new, v_new = triton_qkv_rows.step_key_value(
-            q_ptr, pos_ptr, cos_ptr, sin_ptr, kn_ptr, k_scale_ptr, v_scale_ptr, k_ptr, v_ptr, seq, kv_head, dims,
-            stride_qb, eps, NUM_HEADS, NUM_KV, HEAD_DIM, HAS_NORM, KV_FP8)
-        newest = ctx_len - 1
-        holds_newest = (newest >= start) & (newest < end)
-        block = tl.load(tables_ptr + seq * max_blocks + newest // BLOCK_SIZE).to(tl.int64)
-        dst = block * stride_kb + (newest % BLOCK_SIZE) * stride_kt + kv_head * stride_kh + dims
-        tl.store(k_ptr + dst, k_new, mask=dims < HEAD_DIM * holds_newest)
-        tl.store(v_ptr + dst, v_new, mask=dims < HEAD_DIM * holds_newest)
-        if KV_FP8:
-            k_new, v_new = k_new.to(q.dtype), v_new.to(q.dtype)
-    else:
-        q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                    mask=row_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=row_ok[:, None], other=0.0)
     if KV_FP8:  # e4m3 entries: K's head scale folds into the score scale, V's into the output
         scale = scale * tl.load(k_scale_ptr + kv_head)
     if DOT_F16:  # kv_fp8.float16_products: k and v below follow q's dtype
@@ -128,10 +106,6 @@ def _decode_split_kernel(
         v = tl.load(v_ptr + offs[:, None] + dims[None, :], mask=tok_ok[:, None], other=0.0)
         if KV_FP8:
             k, v = k.to(q.dtype), v.to(q.dtype)
-        if FROM_QKV:
-            if t0 + TILE > newest:  # the tile that holds the row's own key and value
-                mine = (tokens == newest)[:, None]
-                k, v = tl.where(mine, k_new[None, :], k), tl.where(mine, v_new[None, :], v)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
         s = tl.where(tok_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -270,9 +244,6 @@ LAUNCH = {"bf16": DecodeLaunch(64, 2), "fp8": DecodeLaunch(64, 2)}
 # An e4m3 cache with bf16 queries multiplies in float16 (`kv_fp8.float16_products`). False:
 # bfloat16, as before (benches).
 FP8_DOT_F16 = True
-# The attention from qkv on 4 warps (fewer registers a thread: no spills at one split, ptxas for sm_90a) instead
-# of `LAUNCH`'s 2; session 32's A/B.
-FROM_QKV_WIDE = False
 CANDIDATES = {  # bench/gpu_decode_fp8.py's sweep: today's launch, the one before, and the runners-up
     "t64-w2": DecodeLaunch(64, 2), "t64-w4": DecodeLaunch(64, 4), "t128-w2": DecodeLaunch(128, 2),
     "t128-w4": DecodeLaunch(128, 4),
@@ -303,52 +274,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     quantized with one scale per row and block as `fp8.quantize_row_blocks` would quantize it, by the
     kernel that writes it (no output in q's dtype, no quantizer launch).
     """
-    if q.stride(2) != 1:
-        raise ValueError(f"q needs a unit last stride, got strides {q.stride()}")
-    return _attend(q, (q.stride(0), q.stride(1)), q.shape[1], {}, k_cache, v_cache, block_tables, context_lens,
-                   scale, num_splits, max_context, k_scale, v_scale, min_split, launch, out, quantize_block)
-
-
-def paged_decode_attention_from_qkv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                                    sin: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
-                                    eps: float, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                                    num_splits: int | None = 1, max_context: int | None = None,
-                                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                                    min_split: int | None = None, launch: DecodeLaunch | None = None,
-                                    out: torch.Tensor | None = None, quantize_block: int = 0
-                                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`paged_decode_attention` of one decode step's rows straight from their qkv product [B, (heads + 2 kv) * D],
-    each row its sequence's only token of the step: what `fused_ref.qk_norm_rope_store_ref` (q/k norm when
-    q_norm is given, RoPE at `positions` from the [positions, D] cos / sin tables, K and V written into the
-    caches) and then the attention compute, in the attention's own kernels (no launch between the qkv
-    product and them). Row r's key and value go into the caches at its newest position, context_lens[r] - 1,
-    through its block table. The other arguments are `paged_decode_attention`'s.
-    """
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    if qkv.stride(1) != 1 or qkv.shape[1] != (num_heads + 2 * kv_heads) * head_dim:
-        raise ValueError(f"qkv {tuple(qkv.shape)} (strides {qkv.stride()}) is not [rows, ({num_heads} + 2 x "
-                         f"{kv_heads}) x {head_dim}] with a unit last stride")
-    if head_dim & (head_dim - 1) or not (cos.is_contiguous() and sin.is_contiguous()):
-        raise ValueError("the attention from qkv takes a power-of-two head_dim and contiguous cos / sin tables")
-    has_norm = q_norm is not None
-    if FROM_QKV_WIDE and launch is None:
-        launch = DecodeLaunch(64, 4)
-    source = {"pos_ptr": positions, "cos_ptr": cos, "sin_ptr": sin, "qn_ptr": q_norm if has_norm else cos,
-              "kn_ptr": k_norm if has_norm else cos, "eps": eps, "FROM_QKV": True, "NUM_HEADS": num_heads,
-              "NUM_KV": kv_heads, "HAS_NORM": has_norm}
-    return _attend(qkv, (qkv.stride(0), head_dim), num_heads, source, k_cache, v_cache, block_tables,
-                   context_lens, scale, num_splits, max_context, k_scale, v_scale, min_split, launch, out,
-                   quantize_block)
-
-
-def _attend(q, q_strides, num_heads, source, k_cache, v_cache, block_tables, context_lens, scale, num_splits,
-            max_context, k_scale, v_scale, min_split, launch, out, quantize_block):
-    # Both entry points' launches: q the queries [B, heads, D], or with `source` (the split kernel's
-    # FROM_QKV arguments) the qkv rows [B, width]; q_strides its (row, head) strides.
-    batch = q.shape[0]
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
-    shape = (batch, num_heads, head_dim)
+    batch, num_heads, head_dim = q.shape
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
     group = num_heads // kv_heads
     group_pad = max(16, triton.next_power_of_2(group))
     max_blocks = block_tables.shape[1]
@@ -367,13 +294,13 @@ def _attend(q, q_strides, num_heads, source, k_cache, v_cache, block_tables, con
         if quantize_block != group * head_dim or out is not None:
             raise ValueError(f"a quantized output takes blocks of {group} heads x {head_dim} = {group * head_dim} "
                              f"values and no `out`, got a block of {quantize_block}")
-        out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=q.device)
+        out = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
         scales = torch.empty((batch, kv_heads), dtype=torch.float32, device=q.device)
         quantized = {"s_ptr": scales, "stride_sb": scales.stride(0), "QUANTIZE": True, "ROUND": _TL_DTYPES[q.dtype]}
     elif out is None:
-        out = torch.empty(shape, dtype=q.dtype, device=q.device)
-    elif tuple(out.shape) != shape or out.stride(2) != 1:
-        raise ValueError(f"out {tuple(out.shape)} with strides {out.stride()} does not fit the queries {shape}")
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(2) != 1:
+        raise ValueError(f"out {tuple(out.shape)} with strides {out.stride()} does not fit q {tuple(q.shape)}")
     if num_splits > 1:
         part_acc = torch.empty((batch, kv_heads, num_splits, group_pad, head_dim), dtype=torch.float32,
                                device=q.device)
@@ -384,11 +311,11 @@ def _attend(q, q_strides, num_heads, source, k_cache, v_cache, block_tables, con
         q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml,
         k_scale if fp8 else part_ml, v_scale if fp8 else part_ml, out,
         scale, max_blocks, min_split,
-        *q_strides, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
         NUM_SPLITS=num_splits, KV_FP8=fp8, DOT_F16=kv_fp8.float16_products(fp8, q.dtype, FP8_DOT_F16),
-        **tuning, **pdl.options(), **(quantized if num_splits == 1 else {}), **source)
+        **tuning, **pdl.options(), **(quantized if num_splits == 1 else {}))
     if num_splits > 1:
         _decode_merge_kernel[(batch, kv_heads)](
             part_acc, part_ml, context_lens, out, min_split, out.stride(0), out.stride(1),

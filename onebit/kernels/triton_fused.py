@@ -13,7 +13,6 @@ import triton.language as tl
 from onebit.kernels import pdl
 from onebit.kernels.triton_activations import silu_times
 from onebit.kernels.triton_decode import sm_count
-from onebit.kernels.triton_qkv_rows import e4m3_value
 
 
 @triton.jit
@@ -95,6 +94,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _e4m3_value(x, inv_scale):
+    # x / scale saturated to e4m3's range and rounded (to nearest) to its 4 significant bits in fp32
+    # (Veltkamp's split), so the store's conversion is exact: Triton's interpreter drops the carry
+    # when its own fp32 -> e4m3 conversion rounds up (127 became 64), the GPU's does not.
+    y = tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0)
+    c = y * 1048577.0  # 2**20 + 1
+    return c - (c - y)
+
+
+@triton.jit
 def _store_cache_heads(cache_ptr, scale_ptr, slot, kv_head, ok, a, b, lo, NUM_KV: tl.constexpr,
                        HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr):
     # Halves a, b [heads, HEAD_DIM / 2] of the heads where `ok` into the cache at `slot`, heads
@@ -102,7 +111,7 @@ def _store_cache_heads(cache_ptr, scale_ptr, slot, kv_head, ok, a, b, lo, NUM_KV
     dst = cache_ptr + (slot * NUM_KV + kv_head)[:, None] * HEAD_DIM
     if KV_FP8:
         inv = (1.0 / tl.load(scale_ptr + kv_head, mask=ok, other=1.0))[:, None]
-        a, b = e4m3_value(a, inv), e4m3_value(b, inv)
+        a, b = _e4m3_value(a, inv), _e4m3_value(b, inv)
     tl.store(dst + lo, a.to(cache_ptr.dtype.element_ty), mask=ok[:, None])
     tl.store(dst + HEAD_DIM // 2 + lo, b.to(cache_ptr.dtype.element_ty), mask=ok[:, None])
 

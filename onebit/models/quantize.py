@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from onebit.kernels import fp8
-from onebit.kernels.attention import AttentionMetadata, decode_quantizes
+from onebit.kernels.attention import AttentionMetadata, decode_quantizes, paged_decode_attention_quantized
 from onebit.models.layers import Linear, RMSNorm, SwiGLU
 from onebit.models.transformer import Attention
 
@@ -100,12 +100,13 @@ class Fp8Attention(Attention):
     them, a decode-only step's attention kernel writes its output quantized (one scale per row and
     KV head's group of query heads, `fp8.ACTIVATION_BLOCK` values), and o's quantizer launch goes."""
 
-    def forward(self, qkv, positions, rope, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """As `Attention.forward`, o fed `fp8.Fp8Rows` where it takes them."""
-        if decode_quantizes(qkv, meta) and self.o_proj.takes_quantized_rows(qkv.shape[0], qkv.device):
-            rows = self.attention_rows(qkv, positions, rope, k_cache, v_cache, meta, fp8.ACTIVATION_BLOCK)
-            return self.o_proj(fp8.Fp8Rows(*rows, qkv.dtype, fp8.ACTIVATION_BLOCK))
-        return super().forward(qkv, positions, rope, k_cache, v_cache, meta)
+    def attend(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """As `Attention.attend`, o fed `fp8.Fp8Rows` where it takes them."""
+        if decode_quantizes(q, meta) and self.o_proj.takes_quantized_rows(q.shape[0], q.device):
+            rows = paged_decode_attention_quantized(q, k_cache, v_cache, meta, self.scale, fp8.ACTIVATION_BLOCK,
+                                                    self.k_scale, self.v_scale)
+            return self.o_proj(fp8.Fp8Rows(*rows, q.dtype, fp8.ACTIVATION_BLOCK))
+        return super().attend(q, k_cache, v_cache, meta)
 
 
 class Fp8SwiGLU(SwiGLU):

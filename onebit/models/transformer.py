@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from onebit.kernels import gemv, ops
-from onebit.kernels.attention import (AttentionMetadata, decodes_from_qkv, paged_attention,
-                                      paged_decode_attention_from_qkv, paged_decode_attention_quantized)
+from onebit.kernels.attention import AttentionMetadata, paged_attention
 from onebit.models.config import ModelConfig
 from onebit.models.layers import Linear, RMSNorm, SwiGLU
 
@@ -44,29 +43,19 @@ class Attention(nn.Module):
             meta.slot_mapping, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.head_dim,
             self.k_scale, self.v_scale)
 
-    def attention_rows(self, qkv, positions, rope, k_cache, v_cache, meta: AttentionMetadata,
-                       quantize_block: int = 0):
-        """The attention of this step's qkv product [T, q + 2 kv] over the cache (its K/V written into it first)
-        as o_proj's input rows [T, heads * head_dim]; with quantize_block (a decode-only step on the GPU,
-        `decode_quantizes`), those rows as (e4m3 rows, scales) (`paged_decode_attention_quantized`)."""
-        if decodes_from_qkv(qkv, meta):  # norms, RoPE and the cache write inside the attention's kernels
-            has_norm = self.q_norm is not None
-            out = paged_decode_attention_from_qkv(
-                qkv, positions, rope, self.q_norm.weight if has_norm else None,
-                self.k_norm.weight if has_norm else None, self.q_norm.eps if has_norm else 0.0, self.num_heads,
-                k_cache, v_cache, meta, self.scale, self.k_scale, self.v_scale, quantize_block)
-            return out if quantize_block else out.reshape(qkv.shape[0], self.q_size)
-        q = self.queries(qkv, positions, rope, k_cache, v_cache, meta)
-        if quantize_block:
-            return paged_decode_attention_quantized(q, k_cache, v_cache, meta, self.scale, quantize_block,
-                                                    self.k_scale, self.v_scale)
+    def attend(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """o_proj of the queries' attention over the cache: [T, hidden]."""
+        return self.o_proj(self.attention_rows(q, k_cache, v_cache, meta))
+
+    def attention_rows(self, q: torch.Tensor, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """The queries' attention over the cache as o_proj's input rows [T, heads * head_dim]."""
         out = paged_attention(q, k_cache, v_cache, meta, self.scale, self.k_scale, self.v_scale)
         return out.reshape(q.shape[0], self.q_size)
 
     def forward(self, qkv, positions, rope, k_cache, v_cache, meta: AttentionMetadata):
         """Attend this step's qkv product [T, q + 2 kv] (`qkv_proj` of the normed input: the decoder layer runs
         it, with the norm before it, `DecoderLayer.normed_qkv`) over the cache, after writing its K/V into it."""
-        return self.o_proj(self.attention_rows(qkv, positions, rope, k_cache, v_cache, meta))
+        return self.attend(self.queries(qkv, positions, rope, k_cache, v_cache, meta), k_cache, v_cache, meta)
 
 
 # Fold each decoder layer's two RMSNorm weights into the products after them (qkv, gate_up) at load, so that a
@@ -117,7 +106,7 @@ class DecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         c_qkv, c_o, c_gate_up, c_down = configs
         qkv = gemv.gemv_folded(h, attn.qkv_proj.weight, attn.qkv_proj.bias, c_qkv, norm_eps=self.input_layernorm.eps)
-        rows = attn.attention_rows(qkv, positions, rope, k_cache, v_cache, meta)
+        rows = attn.attention_rows(attn.queries(qkv, positions, rope, k_cache, v_cache, meta), k_cache, v_cache, meta)
         h = gemv.gemv_folded(rows, attn.o_proj.weight, attn.o_proj.bias, c_o, residual=h)
         act = gemv.gemv_folded(h, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, c_gate_up,
                                norm_eps=self.post_attention_layernorm.eps, silu_mul=True)
