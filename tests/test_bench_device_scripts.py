@@ -96,6 +96,18 @@ def test_sass_loop_count_finds_the_k_loop_of_a_repacked_kernel():
     assert 16 <= registers <= 255 and "bytes of shared memory" in resources
 
 
+def test_decode_registers_reports_both_decode_kernels():
+    """tools/decode_registers.py compiles the split kernel and its merge for sm_90 and reads their registers and
+    stack bytes from the cubin (counts that depend on the Triton version: only their form is checked)."""
+    out = _run(["tools/decode_registers.py", "--warps", "2", "--splits", "8", "--caches", "e4m3"])
+    version, *lines = out.strip().splitlines()
+    assert version.startswith("triton ") and version.endswith("sm_90")
+    assert [line.split()[0] for line in lines] == ["_decode_split_kernel", "_decode_merge_kernel"]
+    for line in lines:
+        registers, stack = int(line.split(": ")[1].split()[0]), int(line.split(", ")[1].split()[0])
+        assert 16 <= registers <= 255 and stack >= 0, line
+
+
 def test_the_quant_checks_name_configs_the_sweep_and_the_stalls_script_know(monkeypatch):
     """bench/gpu_quant_checks.sh's config names (part A's sweep, parts B and D's ncu launches) are
     `triton_gguf_repacked.CONFIGS` entries the sweep accepts; an unknown name stops the sweep."""

@@ -97,11 +97,22 @@ def _disassemble(kernel) -> tuple[str, str]:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([str(nvdisasm.with_name("cuobjdump")), "--dump-resource-usage", str(cubin)],
-                               capture_output=True, text=True).stdout
-    registers = re.search(r"REG:(\d+)", usage)
-    return sass, (f"{registers.group(1) if registers else '?'} registers a thread, "
-                  f"{kernel.metadata.shared} bytes of shared memory a program")
+    registers = cubin_resources(kernel.asm["cubin"]).get("REG", "?")
+    return sass, f"{registers} registers a thread, {kernel.metadata.shared} bytes of shared memory a program"
+
+
+def cubin_resources(cubin: bytes) -> dict[str, int]:
+    """A compiled kernel's resource counts as the bundled `cuobjdump --dump-resource-usage` prints them: REG
+    (registers a thread), STACK (bytes a thread: spills and local arrays), SHARED (static shared bytes)..."""
+    import triton
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", str(path)], capture_output=True,
+                               text=True).stdout
+    return {name: int(value) for name, value in re.findall(r"\b([A-Z]+):(\d+)", usage)}
 
 
 def loop_body(sass: str) -> list[str]:
