@@ -102,7 +102,7 @@ def test_decode_registers_reports_both_decode_kernels():
     out = _run(["tools/decode_registers.py", "--warps", "2", "--splits", "8", "--caches", "e4m3"])
     version, *lines = out.strip().splitlines()
     assert version.startswith("triton ") and version.endswith("sm_90")
-    assert [line.split()[0] for line in lines] == ["_decode_split_kernel", "_decode_merge_kernel"]
+    assert [line.split()[:2] for line in lines] == [["_decode_split_kernel", "tile=64"], ["_decode_merge_kernel", "tile=64"]]
     for line in lines:
         registers, stack = int(line.split(": ")[1].split()[0]), int(line.split(", ")[1].split()[0])
         assert 16 <= registers <= 255 and stack >= 0, line

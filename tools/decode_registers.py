@@ -1,14 +1,14 @@
 """Registers and spills of the decode attention kernels as the H200 compiles them, with no GPU.
 
-    python3 tools/decode_registers.py [--warps 2,4] [--splits 1,8] [--caches bf16,e4m3]
+    python3 tools/decode_registers.py [--warps 2,4] [--splits 1,8] [--caches bf16,e4m3] [--tiles 32,64]
 
 Compiles `triton_decode`'s split kernel (8B shape: 4 query heads a KV head, head_dim 128, 64-key tiles,
 16-token blocks, PDL on) and its merge kernel for sm_90 with Triton's ahead-of-time compiler, and prints
 each variant's registers a thread and STACK bytes a thread (spilled registers) from the bundled
 `cuobjdump`. Run it on the device's Triton (`bash tools/device_triton.sh`, then
 PYTHONPATH=.device_triton): versions allocate differently. Session 32, triton 3.6.0: the shipped split
-kernel on its 2 warps holds 255 registers and spills 208-312 bytes a thread with a bf16 cache (3.9.0: 247-249
-registers, none).
+kernel (64-key tiles) on its 2 warps holds 255 registers and spills 208-312 bytes a thread with a bf16 cache
+(3.9.0: 247-249 registers, none); with 32-key tiles, none.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ os.environ.pop("TRITON_INTERPRET", None)  # the interpreter's `triton.jit` gives
 
 from tools.sass_loop_count import cubin_resources  # noqa: E402
 
-SHAPE = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "TILE": 64, "PDL": True}
+SHAPE = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "PDL": True}
 MERGE_WARPS = 4  # the merge launches on Triton's default warps
 TYPES = {"part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "tables_ptr": "*i32", "lens_ptr": "*i32",
          "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "s_ptr": "*fp32"}
 
 
-def compile_resources(kernel_name: str, warps: int, splits: int, cache: str) -> dict[str, int]:
-    """`cubin_resources` of triton_decode's `kernel_name` compiled for sm_90 with `warps`, NUM_SPLITS `splits`
-    and a `cache` ("bf16" or "e4m3") KV cache (e4m3 with float16 products, as shipped)."""
+def compile_resources(kernel_name: str, warps: int, splits: int, cache: str, tile: int = 64) -> dict[str, int]:
+    """`cubin_resources` of triton_decode's `kernel_name` compiled for sm_90 with `warps`, NUM_SPLITS `splits`,
+    `tile` keys a loop turn and a `cache` ("bf16" or "e4m3") KV cache (e4m3 with float16 products, as shipped)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -41,7 +41,7 @@ def compile_resources(kernel_name: str, warps: int, splits: int, cache: str) -> 
     fn = getattr(triton_decode, kernel_name)
     e4m3 = cache == "e4m3"
     constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default},
-                  **SHAPE, "NUM_SPLITS": splits, "KV_FP8": e4m3, "DOT_F16": e4m3}
+                  **SHAPE, "TILE": tile, "NUM_SPLITS": splits, "KV_FP8": e4m3, "DOT_F16": e4m3}
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     types = {**TYPES, **({"k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv"} if e4m3 else {})}
     signature = {name: "constexpr" if name in constexprs else
@@ -52,9 +52,9 @@ def compile_resources(kernel_name: str, warps: int, splits: int, cache: str) -> 
     return cubin_resources(kernel.asm["cubin"])
 
 
-def _report(name: str, warps: int, splits: int, cache: str) -> None:
-    used = compile_resources(name, warps, splits, cache)
-    print(f"{name} warps={warps} splits={splits} cache={cache}: {used.get('REG')} registers, "
+def _report(name: str, warps: int, splits: int, cache: str, tile: int) -> None:
+    used = compile_resources(name, warps, splits, cache, tile)
+    print(f"{name} tile={tile} warps={warps} splits={splits} cache={cache}: {used.get('REG')} registers, "
           f"{used.get('STACK')} bytes of stack a thread")
 
 
@@ -67,15 +67,18 @@ def main() -> int:
     ap.add_argument("--warps", default="2,4", help="warps a program (the shipped launch: 2)")
     ap.add_argument("--splits", default="1,8", help="NUM_SPLITS values (1: the split kernel writes the output)")
     ap.add_argument("--caches", default="bf16,e4m3")
+    ap.add_argument("--tiles", default="64", help="keys a loop turn (`triton_decode.LAUNCH`: 64)")
     args = ap.parse_args()
     print(f"triton {triton.__version__}, sm_90")
-    for warps in (int(w) for w in args.warps.split(",")):
-        for splits in (int(s) for s in args.splits.split(",")):
-            for cache in args.caches.split(","):
-                _report("_decode_split_kernel", warps, splits, cache)
+    tiles = [int(t) for t in args.tiles.split(",")]
+    for tile in tiles:
+        for warps in (int(w) for w in args.warps.split(",")):
+            for splits in (int(s) for s in args.splits.split(",")):
+                for cache in args.caches.split(","):
+                    _report("_decode_split_kernel", warps, splits, cache, tile)
     for splits in (int(s) for s in args.splits.split(",") if int(s) > 1):
         for cache in args.caches.split(","):
-            _report("_decode_merge_kernel", MERGE_WARPS, splits, cache)
+            _report("_decode_merge_kernel", MERGE_WARPS, splits, cache, tiles[0])
     return 0
 
 
