@@ -2,13 +2,13 @@
 
     python3 tools/decode_registers.py [--warps 2,4] [--splits 1,8] [--caches bf16,e4m3] [--tiles 32,64]
 
-Compiles `triton_decode`'s split kernel (8B shape: 4 query heads a KV head, head_dim 128, 64-key tiles,
-16-token blocks, PDL on) and its merge kernel for sm_90 with Triton's ahead-of-time compiler, and prints
+Compiles `triton_decode`'s split kernel (8B shape: 4 query heads a KV head, head_dim 128, 16-token blocks,
+PDL on; keys a loop turn from --tiles) and its merge kernel for sm_90 with Triton's ahead-of-time compiler,
+specialized as a launch specializes them (pointers and strides divisible by 16), and prints
 each variant's registers a thread and STACK bytes a thread (spilled registers) from the bundled
 `cuobjdump`. Run it on the device's Triton (`bash tools/device_triton.sh`, then
 PYTHONPATH=.device_triton): versions allocate differently. Session 32, triton 3.6.0: the shipped split
-kernel (64-key tiles) on its 2 warps holds 255 registers and spills 208-312 bytes a thread with a bf16 cache
-(3.9.0: 247-249 registers, none); with 32-key tiles, none.
+kernel (64-key tiles, 2 warps) holds 168-236 registers a thread, no spills (3.9.0: 198-255).
 """
 
 from __future__ import annotations
@@ -47,7 +47,11 @@ def compile_resources(kernel_name: str, warps: int, splits: int, cache: str, til
     signature = {name: "constexpr" if name in constexprs else
                  types.get(name, "*bf16" if name.endswith("_ptr") else "fp32" if name == "scale" else "i32")
                  for name in fn.arg_names}
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+    # as a launch specializes them: pointers and strides divisible by 16 (vector loads; without it each
+    # thread loads one element at a time and the counts differ)
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in fn.arg_names
+             if name not in constexprs and (name.endswith("_ptr") or name.startswith("stride_"))}
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
     return cubin_resources(kernel.asm["cubin"])
 

@@ -244,11 +244,9 @@ LAUNCH = {"bf16": DecodeLaunch(64, 2), "fp8": DecodeLaunch(64, 2)}
 # An e4m3 cache with bf16 queries multiplies in float16 (`kv_fp8.float16_products`). False:
 # bfloat16, as before (benches).
 FP8_DOT_F16 = True
-# t32-w2: the shortest tile on today's warps, the one that does not spill under the device's triton 3.6.0 with a
-# bf16 cache (t64-w2 spills 208-312 bytes a thread there; `tools/decode_registers.py`, session 32); not yet timed.
 CANDIDATES = {  # bench/gpu_decode_fp8.py's sweep: today's launch, the one before, and the runners-up
     "t64-w2": DecodeLaunch(64, 2), "t64-w4": DecodeLaunch(64, 4), "t128-w2": DecodeLaunch(128, 2),
-    "t128-w4": DecodeLaunch(128, 4), "t32-w2": DecodeLaunch(32, 2),
+    "t128-w4": DecodeLaunch(128, 4),
 }
 
 
