@@ -74,10 +74,15 @@ def run_choice(choice: tuple[str, tuple], x: torch.Tensor, weight: torch.Tensor,
     return triton_gemv.KERNELS[choice[0]](x, weight, bias, choice[1])
 
 
+def _choice_key(device: torch.device, rows: int, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    # `_CHOSEN`'s key of a product of `rows` input rows by this weight (and bias) on `device`
+    return device.type, rows, weight.shape[0], weight.shape[1], weight.dtype, bias is not None
+
+
 def choice_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[str, tuple] | None:
     """The choice calibrated for this product (`CUBLASLT` or a Triton (kernel, config)), or None for
     `F.linear`."""
-    return _CHOSEN.get((x.device.type, x.shape[0], weight.shape[0], weight.shape[1], weight.dtype, bias is not None))
+    return _CHOSEN.get(_choice_key(x.device, x.shape[0], weight, bias))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,7 +110,7 @@ def one_row_gemv_config(weight: torch.Tensor, bias: torch.Tensor | None) -> tupl
     (`gemv_folded`)."""
     if batch_invariant.enabled() or weight.stride(1) != 1:
         return None
-    chosen = _CHOSEN.get((weight.device.type, 1, weight.shape[0], weight.shape[1], weight.dtype, bias is not None))
+    chosen = _CHOSEN.get(_choice_key(weight.device, 1, weight, bias))
     return chosen[1] if chosen is not None and chosen[0] == "gemv" else None
 
 
@@ -186,7 +191,7 @@ def calibrate(layers: dict[str, tuple[torch.Tensor, torch.Tensor | None]], rows:
                 candidate_us = {choice: clock.us(lambda w, choice=choice: run_choice(choice, x, w, bias))
                                 for choice in _correct_candidates(x, weight, bias, name)}
                 best = min(candidate_us, key=candidate_us.get, default=None)
-                key = (weight.device.type, m, *shape)
+                key = _choice_key(weight.device, m, weight, bias)
                 if best is not None and candidate_us[best] < cublas_us:
                     _CHOSEN[key] = best
                     won_rows["cuBLASLt" if best == CUBLASLT else "Triton"].append(m)
