@@ -23,7 +23,7 @@ def _count_feeds(llm: LLM) -> list[int]:
 
     def spy(plan, fed_tokens):
         result = feed(plan, fed_tokens)
-        fed.append(0 if result is None else result[0].numel())
+        fed.append(0 if result is None else result.values.numel())
         return result
     runner._feed = spy
     return fed

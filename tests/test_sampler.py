@@ -165,3 +165,47 @@ def test_bias_and_bans_write_no_python_number_through_tensor_indices(monkeypatch
     apply_bias_and_bans(logits, seqs, eos_ids={9})
     assert logits[0, 2] == 5.0 and logits[0, 9] == logits[1, 9] == logits[1, 4] == float("-inf")
     assert writes == []
+
+
+def _mixed_rows() -> list[Sequence]:
+    """Greedy, seeded sampling (top-k), logprobs, a logit bias and a penalty: every path of `sample`."""
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=50, seed=3),
+              SamplingParams(temperature=0.0, logprobs=4), SamplingParams(temperature=0.0, logit_bias={5: 30.0}),
+              SamplingParams(temperature=1.0, seed=9, repetition_penalty=1.3)]
+    seqs = []
+    for i, p in enumerate(params):
+        seq = Sequence(f"m{i}", [1, 2, 3], p, 100, i)
+        seq.generator = Sampler({EOS}, torch.device("cpu")).make_generator(p.seed) if p.seed is not None else None
+        seqs.append(seq)
+    return seqs
+
+
+def test_bfloat16_logits_sample_what_their_float32_values_sample():
+    """The sampler keeps a step's logits in the model's dtype unless a row edits them: every row's token
+    and logprobs from bfloat16 logits equal those from the same values in float32, ties included."""
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(5, 300, generator=gen) * 4).to(torch.bfloat16)
+    logits[0, 17] = logits[0, 230] = logits[0].max() + 1  # a tie: the lower index wins in both
+    before = logits.clone()
+    got_tokens, got_lps = Sampler({EOS}, torch.device("cpu"), seed=0)(logits, _mixed_rows())
+    want_tokens, want_lps = Sampler({EOS}, torch.device("cpu"), seed=0)(logits.float(), _mixed_rows())
+    assert got_tokens == want_tokens and got_tokens[0] == 17 and got_tokens[3] == 5
+    assert got_lps[2] is not None and got_lps[2] == want_lps[2]
+    assert torch.equal(logits, before)  # the bias and penalty rows edited a copy
+
+
+def test_greedy_rows_of_bfloat16_logits_are_not_copied_to_float32(monkeypatch):
+    """A step of plain greedy rows takes the argmax of the logits as they are (no float32 copy)."""
+    logits = torch.randn(3, 64).to(torch.bfloat16)
+    want = logits.float().argmax(-1).tolist()
+    casts = []
+    for name in ("to", "float"):
+        original = getattr(torch.Tensor, name)
+
+        def recording(self, *args, _original=original, _name=name, **kwargs):
+            casts.append(_name)
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, recording)
+    seqs = [Sequence(f"g{i}", [0], SamplingParams(temperature=0.0), 100, i) for i in range(3)]
+    tokens, _ = Sampler({EOS}, torch.device("cpu"), seed=0)(logits, seqs)
+    assert tokens == want and casts == []

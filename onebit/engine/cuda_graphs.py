@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from onebit.engine.feed import Feed
 from onebit.engine.transfer import upload_into
 from onebit.kernels.attention import AttentionMetadata
 
@@ -37,9 +38,11 @@ class CudaGraphDecoder:
         self.block_size = block_size
         self.scratch_slot = scratch_block * block_size
         self.scratch_block = scratch_block
-        self.ids = torch.zeros(max_batch, dtype=torch.long, device=device)
-        self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
-        self.slots = torch.full((max_batch,), self.scratch_slot, dtype=torch.long, device=device)
+        # Input ids, positions and cache slots are the rows of one buffer, written whole by one upload a
+        # step (a few KB: the copy's latency, not its bytes, is what a step pays for each upload).
+        self.row_inputs = torch.zeros((3, max_batch), dtype=torch.long, device=device)
+        self.ids, self.positions, self.slots = self.row_inputs.unbind(0)
+        self.slots.fill_(self.scratch_slot)
         self.tables = torch.full((max_batch, max_blocks), scratch_block, dtype=torch.int32, device=device)
         self.lens = torch.ones(max_batch, dtype=torch.int32, device=device)
         self.num_splits, self.max_context = num_splits, max_context
@@ -87,22 +90,21 @@ class CudaGraphDecoder:
         width = max(len(t) for t in tables)
         rows = [t + [self.scratch_block] * (width - len(t)) for t in tables]
         rows += [[self.scratch_block] * width] * (b - n)
-        pad = b - n
-        upload_into(self.ids[:b], ids + [0] * pad)
-        upload_into(self.positions[:b], positions + [0] * pad)
-        upload_into(self.slots[:b], slots + [self.scratch_slot] * pad)
+        pad, rest = b - n, self.row_inputs.shape[1] - n
+        upload_into(self.row_inputs.view(-1), ids + [0] * rest + positions + [0] * rest
+                    + slots + [self.scratch_slot] * rest)
         upload_into(self.lens[:b], lens + [1] * pad)
         upload_into(self.tables[:b, :width], rows)
         return b
 
     def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
-            lens: list[int], feed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            lens: list[int], feed: Feed | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill the static inputs for this step and replay; returns (logits, pre-norm states), one
         row per input row. Both are views of static buffers that the next replay overwrites.
-        `feed` (row indices, token ids on the device) overwrites those rows' input ids."""
+        `feed` overwrites some rows' input ids with the previous step's sampled ids on the device."""
         b = self.fill(ids, positions, slots, tables, lens)
         if feed is not None:
-            self.ids.index_copy_(0, *feed)
+            feed.write_into(self.ids)
         captured = self.graphs.get(b)
         if captured is None:
             logits, prenorm = self._forward(b)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from onebit.engine.cuda_graphs import LADDER, CudaGraphDecoder, ladder_for
+from onebit.engine.feed import Feed, make_feed
 from onebit.engine.sampling_params import SamplingParams
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import upload
@@ -254,9 +255,9 @@ class ModelRunner:
             start += n
         return rows, sample_rows, starts
 
-    def _feed(self, plan: list[tuple[Sequence, int]], fed_tokens: torch.Tensor | None):
-        """(packed indices, their token ids on the device) for the sequences whose last token is
-        a placeholder for one the previous step sampled; None when there are none."""
+    def _feed(self, plan: list[tuple[Sequence, int]], fed_tokens: torch.Tensor | None) -> Feed | None:
+        """The ids of the sequences whose last token is a placeholder for one the previous step
+        sampled (`fed_tokens`, on the device), for their packed rows; None when there are none."""
         if fed_tokens is None:
             return None
         dst, src, start = [], [], 0
@@ -265,9 +266,7 @@ class ModelRunner:
                 dst.append(start + n - 1)
                 src.append(seq.fed_row)
             start += n
-        if not dst:
-            return None
-        return self._tensor(dst), fed_tokens.index_select(0, self._tensor(src))
+        return make_feed(dst, src, fed_tokens)
 
     def _run_graph(self, plan: list[tuple[Sequence, int]], want_hidden: bool, feed) -> StepOutput:
         rows, sample_rows, starts = self._logit_rows(plan)
@@ -337,7 +336,7 @@ class ModelRunner:
         rows, sample_rows, starts = self._logit_rows(plan)
         ids, positions, meta = self.prepare(plan)
         if feed is not None:
-            ids.index_copy_(0, *feed)
+            feed.write_into(ids)
         normed, prenorm = self.model(ids, positions, self.kv_cache, meta, self.rope, return_prenorm=True)
         logits = (self.model.compute_logits(normed[self._tensor(sample_rows)]) if sample_rows
                   else normed.new_empty((0, self.cfg.vocab_size)))

@@ -134,14 +134,19 @@ class Sampler:
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> "SampledBatch":
         """Queue the sampling of one token per row of logits [N, vocab] (and the logprobs asked for)
         and the copy of the results to the host, without waiting for the GPU."""
-        logits = logits.float()
+        # The logits stay in the model's dtype unless a row edits them: the argmax of bfloat16 values is
+        # the argmax of their float32 conversion (exact, order-preserving; ties to the lowest index in
+        # both), and a float32 copy of [rows, vocab] cost a kernel and its bytes every step.
         raw = logits
-        if any(s.params.logit_bias or s.params.has_penalties or s.num_output_tokens < s.params.min_tokens
-               for s in seqs):
-            logits = logits.clone()
+        edited = any(s.params.logit_bias or s.params.has_penalties or s.num_output_tokens < s.params.min_tokens
+                     for s in seqs)
+        constrained = any(s.grammar is not None for s in seqs)
+        if edited or constrained:
+            logits = logits.to(torch.float32, copy=True)
+        if edited:
             apply_bias_and_bans(logits, seqs, self.eos_token_ids)
             apply_penalties(logits, seqs)
-        if any(s.grammar is not None for s in seqs):
+        if constrained:
             if self.masker is None:
                 from onebit.engine.grammar import GrammarMasker  # the grammar library loads only when used
                 self.masker = GrammarMasker(logits.shape[-1], logits.device)
@@ -151,14 +156,14 @@ class Sampler:
         if sampled:
             rows = upload(sampled, torch.long, logits.device)
             sub = [seqs[i] for i in sampled]
-            probs = shape_distribution(logits[rows], sub)
+            probs = shape_distribution(logits[rows].float(), sub)
             noise = _race_noise(probs, sub, self.generator)
             tokens[rows] = (probs / noise).argmax(dim=-1)
         wanted = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if not wanted:
             return SampledBatch(tokens, Download([tokens]), [])
         rows = upload(wanted, torch.long, logits.device)
-        lp = raw[rows].log_softmax(dim=-1)
+        lp = raw[rows].float().log_softmax(dim=-1)
         top_vals, top_ids = lp.topk(max(max(seqs[i].params.logprobs for i in wanted), 1), dim=-1)
         chosen = lp.gather(1, tokens[rows][:, None]).squeeze(1)
         return SampledBatch(tokens, Download([tokens, chosen, top_vals, top_ids]),
