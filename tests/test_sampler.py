@@ -209,3 +209,23 @@ def test_greedy_rows_of_bfloat16_logits_are_not_copied_to_float32(monkeypatch):
     seqs = [Sequence(f"g{i}", [0], SamplingParams(temperature=0.0), 100, i) for i in range(3)]
     tokens, _ = Sampler({EOS}, torch.device("cpu"), seed=0)(logits, seqs)
     assert tokens == want and casts == []
+
+
+def test_min_tokens_bans_apply_to_a_copy_in_the_model_dtype(monkeypatch):
+    """Bans alone (-inf, exact in bfloat16) edit a bfloat16 copy: the banned end token loses to the next
+    best, as with float32 logits, and the step's logits are untouched."""
+    logits = torch.randn(2, 64).to(torch.bfloat16)
+    logits[:, EOS] = 50.0
+    before = logits.clone()
+    seqs = [Sequence(f"b{i}", [0], SamplingParams(temperature=0.0, min_tokens=4), 100, i) for i in range(2)]
+    want = Sampler({EOS}, torch.device("cpu"), seed=0)(logits.float(), seqs)[0]
+    casts = []
+    original = torch.Tensor.to
+
+    def recording(self, *args, **kwargs):
+        casts.append(args)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, "to", recording)
+    got = Sampler({EOS}, torch.device("cpu"), seed=0)(logits, seqs)[0]
+    assert got == want and EOS not in got and casts == []
+    assert torch.equal(logits, before)

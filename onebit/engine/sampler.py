@@ -134,15 +134,19 @@ class Sampler:
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> "SampledBatch":
         """Queue the sampling of one token per row of logits [N, vocab] (and the logprobs asked for)
         and the copy of the results to the host, without waiting for the GPU."""
-        # The logits stay in the model's dtype unless a row edits them: the argmax of bfloat16 values is
-        # the argmax of their float32 conversion (exact, order-preserving; ties to the lowest index in
-        # both), and a float32 copy of [rows, vocab] cost a kernel and its bytes every step.
+        # The logits stay in the model's dtype unless a bias, a penalty or a grammar changes them: the
+        # argmax of bfloat16 values is the argmax of their float32 conversion (exact, order-preserving;
+        # ties to the lowest index in both), and a float32 copy of [rows, vocab] cost a kernel and its
+        # bytes every step. min_tokens' bans (-inf) are exact in any dtype: a copy in the model's.
         raw = logits
-        edited = any(s.params.logit_bias or s.params.has_penalties or s.num_output_tokens < s.params.min_tokens
-                     for s in seqs)
+        added = any(s.params.logit_bias or s.params.has_penalties for s in seqs)
+        banned = any(s.num_output_tokens < s.params.min_tokens for s in seqs)
         constrained = any(s.grammar is not None for s in seqs)
-        if edited or constrained:
+        edited = added or banned
+        if added or constrained:
             logits = logits.to(torch.float32, copy=True)
+        elif banned:
+            logits = logits.clone()
         if edited:
             apply_bias_and_bans(logits, seqs, self.eos_token_ids)
             apply_penalties(logits, seqs)
