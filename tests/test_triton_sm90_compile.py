@@ -158,6 +158,13 @@ COMPILE = textwrap.dedent("""
                               "d_ptr": "*fp32" if qtype == "Q6_K" else "*i32", "y_ptr": "*fp32"},
                              {**h2.kernel_constants(qtype), "SLICE_GROUPS": 4, "BLOCK_N": 64, "THREADS": 2,
                               "REDUCE": 1, "NUM_STAGES": stages, "ASM": True, "PDL": True, "EARLY": early})
+    elif which == "argmax":  # the sampler's two-pass argmax (no PDL: it runs outside the graphs), bf16 and fp32 logits
+        partials = {"value_ptr": "*fp32", "index_ptr": "*i32"}
+        for logits in ("*bf16", "*fp32"):
+            compile_sm90(f"argmax-chunks-{logits[1:]}", "triton_argmax", "_argmax_chunks_kernel",
+                         {**partials, "x_ptr": logits}, {"BLOCK": 1024, "MAX_SPLITS": 128})
+        compile_sm90("argmax-merge", "triton_argmax", "_argmax_merge_kernel", {**partials, "out_ptr": "*i64"},
+                     {"MAX_SPLITS": 128})
     else:  # every PDL kernel, PDL on
         on = {"PDL": True}
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
@@ -286,6 +293,13 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
     for line in lines:
         assert int(line.split()[2]) > 0, line  # it writes q and the cache
         assert line.split()[4] == "0", line  # PDL off: no grid-dependency instructions
+
+
+def test_argmax_kernels_compile_for_sm90():
+    lines = _compile("argmax")
+    assert [line.split()[0] for line in lines] == ["argmax-chunks-bf16", "argmax-chunks-fp32", "argmax-merge"]
+    for line in lines:
+        assert int(line.split()[2]) > 0 and line.split()[4] == "0", line  # it stores; no PDL
 
 
 def test_every_pdl_kernel_compiles_for_sm90_with_its_wait():

@@ -181,6 +181,8 @@ class ModelRunner:
         for lens in steps:
             with batch_invariant.mode(self.deterministic):
                 self._eager_scratch_step([n for n in lens if n < self.ctx_size], scratch_block)
+        for dtype in {self.dtype, torch.float32}:  # the sampler's argmax, of the logits as they come or edited
+            ops.argmax_rows(torch.zeros((1, cfg.vocab_size), dtype=dtype, device=self.device))
         if not self.deterministic:
             self._warm_up_flash_launches(scratch_block)
 

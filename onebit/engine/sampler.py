@@ -17,6 +17,7 @@ import torch
 from onebit.engine.outputs import TokenLogprob
 from onebit.engine.sequence import Sequence
 from onebit.engine.transfer import Download, upload
+from onebit.kernels import ops
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -155,7 +156,7 @@ class Sampler:
                 from onebit.engine.grammar import GrammarMasker  # the grammar library loads only when used
                 self.masker = GrammarMasker(logits.shape[-1], logits.device)
             logits = self.masker.apply(logits, [s.grammar for s in seqs])
-        tokens = logits.argmax(dim=-1)
+        tokens = ops.argmax_rows(logits)
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if sampled:
             rows = upload(sampled, torch.long, logits.device)

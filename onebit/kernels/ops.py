@@ -7,9 +7,9 @@ import torch
 from onebit.kernels import fused_ref
 
 try:
-    from onebit.kernels import triton_fused
+    from onebit.kernels import triton_argmax, triton_fused
 except ImportError:  # pragma: no cover - depends on the install
-    triton_fused = None
+    triton_argmax = triton_fused = None
 
 
 def _triton(t: torch.Tensor) -> bool:
@@ -23,6 +23,14 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     if residual is None:
         return fused_ref.rms_norm_ref(x, weight, eps), None
     return fused_ref.add_rms_norm_ref(x, residual, weight, eps)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """The index of each row's largest value, the first on ties: torch.argmax(logits, dim=-1) for logits
+    [rows, vocab] (the two-pass `triton_argmax` kernel on CUDA)."""
+    if _triton(logits) and logits.dim() == 2 and logits.stride(-1) == 1:
+        return triton_argmax.argmax_rows(logits)
+    return logits.argmax(dim=-1)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
