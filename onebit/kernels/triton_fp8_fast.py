@@ -383,16 +383,6 @@ def _to_e4m3(v, scale):
     return _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX))
 
 
-# The one-program-a-row quantizers of a row of 4096 values or more (o's input here, the norm's in
-# triton_fp8_fused) ran on 8 warps, 16 values a thread; with FOUR_WARP_ROWS on 4 (session 33's A/B).
-FOUR_WARP_ROWS = False
-
-
-def row_quantizer_warps(block: int) -> int:
-    """Warps of a one-program-a-row quantizer whose row is one block of `block` values."""
-    return 8 if block >= 4096 and not FOUR_WARP_ROWS else 4
-
-
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, BLOCK_K: tl.constexpr,
                           PDL: tl.constexpr = False):
@@ -419,7 +409,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     block_k = min(triton.next_power_of_2(k), 4096)
     _quantize_rows_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0), BLOCK_K=block_k,
-                                num_warps=row_quantizer_warps(block_k), **pdl.options())
+                                num_warps=8 if block_k >= 4096 else 4, **pdl.options())
     return q, scale
 
 
