@@ -34,10 +34,12 @@ def test_a_full_vocabulary_row_many_chunks_and_a_short_last_one():
 
 
 def test_ties_go_to_the_first_index_within_and_across_chunks():
-    chunk = triton_argmax.chunk_length(2, 20_000, 132)
-    x = torch.zeros(2, 20_000)
-    x[0, [7, 7 + triton_argmax.BLOCK, 9000]] = 5.0  # the same lane of two blocks, and a later chunk
-    x[1, [chunk + 3, 2 * chunk + 1, chunk + 2]] = 5.0  # across chunks, the earliest is in the second one
+    n = 151_936
+    chunk = triton_argmax.chunk_length(2, n, 132)
+    assert chunk >= 2 * triton_argmax.BLOCK  # a chunk of two blocks or more: one lane sees both ties below
+    x = torch.zeros(2, n)
+    x[0, [7 + triton_argmax.BLOCK, 7, chunk + 1]] = 5.0  # one lane of two blocks, then a later chunk
+    x[1, [2 * chunk + 1, chunk + 3, chunk + 2]] = 5.0  # across chunks, the earliest is in the second one
     assert _check(x) == [7, chunk + 2]
 
 
@@ -46,6 +48,10 @@ def test_rows_of_minus_infinity_and_nan():
     x[1, 2500] = 0.0
     x[2, 100], x[2, 40] = 1.0, float("nan")  # NaN ranks first, as in torch (no +inf in the row)
     assert _check(x) == [0, 2500, 40]
+
+
+def test_no_rows_is_an_empty_answer():
+    assert triton_argmax.argmax_rows(torch.zeros((0, 5000), device=DEVICE)).shape == (0,)
 
 
 def test_chunks_fill_two_waves_and_stay_within_the_second_pass():

@@ -67,13 +67,13 @@ def chunk_length(rows: int, n_cols: int, sms: int) -> int:
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, dim=-1) for x [rows, vocab] with unit column stride: int64 [rows]."""
     rows, n_cols = x.shape
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows == 0:
+        return out
     chunk = chunk_length(rows, n_cols, sm_count(x.device))
     splits = -(-n_cols // chunk)
     values = torch.empty((rows, MAX_SPLITS), dtype=torch.float32, device=x.device)
     indices = torch.empty((rows, MAX_SPLITS), dtype=torch.int32, device=x.device)
-    out = torch.empty(rows, dtype=torch.int64, device=x.device)
-    if rows == 0:
-        return out
     _argmax_chunks_kernel[(rows, splits)](x, values, indices, n_cols, x.stride(0), chunk, BLOCK=BLOCK,
                                           MAX_SPLITS=MAX_SPLITS, num_warps=4)
     _argmax_merge_kernel[(rows,)](values, indices, out, splits, MAX_SPLITS=MAX_SPLITS, num_warps=4)
