@@ -158,6 +158,19 @@ COMPILE = textwrap.dedent("""
                               "d_ptr": "*fp32" if qtype == "Q6_K" else "*i32", "y_ptr": "*fp32"},
                              {**h2.kernel_constants(qtype), "SLICE_GROUPS": 4, "BLOCK_N": 64, "THREADS": 2,
                               "REDUCE": 1, "NUM_STAGES": stages, "ASM": True, "PDL": True, "EARLY": early})
+    elif which == "e4m3-rounding":  # the per-row quantizers, rounding in float32 (sw) or in the cast (hw)
+        from onebit.kernels import triton_fp8_fast
+        triton_fp8_fast._CAST_ROUNDS = tl.constexpr(sys.argv[2] == "hw")  # before anything compiles them
+        for module, name, constexprs in (("triton_fp8_fast", "_quantize_rows_kernel", {"BLOCK_K": 4096}),
+                                         ("triton_fp8_fused", "_add_rms_norm_quantize_kernel",
+                                          {"HAS_RESIDUAL": True, "BLOCK": 4096})):
+            fn = getattr(importlib.import_module("onebit.kernels." + module), name)
+            source = ASTSource(fn=fn, signature=signature(fn, {"q_ptr": fp8, "s_ptr": "*fp32"}, constexprs),
+                               constexprs={**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default},
+                                           **constexprs})
+            ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+            body = [line for line in ptx.splitlines() if line.strip().endswith(";") and not line.strip().startswith(".")]
+            print(name, "instructions", len(body), "cvt-e4m3", ptx.count("cvt.rn.satfinite.e4m3x2.f32"))
     elif which == "argmax":  # the sampler's two-pass argmax (no PDL: it runs outside the graphs), bf16 and fp32 logits
         partials = {"value_ptr": "*fp32", "index_ptr": "*i32"}
         for logits in ("*bf16", "*fp32"):
@@ -293,6 +306,16 @@ def test_fused_kv_write_compiles_for_sm90_in_every_variant():
     for line in lines:
         assert int(line.split()[2]) > 0, line  # it writes q and the cache
         assert line.split()[4] == "0", line  # PDL off: no grid-dependency instructions
+
+
+def test_hardware_e4m3_rounding_compiles_to_the_cast_with_fewer_instructions():
+    """`triton_fp8_fast.HARDWARE_E4M3_ROUNDING`: the quantizers leave the rounding to the cast's cvt.rn."""
+    software = {line.split()[0]: line.split() for line in _compile("e4m3-rounding", "sw")}
+    hardware = {line.split()[0]: line.split() for line in _compile("e4m3-rounding", "hw")}
+    assert set(software) == set(hardware) == {"_quantize_rows_kernel", "_add_rms_norm_quantize_kernel"}
+    for name, hw in hardware.items():
+        assert int(hw[4]) > 0, hw  # the cast rounds, two values an instruction
+        assert int(hw[2]) < int(software[name][2]), (hw, software[name])
 
 
 def test_argmax_kernels_compile_for_sm90():

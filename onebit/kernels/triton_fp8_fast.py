@@ -24,6 +24,8 @@ References: `onebit.kernels.fp8.weight_only_ref`, `fp8.quantize_rows`, `fp8.quan
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -33,6 +35,12 @@ from onebit.kernels.triton_activations import silu_times
 from onebit.kernels.triton_split_k import reduce_partials
 
 FP8_MAX = tl.constexpr(448.0)  # a constexpr: the kernels may read it
+# `_to_e4m3` rounds in float32 arithmetic (`_round_to_e4m3`) so that the final cast is exact, for Triton's
+# interpreter, whose cast drops a carry. On the GPU the cast rounds to nearest even itself (sm_90:
+# cvt.rn.satfinite.e4m3x2.f32, two values an instruction), so with HARDWARE_E4M3_ROUNDING the compiled
+# kernels leave the rounding to it: the same values for fewer instructions. Off until measured on the device.
+HARDWARE_E4M3_ROUNDING = False
+_CAST_ROUNDS = tl.constexpr(HARDWARE_E4M3_ROUNDING and os.environ.get("TRITON_INTERPRET", "0") != "1")
 MAX_ROWS = 256  # beyond this the tensor-core product is the only sensible candidate
 # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps). BLOCK_M is 1 (one row, no tl.dot) or 16/32/64.
 # One row, SPLIT 1 with 4 or 8 columns a program and 2,048-value K tiles (session 27 on the H200): every
@@ -379,8 +387,12 @@ def _e4m3_scale(amax):
 
 @triton.jit
 def _to_e4m3(v, scale):
-    # v / scale clamped to e4m3's range and rounded to its nearest value (float32, cast exactly after).
-    return _round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX))
+    # v / scale clamped to e4m3's range and rounded to its nearest value (float32, cast exactly after); with
+    # _CAST_ROUNDS the caller's cast to e4m3 does the rounding.
+    q = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -FP8_MAX), FP8_MAX)
+    if _CAST_ROUNDS:
+        return q
+    return _round_to_e4m3(q)
 
 
 @triton.jit
