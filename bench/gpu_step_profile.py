@@ -1,7 +1,7 @@
 """Where a decode step's time goes: kernels by kind, GPU-busy time against the step's wall time.
 
     PYTHONPATH=. python3 bench/gpu_step_profile.py [--out DIR] [--batches 1,8,64] [--engines bf16,fp8]
-        [--shape qwen3-8b] [--steps 20] [--device cuda] [--no-pdl]
+        [--shape qwen3-8b] [--steps 20] [--device cuda] [--no-pdl] [--prefill 10]
 
 One device call (~2 min, no wheels). For each engine (bf16; fp8 = `--quantize fp8` with its FP8
 head) on the shape with random weights (CUDA graphs, overlapped steps), and each batch size: the
@@ -13,7 +13,9 @@ reports the wall time, the time kernels ran (their durations summed: one stream,
 the gap between the two (host work the GPU waited for, launch latency), the weight-read floor
 (weight bytes at 4.24 TB/s) and the kernel time by kind: GEMM (cuBLAS / CUTLASS), the few-row
 Triton products, attention, norms, rotary, sampling, copies, other. The twelve longest kernels
-follow. This is the profile #19 asks for ("B=1 at 85% of bandwidth": which kernels stand between
+follow. With `--prefill N`, one step that prefills N 128-token prompts while nothing decodes (the
+eager steps of a served closed loop) is timed too: the host's time until it was queued, until the GPU
+finished, and its kernels' time. This is the profile #19 asks for ("B=1 at 85% of bandwidth": which kernels stand between
 the step and the weight-read floor) and #20's (FP8 at 324 tok/s against a 490 floor).
 
 On the CPU (`--device cpu --shape qwen3-tiny`) the same tables come from CPU operators, which checks
@@ -140,6 +142,43 @@ def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 
             "by_name": {k: v / steps for k, v in by_name.items()}}
 
 
+def profile_prefill(engine, prompts: int, device: str) -> dict:
+    """One step that prefills `prompts` prompts of PROMPT tokens while nothing decodes (a closed loop's
+    wave: the server's eager steps, perf.md's #19 item), run twice: unprofiled, the host's time until
+    `step()` returned with the step queued (with overlap it does not wait for the GPU, unless something
+    in the forward does) and until the GPU finished; profiled, the kernels' time. Seconds and a count."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    fresh = iter(random_prompts(2 * prompts, PROMPT, engine.model_config.vocab_size, seed=prompts + 7))
+    cuda = device == "cuda"
+
+    def one_step(prof=None) -> tuple[float, float]:
+        for i in range(prompts):
+            engine.add_request(f"prefill-{prof is not None}-{i}", next(fresh), params)
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.step()
+        queued = time.perf_counter() - start
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        while engine.has_unfinished():
+            engine.step()
+        return queued, wall
+
+    queued, wall = one_step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        one_step(prof)
+    busy = launches = 0
+    for entry in prof.key_averages():
+        if cuda and entry.device_type == torch.autograd.DeviceType.CUDA:
+            busy, launches = busy + entry.device_time_total / 1e6, launches + entry.count
+        elif not cuda:
+            busy, launches = busy + entry.self_cpu_time_total / 1e6, launches + entry.count
+    return {"queued": queued, "wall": wall, "busy": busy, "launches": launches}
+
+
 def main() -> None:
     """Parse, build each engine, profile each batch size, print the tables."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -152,6 +191,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=pdl.enabled,
                     help="programmatic dependent launch (onebit.kernels.pdl; default: the engine's, on)")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="also time one step prefilling this many 128-token prompts with nothing decoding (0: not)")
     ap.add_argument("--turnover", type=int, default=2,
                     help="also profile the largest batch with a request ending and one arriving every N steps (0: not)")
     args = ap.parse_args()
@@ -163,7 +204,7 @@ def main() -> None:
     # SM MHz: the clock the steps ran at (a GPU at its power cap runs 64+ rows at 13-22% under its one-row clock)
     lines = ["| engine | B | step ms | kernels ms | gap ms | kernels a step | gap us per kernel | weight floor ms | "
              "SM MHz | " + " | ".join(kinds) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
-    tops = []
+    tops, prefill_lines = [], []
     for label in args.engines.split(","):
         gguf = label in ("Q4_K_M", "Q8_0")
         engine = build_engine(EngineConfig(
@@ -188,11 +229,21 @@ def main() -> None:
             top = sorted(r["by_name"].items(), key=lambda kv: -kv[1])[:12]
             tops.append(f"\n{label} B={b}, longest kernels (ms per step, kind):")
             tops += [f"  {sec * 1e3:7.3f}  {kind_of(name):15s} {name[:110]}" for name, sec in top]
+        if args.prefill:
+            r = profile_prefill(engine, args.prefill, args.device)
+            prefill_lines.append(f"| {label} | {args.prefill} x {PROMPT} | {r['queued'] * 1e3:.2f} | "
+                                 f"{r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | {r['launches']} |")
+            print(prefill_lines[-1], flush=True)
         del engine
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    text = "\n".join(["decode step profile, per step (kernels by kind in ms)", ""] + lines + tops)
+    if prefill_lines:  # queued near wall with kernels well under it: the host bounds the step
+        prefill_lines = ["", "one prefill step with nothing decoding (eager): host ms until queued, until the GPU "
+                         "finished, kernels (profiled run)", "",
+                         "| engine | prompts | queued ms | wall ms | kernels ms | kernels |",
+                         "|---|---|---:|---:|---:|---:|"] + prefill_lines
+    text = "\n".join(["decode step profile, per step (kernels by kind in ms)", ""] + lines + tops + prefill_lines)
     print("\n" + text)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

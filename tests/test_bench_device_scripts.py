@@ -26,9 +26,9 @@ def _run(args: list[str]) -> str:
 
 def test_step_profile_prints_a_row_per_batch_with_its_kernel_time(tmp_path):
     out = _run(["bench/gpu_step_profile.py", "--device", "cpu", "--shape", "qwen3-tiny", "--batches", "1,2",
-                "--engines", "bf16", "--steps", "2", "--out", str(tmp_path)])
+                "--engines", "bf16", "--steps", "2", "--prefill", "2", "--out", str(tmp_path)])
     rows = [line.split("|") for line in (tmp_path / "step_profile.md").read_text().splitlines()
-            if line.startswith("| bf16 |")]
+            if line.startswith("| bf16 |") and " x 128 |" not in line]
     assert [r[2].strip() for r in rows] == ["1", "2", "2 + a prompt every 2 steps"]
     header = next(line for line in (tmp_path / "step_profile.md").read_text().splitlines() if line.startswith("| engine |"))
     clock_column = header.split("|").index(" SM MHz ")
@@ -38,6 +38,11 @@ def test_step_profile_prints_a_row_per_batch_with_its_kernel_time(tmp_path):
         assert len(r) == len(header.split("|"))
         assert r[clock_column].strip() == "-" or float(r[clock_column].replace(",", "")) > 0  # no nvidia-smi: "-"
     assert "longest kernels" in out
+    prefill = [line.split("|") for line in (tmp_path / "step_profile.md").read_text().splitlines()
+               if line.startswith("| bf16 | 2 x 128 |")]
+    assert len(prefill) == 1
+    queued, wall, kernels, count = (float(v) for v in prefill[0][3:7])
+    assert 0 < queued <= wall and kernels > 0 and count > 0  # the step ran operators, queued before it ended
 
 
 def test_step_profile_sorts_kernel_names_into_kinds():
