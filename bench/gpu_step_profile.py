@@ -85,6 +85,21 @@ def gguf_file(shape: Path, recipe: str, device: str) -> Path:
     return write_gguf_files(shape, shape.parent, [recipe], device)[recipe]
 
 
+def kernel_times(prof, cuda: bool) -> tuple[dict[str, float], int]:
+    """A profile's seconds by kernel name (on the CPU: by operator, self time) and how many ran. On CUDA
+    kernels only: an operator's device time is its kernels', counted once there."""
+    by_name: dict[str, float] = defaultdict(float)
+    count = 0
+    for entry in prof.key_averages():
+        if cuda and entry.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        seconds = (entry.device_time_total if cuda else entry.self_cpu_time_total) / 1e6
+        count += entry.count
+        if seconds > 0:
+            by_name[entry.key] += seconds
+    return by_name, count
+
+
 def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 0) -> dict:
     """Prefill `batch` requests, then profile `steps` decode steps. With `turnover` N > 0, every N
     steps the oldest request ends and a new one arrives, whose 128-token prompt rides along with
@@ -120,18 +135,8 @@ def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 
         engine.abort(rid)
     while engine.has_unfinished():
         engine.step()
-    by_name: dict[str, float] = defaultdict(float)
-    launches = 0
-    for entry in prof.key_averages():
-        if cuda:  # kernels only: an operator's device time is its kernels', counted once there
-            if entry.device_type != torch.autograd.DeviceType.CUDA:
-                continue
-            seconds = entry.device_time_total / 1e6
-            launches += entry.count
-        else:
-            seconds = entry.self_cpu_time_total / 1e6
-        if seconds > 0:
-            by_name[entry.key] += seconds
+    by_name, count = kernel_times(prof, cuda)
+    launches = count if cuda else 0  # the table's "kernels a step": none on the CPU
     by_kind: dict[str, float] = defaultdict(float)
     for name, seconds in by_name.items():
         by_kind[kind_of(name)] += seconds
@@ -170,13 +175,8 @@ def profile_prefill(engine, prompts: int, device: str) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         one_step(prof)
-    busy = launches = 0
-    for entry in prof.key_averages():
-        if cuda and entry.device_type == torch.autograd.DeviceType.CUDA:
-            busy, launches = busy + entry.device_time_total / 1e6, launches + entry.count
-        elif not cuda:
-            busy, launches = busy + entry.self_cpu_time_total / 1e6, launches + entry.count
-    return {"queued": queued, "wall": wall, "busy": busy, "launches": launches}
+    by_name, launches = kernel_times(prof, cuda)
+    return {"queued": queued, "wall": wall, "busy": sum(by_name.values()), "launches": launches}
 
 
 def main() -> None:
