@@ -41,8 +41,9 @@ def test_step_profile_prints_a_row_per_batch_with_its_kernel_time(tmp_path):
     prefill = [line.split("|") for line in (tmp_path / "step_profile.md").read_text().splitlines()
                if line.startswith("| bf16 | 2 x 128 |")]
     assert len(prefill) == 1
-    queued, wall, kernels, count = (float(v) for v in prefill[0][3:7])
-    assert 0 < queued <= wall and kernels > 0 and count > 0  # the step ran operators, queued before it ended
+    first, queued, wall, kernels, count = (float(v) for v in prefill[0][3:8])
+    assert first > 0 and 0 < queued <= wall and kernels > 0 and count > 0  # operators ran, queued before it ended
+    assert "prefill step, host operators by their own time" in out
 
 
 def test_step_profile_sorts_kernel_names_into_kinds():

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from onebit.kernels import pdl
+from onebit.kernels import pdl, triton_fp8_fast
 from onebit.kernels.triton_fp8_fast import _e4m3_scale, _to_e4m3
 from onebit.kernels.triton_fused import _add_rms_norm_row, _norm_weight_then_wait, _silu_mul_row
 
@@ -58,7 +58,7 @@ def add_rms_norm_quantize(x: torch.Tensor, residual: torch.Tensor | None, weight
     block = triton.next_power_of_2(cols)
     _add_rms_norm_quantize_kernel[(rows,)](x, residual if residual is not None else x, weight, q, scale, res_out,
                                            cols, eps, HAS_RESIDUAL=residual is not None, BLOCK=block,
-                                           num_warps=8 if block >= 4096 else 4, EARLY=pdl.early_weights(),
+                                           num_warps=triton_fp8_fast.row_warps(block, rows), EARLY=pdl.early_weights(),
                                            **pdl.options())
     return q, scale, (res_out if residual is not None else None)
 
