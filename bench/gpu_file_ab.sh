@@ -79,11 +79,12 @@ done
 rm -rf "$TREES"
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
-rows, clocks = [], {}  # clocks: (run file, engine) -> the GPU clock while each batch size was timed
+rows, clocks, pauses = [], {}, {}  # (run file, engine) -> the GPU clock / the collector's pauses by batch size
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1])):
     for run, data in json.loads(path.read_text()).items():
         rows.append((path.stem, run, data["decode_tok_s"]))
         clocks[path.stem, run] = data.get("clocks") or {}
+        pauses[path.stem, run] = data.get("gc_pauses") or {}
 batches = sorted({b for _, _, d in rows for b in d}, key=int)
 print("| run | engine | " + " | ".join(f"B={b}" for b in batches) + " |")
 print("|---|---|" + "---:|" * len(batches))
@@ -105,4 +106,11 @@ if any(clocks.values()):  # the GPU while each figure was timed: a slower clock 
     print("|---|---|" + "---|" * len(batches))
     for (stem, run), c in clocks.items():
         print(f"| {stem} | {run} | " + " | ".join(describe(c.get(b)) for b in batches) + " |")
+if any(pauses.values()):  # a full collection of a large heap stalls the host that drives the steps
+    print("\n| run | engine | " + " | ".join(f"B={b} gc collections (0/1/2), ms" for b in batches) + " |")
+    print("|---|---|" + "---|" * len(batches))
+    for (stem, run), g in pauses.items():
+        print(f"| {stem} | {run} | " + " | ".join(
+            f"{'/'.join(map(str, g[b]['collections']))}, {g[b]['seconds'] * 1e3:.1f} (longest {g[b]['longest_s'] * 1e3:.1f})"
+            if b in g else "-" for b in batches) + " |")
 PY

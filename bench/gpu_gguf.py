@@ -145,13 +145,16 @@ def child(model: str, device: str, out: Path) -> None:
     print(json.dumps(record))
 
 
-def decode_tok_s(llm, batches, repeats: int = 3, clocks: dict | None = None) -> dict[int, float]:
+def decode_tok_s(llm, batches, repeats: int = 3, clocks: dict | None = None,
+                 gc_pauses: dict | None = None) -> dict[int, float]:
     """Decode tokens/s of `llm` at each batch size: 64 new tokens after 128-token random prompts, the
     time of a 1-token run with other prompts subtracted (prefill), after a short warm-up run; the
     median of `repeats` such pairs (one pair moved B=8 by up to 12% between runs of one tree on one
     machine, session 21). `clocks`, where given, receives each batch size's GPU clock summary over its
-    timed runs (`onebit.bench.gpu_clocks`; None without nvidia-smi)."""
+    timed runs (`onebit.bench.gpu_clocks`; None without nvidia-smi); `gc_pauses` the garbage collector's
+    pauses over them (`onebit.bench.gc_pauses`)."""
     from onebit import SamplingParams
+    from onebit.bench.gc_pauses import GcPauses
     from onebit.bench.gpu_clocks import ClockSampler
 
     rng = random.Random(0)
@@ -164,10 +167,12 @@ def decode_tok_s(llm, batches, repeats: int = 3, clocks: dict | None = None) -> 
             llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
             return time.perf_counter() - start
         run(4)  # warm-up
-        with ClockSampler(0 if clocks is not None else None) as sampler:
+        with ClockSampler(0 if clocks is not None else None) as sampler, GcPauses() as pauses:
             speed[b] = round(statistics.median(b * 64 / max(run(65) - run(1), 1e-9) for _ in range(repeats)), 1)
         if clocks is not None:
             clocks[b] = sampler.summary()
+        if gc_pauses is not None:
+            gc_pauses[b] = pauses.summary()
     return speed
 
 

@@ -233,7 +233,8 @@ def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: s
               "gpu_gb": torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")}
     torch.save(all_logits(llm, PROBE).float().cpu(), logits_out)
     record["clocks"] = {}  # the GPU's clock, power and slowdowns while each batch size was timed
-    record["decode_tok_s"] = decode_tok_s(llm, batches, clocks=record["clocks"])
+    record["gc_pauses"] = {}  # the garbage collector's collections and pauses while each batch size was timed
+    record["decode_tok_s"] = decode_tok_s(llm, batches, clocks=record["clocks"], gc_pauses=record["gc_pauses"])
     from onebit.kernels import fp8, gemv  # the calibrations' picks per product shape and row count
     record["fp8_picks"], record["bf16_picks"] = fp8.picks(), gemv.picks()
     record["startup_s"] = llm.engine.runner.startup_s

@@ -225,6 +225,8 @@ def main() -> None:
             b = f"{b} + a prompt every {turnover} steps" if turnover else b
             ms = {k: r["by_kind"].get(k, 0.0) * 1e3 for k in kinds}
             name = label + ("" if args.pdl else " without PDL")
+            if engine.runner.calibration_source == "timed":  # in-process timing: perf.md item 6's slow mode?
+                name += " (calibrated here)"
             lines.append(f"| {name} | {b} | {r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | "
                          f"{(r['wall'] - r['busy']) * 1e3:.2f} | {r['launches']:.0f} | "
                          f"{(r['wall'] - r['busy']) * 1e6 / max(r['launches'], 1):.2f} | {floor * 1e3:.2f} | "

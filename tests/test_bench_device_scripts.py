@@ -187,6 +187,8 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     # the clock while B=1 was timed: the fake's two samples, and a table row per run
     assert run["clocks"]["1"]["samples"] == 2 and run["clocks"]["1"]["reasons"] == ["power cap"]
     assert "| new-1 | Q4_K_M packed | 1,732 MHz (min 1,485), 627 W, slowed 50% (power cap) |" in done.stdout
+    assert len(run["gc_pauses"]["1"]["collections"]) == 3  # the collector's pauses while B=1 was timed, a row a run
+    assert "| new-1 | Q4_K_M packed | " in done.stdout.split("gc collections (0/1/2), ms |")[1]
     switched = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                               env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/fp8.py:CPU_EMULATES_GPU"})
     assert switched.returncode == 0, switched.stderr[-2000:]
@@ -238,3 +240,19 @@ def test_the_switches_docs_perf_md_asks_the_ab_to_flip_exist_as_gpu_file_ab_rewr
     assert ("onebit/kernels/fp8.py", "CPU_EMULATES_GPU") in entries  # the header's example
     for path, name in entries:
         assert (ROOT / path).read_text().splitlines().count(f"{name} = False") == 1, (path, name)
+
+
+def test_gc_pauses_counts_and_times_the_collections_inside_it():
+    """`onebit.bench.gc_pauses.GcPauses`: a full collection run inside the block is counted in generation 2
+    and timed; one run after it is not counted."""
+    import gc
+
+    from onebit.bench.gc_pauses import GcPauses
+
+    with GcPauses() as pauses:
+        gc.collect()
+        gc.collect(0)
+    gc.collect()
+    summary = pauses.summary()
+    assert summary["collections"][2] == 1 and summary["collections"][0] >= 1
+    assert 0 < summary["longest_s"] <= summary["seconds"]

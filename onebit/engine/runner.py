@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -29,6 +30,12 @@ log = logging.getLogger("onebit.engine")
 # graph rows: each row re-reads its context, which costs little at this size and saves the
 # eager step's launch overhead, so a decode batch that a new prompt joins stays a graph replay.
 GRAPH_CHUNK_TOKENS = 128
+# Every FP8 run of session 34 whose engine timed its products in-process decoded B=64 / 256 10-20% under the
+# runs that restored the same choices from the calibration cache (5 of 5; perf.md item 6). One candidate
+# cause is where the graphs' memory lands after the timing's weight copies and thousands of captured
+# graphs; with this on, a start-up that timed hands the allocator's cached memory back before the capture.
+# Off until measured.
+RELEASE_CALIBRATION_MEMORY = False
 
 
 def pick_num_splits(ctx_size: int) -> int:
@@ -116,6 +123,9 @@ class ModelRunner:
             log.info("the products' choices come from the calibration cache %s (%s=off times them again)",
                      folder / f"{key}.json", calibration_cache.ENV)
         self.calibration_source = source
+        if RELEASE_CALIBRATION_MEMORY and source == "timed":
+            gc.collect()
+            torch.cuda.empty_cache()  # the timing's weight copies and graph pools go back to the device
         self.startup_s["calibration"] = time.perf_counter() - started
         started = time.perf_counter()
         if cuda_graphs:
