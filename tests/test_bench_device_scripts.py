@@ -256,3 +256,12 @@ def test_gc_pauses_counts_and_times_the_collections_inside_it():
     summary = pauses.summary()
     assert summary["collections"][2] == 1 and summary["collections"][0] >= 1
     assert 0 < summary["longest_s"] <= summary["seconds"]
+
+
+def test_the_slow_mode_call_turns_on_a_line_that_exists():
+    """bench/gpu_slow_mode.sh's third run rewrites `RELEASE_CALIBRATION_MEMORY = False` in runner.py (and back):
+    the line must be there once, as the script spells it."""
+    script = (ROOT / "bench/gpu_slow_mode.sh").read_text()
+    assert (ROOT / "onebit/engine/runner.py").read_text().splitlines().count("RELEASE_CALIBRATION_MEMORY = False") == 1
+    assert "s/^RELEASE_CALIBRATION_MEMORY = False$/RELEASE_CALIBRATION_MEMORY = True/" in script
+    assert "s/^RELEASE_CALIBRATION_MEMORY = True$/RELEASE_CALIBRATION_MEMORY = False/" in script

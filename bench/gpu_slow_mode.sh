@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# FP8's slow mode (perf.md item 6): every FP8 run of session 34 whose engine timed its products in-process
+# decoded B=64 / 256 10-20% under the runs that restored the same choices from the calibration cache. This
+# call tells the two kinds of slow apart on one machine, in one call (~6 min, no wheels needed):
+#   1. `bench/gpu_step_profile.py --engines fp8 --batches 64,256` with an empty calibration cache: the
+#      engine times its products here (its rows say "calibrated here") and writes the cache;
+#   2. the same again: the engine restores the choices from the cache;
+#   3. with RELEASE=1, once more with the cache emptied and `runner.RELEASE_CALIBRATION_MEMORY` on.
+# Per step each prints wall ms, kernels ms and the gap between them: kernels up in 1 says the graphs'
+# kernels run slower after the timing (where their memory landed, the modules loaded); the gap up says
+# the host. Run from the repo root:  OUT=DIR [RELEASE=1] bash bench/gpu_slow_mode.sh
+set -u
+. "$(dirname "$0")/device_lib.sh"
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TQDM_DISABLE=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+export ONEBIT_CALIBRATION_CACHE=$(mktemp -d)
+profile() {  # $1: the run's name
+    say "$1"
+    timeout 280 python3 bench/gpu_step_profile.py --engines fp8 --batches 64,256 --turnover 0 --out "$OUT/$1" \
+        > "$OUT/$1.log" 2>&1 || { echo "$1 failed:"; tail -5 "$OUT/$1.log"; }
+}
+profile timed
+profile restored
+if [[ ${RELEASE:-0} == 1 ]]; then
+    rm -rf "${ONEBIT_CALIBRATION_CACHE:?}"/*
+    sed -i 's/^RELEASE_CALIBRATION_MEMORY = False$/RELEASE_CALIBRATION_MEMORY = True/' onebit/engine/runner.py
+    profile released
+    sed -i 's/^RELEASE_CALIBRATION_MEMORY = True$/RELEASE_CALIBRATION_MEMORY = False/' onebit/engine/runner.py
+fi
+for run in timed restored released; do
+    [[ -f $OUT/$run/step_profile.md ]] || continue
+    echo "== $run"
+    grep "^| fp8\|^| engine\|^|---" "$OUT/$run/step_profile.md" | head -4
+done
