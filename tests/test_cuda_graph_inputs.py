@@ -216,3 +216,36 @@ def test_captured_replays_match_the_eager_forward(tiny_model_dir):
         for got, want in zip(replayed, eager):
             assert got.shape == want[:rows].shape and torch.isfinite(got).all()
             assert (got.float() - want[:rows].float()).abs().max() <= 1e-2 * want.float().abs().max()
+
+
+def test_fill_uploads_the_rows_in_one_copy_and_the_table_only_when_it_changed(tiny_model_dir, monkeypatch):
+    """`CudaGraphDecoder.fill`: ids, positions, slots and context lengths go up in one upload a step; the block
+    table only when its rows (padding included) differ from the last ones uploaded, and the device buffers
+    then hold exactly what the step asked for."""
+    from onebit.engine import cuda_graphs
+
+    llm = LLM(str(tiny_model_dir), device="cpu", parallel=4, block_size=4, enable_prefix_caching=False)
+    runner = llm.engine.runner
+    graphs = CudaGraphDecoder(runner.model, runner.kv_cache, runner.rope, 9, runner.block_size, max_batch=4,
+                              max_blocks=3, num_splits=1, max_context=12)
+    uploads = []
+    real = cuda_graphs.upload_into
+    monkeypatch.setattr(cuda_graphs, "upload_into", lambda dst, values: (uploads.append(len(values)), real(dst, values)))
+
+    def fill(tables, lens):
+        uploads.clear()
+        n = len(tables)
+        b = graphs.fill(list(range(5, 5 + n)), [x - 1 for x in lens], [t[0] * 4 for t in tables], tables, lens)
+        assert graphs.lens[:b].tolist() == lens + [1] * (b - n)
+        assert graphs.ids[:n].tolist() == list(range(5, 5 + n))
+        width = max(len(t) for t in tables)
+        assert graphs.tables[:n, :width].tolist() == [t + [9] * (width - len(t)) for t in tables]
+        assert graphs.tables[n:b, :width].tolist() == [[9] * width] * (b - n)  # padding rows: the scratch block
+        return len(uploads)
+
+    assert fill([[1], [2, 3]], [3, 6]) == 2  # the rows' buffer, then the table
+    assert fill([[1], [2, 3]], [4, 7]) == 1  # the same blocks: only the rows
+    assert fill([[1, 4], [2, 3]], [5, 8]) == 2  # a row took a new block
+    assert fill([[1], [2, 3]], [3, 6]) == 2  # back to the first table: it is uploaded again
+    assert fill([[7]], [2]) == 2  # one row: a smaller ladder size
+    assert fill([[7]], [3]) == 1

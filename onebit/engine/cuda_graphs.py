@@ -38,13 +38,17 @@ class CudaGraphDecoder:
         self.block_size = block_size
         self.scratch_slot = scratch_block * block_size
         self.scratch_block = scratch_block
-        # Input ids, positions and cache slots are the rows of one buffer, written whole by one upload a
-        # step (a few KB: the copy's latency, not its bytes, is what a step pays for each upload).
-        self.row_inputs = torch.zeros((3, max_batch), dtype=torch.long, device=device)
-        self.ids, self.positions, self.slots = self.row_inputs.unbind(0)
+        # Input ids, positions, cache slots and context lengths are the rows of one buffer, written whole
+        # by one upload a step (a few KB: the copy's latency, not its bytes, is what a step pays for each
+        # upload).
+        self.row_inputs = torch.zeros((4, max_batch), dtype=torch.long, device=device)
+        self.ids, self.positions, self.slots, self.lens = self.row_inputs.unbind(0)
         self.slots.fill_(self.scratch_slot)
+        self.lens.fill_(1)
         self.tables = torch.full((max_batch, max_blocks), scratch_block, dtype=torch.int32, device=device)
-        self.lens = torch.ones(max_batch, dtype=torch.int32, device=device)
+        # The block-table rows last uploaded (padding included): a step whose rows are the same skips the
+        # upload (one block holds block_size tokens, so at one row 15 steps of 16 keep the table).
+        self._uploaded_tables: list[list[int]] | None = None
         self.num_splits, self.max_context = num_splits, max_context
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.pool = None
@@ -90,11 +94,12 @@ class CudaGraphDecoder:
         width = max(len(t) for t in tables)
         rows = [t + [self.scratch_block] * (width - len(t)) for t in tables]
         rows += [[self.scratch_block] * width] * (b - n)
-        pad, rest = b - n, self.row_inputs.shape[1] - n
+        rest = self.row_inputs.shape[1] - n
         upload_into(self.row_inputs.view(-1), ids + [0] * rest + positions + [0] * rest
-                    + slots + [self.scratch_slot] * rest)
-        upload_into(self.lens[:b], lens + [1] * pad)
-        upload_into(self.tables[:b, :width], rows)
+                    + slots + [self.scratch_slot] * rest + lens + [1] * rest)
+        if rows != self._uploaded_tables:
+            upload_into(self.tables[:b, :width], rows)
+            self._uploaded_tables = rows
         return b
 
     def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],

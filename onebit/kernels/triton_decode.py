@@ -51,7 +51,7 @@ def _store_group(out, out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok, stride_
 def _split_length(lens_ptr, seq, min_split, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr):
     # (context length, split length) of a sequence: its context over NUM_SPLITS, in whole key tiles,
     # at least min_split tokens a split
-    ctx_len = tl.load(lens_ptr + seq)
+    ctx_len = tl.load(lens_ptr + seq).to(tl.int32)  # int32 or int64 lengths (the graphs' are int64)
     return ctx_len, tl.maximum(min_split, (ctx_len + NUM_SPLITS * TILE - 1) // (NUM_SPLITS * TILE) * TILE)
 
 
