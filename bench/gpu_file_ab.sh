@@ -13,9 +13,13 @@
 # A side may also be a module switch turned on (no folder needed): SWITCHES=SIDE:PATH:NAME[,...] makes the
 # line `NAME = False` of PATH read `NAME = True` in SIDE's tree (after its folder, if it has one), e.g.
 #   SWITCHES=on:onebit/kernels/fp8.py:CPU_EMULATES_GPU RUNS=new,on,new,on bash bench/gpu_file_ab.sh
+# PRIME=1 starts each side's engine once before the runs (`--calibrate-only`), timing its products into the
+# calibration cache, so that every timed run restores them: an engine that timed its own products decoded
+# FP8 B=64 / 256 10-20% slower (session 34, perf.md item 6). It needs ONEBIT_CALIBRATION_CACHE set to a
+# folder (else a new one is made).
 # Environment: RUNS (side names: letters, digits, _), RUN_ARGS (--runs q4km-packed --batches 8,64), AB_DIR
 # (the folders' parent, .ab), OLD (the folder of side "old", AB_DIR/old), SWITCHES, RUN_TIMEOUT (seconds a
-# run may take, 200), WHEELS (1), OUT. A CPU try of the
+# run may take, 200), PRIME (0), WHEELS (1), OUT. A CPU try of the
 # mechanics (tests/test_bench_device_scripts.py runs one):
 #   PATH=$PWD/.venv/bin:$PATH WHEELS=0 RUNS=new,old
 #   RUN_ARGS="--runs q4km-packed --batches 1 --shape qwen3-tiny --device cpu" bash bench/gpu_file_ab.sh
@@ -65,10 +69,24 @@ for side in "${distinct[@]}"; do
         say "$side tree: $path with $name = True"
     done
 done
+side_root() {  # the tree side $1 runs in
+    if [[ $1 == new ]]; then echo "$PWD"; else echo "$TREES/$1"; fi
+}
+if [[ ${PRIME:-0} == 1 ]]; then
+    [[ ${ONEBIT_CALIBRATION_CACHE,,} == off ]] && export ONEBIT_CALIBRATION_CACHE=$(mktemp -d)
+    for side in "${distinct[@]}"; do
+        say "prime $side (its products into $ONEBIT_CALIBRATION_CACHE)"
+        # shellcheck disable=SC2086
+        (cd "$(side_root "$side")" && PYTHONPATH=$WHEEL_SITE:$(side_root "$side") timeout "$RUN_TIMEOUT" python3 \
+            bench/gpu_gguf_quant.py $RUN_ARGS --skip-kernels --calibrate-only --out "$OUT/prime-$side" \
+            > "$OUT/prime-$side.log" 2>&1) || echo "prime $side: rc $? (log: prime-$side.log)"
+        grep "^| " "$OUT/prime-$side/gguf_quant.md" 2>/dev/null | grep -v "^| run "
+    done
+fi
 i=0
 for side in "${sides[@]}"; do
     i=$((i + 1))
-    if [[ $side == new ]]; then root=$PWD; else root=$TREES/$side; fi
+    root=$(side_root "$side")
     say "$i: $side"
     # shellcheck disable=SC2086
     (cd "$root" && PYTHONPATH=$WHEEL_SITE:$root timeout "$RUN_TIMEOUT" python3 bench/gpu_gguf_quant.py $RUN_ARGS --skip-kernels \

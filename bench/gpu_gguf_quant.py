@@ -217,9 +217,10 @@ def write_gguf_files(shape_dir: Path, out_dir: Path, recipes: list[str], device:
 
 
 def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: str, batches: list[int],
-          quantize: str | None = None) -> None:
+          quantize: str | None = None, calibrate_only: bool = False) -> None:
     """In a fresh process: load (`quantize`: "fp8" for `--quantize fp8`, the head too), record logits of
-    PROBE and decode tok/s at each batch size."""
+    PROBE and decode tok/s at each batch size; with `calibrate_only`, only the start-up (which times the
+    products into the calibration cache, or restores them from it)."""
     from bench.gpu_gguf import decode_tok_s
     from onebit import LLM
     from tests.model_probe import all_logits
@@ -230,7 +231,11 @@ def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: s
         options.update(quantize=quantize, quantize_lm_head=True)
     llm = LLM(model, device=device, parallel=max(batches), ctx_size=512, dtype="bfloat16", **options)
     record = {"start_s": time.perf_counter() - start,
-              "gpu_gb": torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")}
+              "gpu_gb": torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan"),
+              "calibration_source": llm.engine.runner.calibration_source}  # "timed", or "cache" (no timing ran)
+    if calibrate_only:
+        print(json.dumps(record))
+        return
     torch.save(all_logits(llm, PROBE).float().cpu(), logits_out)
     record["clocks"] = {}  # the GPU's clock, power and slowdowns while each batch size was timed
     record["gc_pauses"] = {}  # the garbage collector's collections and pauses while each batch size was timed
@@ -238,7 +243,6 @@ def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: s
     from onebit.kernels import fp8, gemv  # the calibrations' picks per product shape and row count
     record["fp8_picks"], record["bf16_picks"] = fp8.picks(), gemv.picks()
     record["startup_s"] = llm.engine.runner.startup_s
-    record["calibration_source"] = llm.engine.runner.calibration_source  # "timed", or "cache" (no timing ran)
     # each product's calibration line (us and TB/s of every kind) at the batch sizes timed here
     record["calibration"] = [line for line in llm.engine.runner.gemv_report
                              if any(f", {b} row(s):" in line for b in batches)]
@@ -246,10 +250,11 @@ def child(model: str, keep_packed: str, logits_out: Path, dummy: bool, device: s
 
 
 def run_child(model: Path, keep_packed: bool, logits: Path, dummy: bool, device: str, batches: list[int],
-              quantize: str | None = None) -> dict:
+              quantize: str | None = None, calibrate_only: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--child", str(model), "--packed", "1" if keep_packed else "0",
            "--logits", str(logits), "--device", device, "--batches", ",".join(map(str, batches))] + \
-        (["--dummy"] if dummy else []) + (["--quantize", quantize] if quantize else [])
+        (["--dummy"] if dummy else []) + (["--quantize", quantize] if quantize else []) + \
+        (["--calibrate-only"] if calibrate_only else [])
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     if done.returncode:
         raise SystemExit(f"child failed on {model}:\n{done.stderr[-4000:]}")
@@ -262,9 +267,11 @@ RUN_NAMES = {"bf16": "bf16 (original weights)", "q4km-packed": "Q4_K_M packed",
 
 
 def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: list[int],
-                 chosen: tuple[str, ...] = tuple(k for k in RUN_NAMES if k != "fp8")) -> list[str]:
+                 chosen: tuple[str, ...] = tuple(k for k in RUN_NAMES if k != "fp8"),
+                 calibrate_only: bool = False) -> list[str]:
     """Write the files (under work_root), serve each chosen run (`RUN_NAMES` keys) in a child, compare
-    logits (under out; errors left out where a run they need was not chosen); markdown lines."""
+    logits (under out; errors left out where a run they need was not chosen); markdown lines. With
+    `calibrate_only` each child only starts (its products timed into the calibration cache, or restored)."""
     from bench.make_shape_model import fill_vocab, make_shape_model
 
     work = work_root / "model"
@@ -284,9 +291,14 @@ def engine_table(out: Path, work_root: Path, shape: str, device: str, batches: l
     results, logits = {}, {}
     for label, (path, packed, dummy, quantize) in runs.items():
         slug = label.split(" (")[0].replace(" ", "_")
-        results[label] = run_child(path, packed, out / f"logits-{slug}.pt", dummy, device, batches, quantize)
-        logits[label] = torch.load(out / f"logits-{slug}.pt")
+        results[label] = run_child(path, packed, out / f"logits-{slug}.pt", dummy, device, batches, quantize,
+                                   calibrate_only)
+        if not calibrate_only:
+            logits[label] = torch.load(out / f"logits-{slug}.pt")
         print(label, json.dumps(results[label]), flush=True)
+    if calibrate_only:
+        return ["| run | start s | calibration |", "|---|---:|---|"] + [
+            f"| {label} | {r['start_s']:.1f} | {r['calibration_source']} |" for label, r in results.items()]
     ref = logits.get("bf16 (original weights)")
 
     def rms(a, b):
@@ -328,6 +340,9 @@ def main() -> int:
     ap.add_argument("--dummy", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="decode batch sizes timed")
+    ap.add_argument("--calibrate-only", action="store_true",
+                    help="only start each run's engine: its products timed into the calibration cache (which "
+                         "$ONEBIT_CALIBRATION_CACHE names), so that later runs restore them (gpu_file_ab.sh's PRIME)")
     ap.add_argument("--runs", default=",".join(k for k in RUN_NAMES if k != "fp8"),
                     help=f"engine runs, of {', '.join(RUN_NAMES)}")
     args = ap.parse_args()
@@ -336,7 +351,8 @@ def main() -> int:
         ap.error(f"--runs: unknown {', '.join(sorted(unknown))} (of {', '.join(RUN_NAMES)})")
     batches = [int(b) for b in args.batches.split(",")]
     if args.child:
-        child(args.child, args.packed, args.logits, args.dummy, args.device, batches, args.quantize)
+        child(args.child, args.packed, args.logits, args.dummy, args.device, batches, args.quantize,
+              args.calibrate_only)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -348,7 +364,8 @@ def main() -> int:
         return 0
     kernels = [] if args.skip_kernels or args.device != "cuda" else kernel_table()
     print(f"kernels done at {time.perf_counter() - started:.0f} s", flush=True)
-    engine = engine_table(args.out, args.work, args.shape, args.device, batches, tuple(args.runs.split(",")))
+    engine = engine_table(args.out, args.work, args.shape, args.device, batches, tuple(args.runs.split(",")),
+                          args.calibrate_only)
     text = "\n".join(kernels + [""] + engine)
     (args.out / "gguf_quant.md").write_text(text + "\n")
     print(text)

@@ -197,6 +197,13 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     no_line = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                              env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/fp8.py:NO_SUCH_SWITCH"})
     assert no_line.returncode == 1 and 'side on: no line "NO_SUCH_SWITCH = False"' in no_line.stdout
+    primed = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**env, "RUNS": "new", "PRIME": "1", "ONEBIT_CALIBRATION_CACHE": str(tmp_path / "cc")})
+    assert primed.returncode == 0, primed.stderr[-2000:]
+    # the side's engine started once before its run (a CPU times nothing: source "none"), then the run
+    assert "prime new (its products into " + str(tmp_path / "cc") + ")" in primed.stdout
+    assert re.search(r"^\| Q4_K_M packed \| [0-9.]+ \| none \|$", primed.stdout, re.M), primed.stdout[-1500:]
+    assert primed.stdout.index("prime new") < primed.stdout.index("1: new") and "| new-1 | Q4_K_M packed |" in primed.stdout
     missing = ab("new,alt")
     assert missing.returncode == 1 and "no " + str(tmp_path / "ab" / "alt") + " for side alt" in missing.stdout
     bad = ab("new,old-2")
