@@ -5,10 +5,12 @@
 #   1. `bench/gpu_step_profile.py --engines fp8 --batches 64,256` with an empty calibration cache: the
 #      engine times its products here (its rows say "calibrated here") and writes the cache;
 #   2. the same again: the engine restores the choices from the cache;
-#   3. with RELEASE=1, once more with the cache emptied and `runner.RELEASE_CALIBRATION_MEMORY` on.
+#   3. with COLD=1, restored again with an empty Triton cache (TRITON_CACHE_DIR): every kernel compiled in
+#      the process, as in 1, but nothing timed (a fresh machine's first run is both at once);
+#   4. with RELEASE=1, once more with the cache emptied and `runner.RELEASE_CALIBRATION_MEMORY` on.
 # Per step each prints wall ms, kernels ms and the gap between them: kernels up in 1 says the graphs'
 # kernels run slower after the timing (where their memory landed, the modules loaded); the gap up says
-# the host. Run from the repo root:  OUT=DIR [RELEASE=1] bash bench/gpu_slow_mode.sh
+# the host. Run from the repo root:  OUT=DIR [COLD=1] [RELEASE=1] bash bench/gpu_slow_mode.sh
 set -u
 . "$(dirname "$0")/device_lib.sh"
 OUT=${OUT:-/tmp/out}
@@ -22,13 +24,16 @@ profile() {  # $1: the run's name
 }
 profile timed
 profile restored
+if [[ ${COLD:-0} == 1 ]]; then
+    TRITON_CACHE_DIR=$(mktemp -d) profile restored-cold
+fi
 if [[ ${RELEASE:-0} == 1 ]]; then
     rm -rf "${ONEBIT_CALIBRATION_CACHE:?}"/*
     sed -i 's/^RELEASE_CALIBRATION_MEMORY = False$/RELEASE_CALIBRATION_MEMORY = True/' onebit/engine/runner.py
     profile released
     sed -i 's/^RELEASE_CALIBRATION_MEMORY = True$/RELEASE_CALIBRATION_MEMORY = False/' onebit/engine/runner.py
 fi
-for run in timed restored released; do
+for run in timed restored restored-cold released; do
     [[ -f $OUT/$run/step_profile.md ]] || continue
     echo "== $run"
     grep "^| fp8\|^| engine\|^|---" "$OUT/$run/step_profile.md" | head -4
