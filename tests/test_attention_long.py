@@ -163,3 +163,60 @@ def test_flash_prefill_takes_four_warps_only_with_many_programs():
     auto = flash.paged_prefill_attention(q, k, v, [0, 20], qlens, ctxs, tables, 0.25)
     fixed = flash.paged_prefill_attention(q, k, v, [0, 20], qlens, ctxs, tables, 0.25, launch=default)
     assert torch.equal(auto, fixed)
+
+
+# -- the merge by the last split program (`MERGE_IN_SPLIT`) -------------------------------------
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size,lens,max_context,min_split", [
+    (8, 2, 32, 16, [1, 5, 300, 700], 1024, None),   # short contexts leave most splits empty
+    (4, 1, 16, 8, [130, 1000], 1000, 64),           # MQA, 16 splits
+    (4, 2, 16, 16, [1999, 37], 2048, 16),           # 32 splits
+])
+def test_the_last_split_merges_as_the_merge_kernel_does(monkeypatch, heads, kv_heads, head_dim, block_size, lens,
+                                                        max_context, min_split):
+    """With `MERGE_IN_SPLIT` the last split program of each (sequence, KV head) merges the partials: the
+    output is the merge kernel's to the bit, the arrival counts are back to 0 after every launch (the next
+    launch, or a graph replay, starts from them), and a second launch over longer contexts is right too."""
+    q, k, v, tables, ctx = _cache(lens, heads, kv_heads, head_dim, block_size, sum(lens), len(lens))
+    scale = head_dim ** -0.5
+
+    class NoMergeLaunch:  # with the switch on, the merge kernel must not run
+        def __getitem__(self, grid):
+            raise AssertionError("the merge kernel launched")
+
+    def both():
+        plain = triton_decode.paged_decode_attention(q, k, v, tables, ctx, scale, None, max_context, min_split=min_split)
+        with monkeypatch.context() as patch:
+            patch.setattr(triton_decode, "MERGE_IN_SPLIT", True)
+            patch.setattr(triton_decode, "_decode_merge_kernel", NoMergeLaunch())
+            merged = triton_decode.paged_decode_attention(q, k, v, tables, ctx, scale, None, max_context,
+                                                          min_split=min_split)
+        return plain, merged
+
+    for grow in (0, 1):
+        ctx.copy_(torch.tensor([min(n + grow, max_context) for n in lens], dtype=torch.int32))
+        plain, merged = both()
+        assert torch.equal(merged, plain)
+        assert _rel(merged, decode_attention_ref(q, k, v, tables.long(), ctx.long(), scale)) < TOLERANCE
+        counts = triton_decode.merge_counts(q.device, len(lens) * kv_heads)
+        assert counts.abs().sum().item() == 0
+
+
+def test_the_last_split_quantizes_its_merge_as_the_merge_kernel_does(monkeypatch):
+    """The FP8 handoff (`quantize_block`) with the merge in the split kernel: the same e4m3 bits and scales."""
+    q, k, v, tables, ctx = _cache([1, 40, 90], 8, 2, 32, 8, 11, 3)
+    q[1, :4] *= 50
+    want_q, want_s = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, num_splits=4, quantize_block=128)
+    monkeypatch.setattr(triton_decode, "MERGE_IN_SPLIT", True)
+    monkeypatch.setattr(triton_decode, "_decode_merge_kernel", None)  # not launched: the split kernel merges
+    got_q, got_s = triton_decode.paged_decode_attention(q, k, v, tables, ctx, 0.3, num_splits=4, quantize_block=128)
+    assert torch.equal(got_s, want_s) and torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+def test_merge_counts_grow_outside_capture_and_keep_the_old_buffer_alive():
+    device = torch.device(DEVICE)
+    small = triton_decode.merge_counts(device, 8)
+    assert small.numel() >= 8 and small.dtype == torch.int32 and small.abs().sum().item() == 0
+    assert triton_decode.merge_counts(device, 8) is small  # reused
+    big = triton_decode.merge_counts(device, small.numel() + 1)
+    assert big.numel() > small.numel() and any(t is small for t in triton_decode._RETIRED_COUNTS)

@@ -171,6 +171,22 @@ COMPILE = textwrap.dedent("""
             ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
             body = [line for line in ptx.splitlines() if line.strip().endswith(";") and not line.strip().startswith(".")]
             print(name, "instructions", len(body), "cvt-e4m3", ptx.count("cvt.rn.satfinite.e4m3x2.f32"))
+    elif which == "merge-last":  # the decode split kernel merging in its last program (MERGE_IN_SPLIT), PDL on
+        decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
+                  "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "count_ptr": "*i32"}
+        from onebit.kernels import triton_decode
+        for label, types, extra in [("bf16", {}, {}), ("e4m3", {"k_ptr": fp8, "v_ptr": fp8}, {"KV_FP8": True, "DOT_F16": True}),
+                                    ("quantized", {"out_ptr": fp8, "s_ptr": "*fp32"}, {"QUANTIZE": True, "ROUND": tl.bfloat16})]:
+            fn = triton_decode._decode_split_kernel
+            constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default},
+                          "GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "NUM_SPLITS": 8, "BLOCK_SIZE": 16, "TILE": 64,
+                          "PDL": True, "MERGE_LAST": True, **extra}
+            source = ASTSource(fn=fn, signature=signature(fn, {**decode, **types}, constexprs), constexprs=constexprs)
+            ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True, "num_warps": 2}).asm["ptx"]
+            atomics = [line for line in ptx.splitlines() if "atom.global" in line]  # predicated: "@%p atom.global..."
+            print("merge-last-" + label, "atomics", len(atomics),
+                  "acq_rel", sum(1 for line in atomics if ".gpu." in line and ".acq_rel." in line),
+                  "cg-loads", ptx.count("ld.global.cg"), "barriers", ptx.count("bar.sync"))
     elif which == "argmax":  # the sampler's two-pass argmax (no PDL: it runs outside the graphs), bf16 and fp32 logits
         partials = {"value_ptr": "*fp32", "index_ptr": "*i32"}
         for logits in ("*bf16", "*fp32"):
@@ -316,6 +332,17 @@ def test_hardware_e4m3_rounding_compiles_to_the_cast_with_fewer_instructions():
     for name, hw in hardware.items():
         assert int(hw[4]) > 0, hw  # the cast rounds, two values an instruction
         assert int(hw[2]) < int(software[name][2]), (hw, software[name])
+
+
+def test_the_decode_split_kernel_merging_in_its_last_program_compiles_for_sm90():
+    """`triton_decode.MERGE_IN_SPLIT`: one acquire-release atomic a program (its arrival), the merge's loads from
+    L2 (other programs wrote them), in every output form."""
+    lines = _compile("merge-last")
+    assert [line.split()[0] for line in lines] == ["merge-last-bf16", "merge-last-e4m3", "merge-last-quantized"]
+    for line in lines:
+        fields = line.split()
+        assert fields[2] == "1" and fields[4] == "1", line  # one atomic, acquire-release at GPU scope
+        assert int(fields[6]) > 0 and int(fields[8]) > 0, line  # loads from L2; a barrier before the arrival
 
 
 def test_argmax_kernels_compile_for_sm90():

@@ -62,6 +62,35 @@ def _used_splits(lens_ptr, seq, min_split, TILE: tl.constexpr, NUM_SPLITS: tl.co
     return tl.minimum((ctx_len + split_len - 1) // split_len, NUM_SPLITS)
 
 
+@triton.jit
+def _merge_partials(part_acc_ptr, part_ml_ptr, base0, used, rows, dims, GROUP: tl.constexpr,
+                    GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, CACHE: tl.constexpr):
+    # The normalized output [GROUP_PAD, HEAD_DIM] float32 of one sequence's KV head from the partials of its
+    # `used` splits at (base0 + split). Unrolled over NUM_SPLITS so that every partial's loads are in flight at
+    # once (a loop bounded by the used count ran them one after another: bf16 B=1 -1.3%, session 31 call 1);
+    # the loads of splits past the context's end are masked off, as the split kernel stores nothing for them.
+    # CACHE: the loads' cache modifier (".cg", from L2, where other programs of this launch wrote them).
+    m_all = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    for split in tl.static_range(NUM_SPLITS):
+        base = base0 + split
+        live = rows < GROUP * (split < used)  # the group's rows in a used split, none past the context
+        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=live,
+                                          other=float("-inf"), cache_modifier=CACHE))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    l_all = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for split in tl.static_range(NUM_SPLITS):
+        base = base0 + split
+        live = rows < GROUP * (split < used)
+        m = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=live, other=float("-inf"), cache_modifier=CACHE)
+        l = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, mask=live, other=0.0, cache_modifier=CACHE)
+        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
+        l_all += l * w
+        acc += tl.load(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :],
+                       mask=live[:, None], other=0.0, cache_modifier=CACHE) * w[:, None]
+    return acc / tl.maximum(l_all, 1e-30)[:, None]
+
+
 # The table width and the split length change from one eager step to the next: specializing on
 # them (1, or divisible by 16) compiled new variants while serving (G21, session 11).
 @triton.jit(do_not_specialize=["max_blocks", "min_split"])
@@ -73,6 +102,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, KV_FP8: tl.constexpr,
     DOT_F16: tl.constexpr = False, PDL: tl.constexpr = False,
     s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False, ROUND: tl.constexpr = None,
+    count_ptr=None, MERGE_LAST: tl.constexpr = False,
 ):
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
@@ -120,12 +150,27 @@ def _decode_split_kernel(
     if NUM_SPLITS == 1:  # the whole context: normalize and write the output, no merge
         _store_group(acc / tl.maximum(l, 1e-30)[:, None], out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok,
                      stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
-    elif start < end:  # only a used split's real rows: the merge reads nothing else
-        base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-        tl.store(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :], acc,
-                 mask=row_ok[:, None])
-        tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2, m, mask=row_ok)
-        tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, l, mask=row_ok)
+    else:
+        base0 = (seq * num_kv_heads + kv_head) * NUM_SPLITS
+        if start < end:  # only a used split's real rows: the merge reads nothing else
+            base = base0 + split
+            tl.store(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :], acc,
+                     mask=row_ok[:, None])
+            tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2, m, mask=row_ok)
+            tl.store(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, l, mask=row_ok)
+        if MERGE_LAST:
+            # Every split of the (sequence, KV head) counts itself in; the last to arrive merges them and
+            # sets the count back to 0 for the next launch. The barrier orders the program's stores before
+            # the count's release (as a CUDA split-K semaphore does); the acquire orders the merge's loads after.
+            tl.debug_barrier()
+            counter = count_ptr + seq * num_kv_heads + kv_head
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+                used = _used_splits(lens_ptr, seq, min_split, TILE, NUM_SPLITS)
+                _store_group(_merge_partials(part_acc_ptr, part_ml_ptr, base0, used, rows, dims, GROUP, GROUP_PAD,
+                                             HEAD_DIM, NUM_SPLITS, ".cg"),
+                             out_ptr, s_ptr, seq, kv_head, heads, dims, row_ok, stride_ob, stride_oh, stride_sb,
+                             QUANTIZE, ROUND)
+                tl.store(counter, 0)
 
 
 @triton.jit(do_not_specialize=["min_split"])
@@ -135,37 +180,17 @@ def _decode_merge_kernel(
     NUM_SPLITS: tl.constexpr, PDL: tl.constexpr = False, s_ptr=None, stride_sb=0, QUANTIZE: tl.constexpr = False,
     ROUND: tl.constexpr = None,
 ):
-    # Unrolled over NUM_SPLITS so that every partial's loads are in flight at once (a loop bounded by the
-    # used count ran them one after another: bf16 B=1 -1.3%, session 31 call 1); the loads of splits past
-    # the context's end are masked off, as the split kernel stores nothing for them.
     pdl.wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     num_kv_heads = tl.num_programs(1)
     used = _used_splits(lens_ptr, seq, min_split, TILE, NUM_SPLITS)
     rows = tl.arange(0, GROUP_PAD)
-    row_ok = rows < GROUP
     dims = tl.arange(0, HEAD_DIM)
-    m_all = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    for split in tl.static_range(NUM_SPLITS):
-        base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-        live = rows < GROUP * (split < used)  # the group's rows in a used split, none past the context
-        m_all = tl.maximum(m_all, tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=live,
-                                          other=float("-inf")))
-    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
-    l_all = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for split in tl.static_range(NUM_SPLITS):
-        base = (seq * num_kv_heads + kv_head) * NUM_SPLITS + split
-        live = rows < GROUP * (split < used)
-        m = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2, mask=live, other=float("-inf"))
-        l = tl.load(part_ml_ptr + (base * GROUP_PAD + rows) * 2 + 1, mask=live, other=0.0)
-        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
-        l_all += l * w
-        acc += tl.load(part_acc_ptr + (base * GROUP_PAD + rows[:, None]) * HEAD_DIM + dims[None, :],
-                       mask=live[:, None], other=0.0) * w[:, None]
-    _store_group(acc / tl.maximum(l_all, 1e-30)[:, None], out_ptr, s_ptr, seq, kv_head, kv_head * GROUP + rows, dims,
-                 row_ok, stride_ob, stride_oh, stride_sb, QUANTIZE, ROUND)
+    out = _merge_partials(part_acc_ptr, part_ml_ptr, (seq * num_kv_heads + kv_head) * NUM_SPLITS, used, rows, dims,
+                          GROUP, GROUP_PAD, HEAD_DIM, NUM_SPLITS, "")
+    _store_group(out, out_ptr, s_ptr, seq, kv_head, kv_head * GROUP + rows, dims, rows < GROUP, stride_ob, stride_oh,
+                 stride_sb, QUANTIZE, ROUND)
 
 
 # The Triton dtype a quantized output is rounded to first, by the queries' torch dtype.
@@ -244,6 +269,31 @@ LAUNCH = {"bf16": DecodeLaunch(64, 2), "fp8": DecodeLaunch(64, 2)}
 # An e4m3 cache with bf16 queries multiplies in float16 (`kv_fp8.float16_products`). False:
 # bfloat16, as before (benches).
 FP8_DOT_F16 = True
+# With several splits, the last split program of each (sequence, KV head) to finish merges the partials
+# itself (a count per pair in device memory, back to 0 after each launch), so the merge kernel's launch
+# goes: 36 launches a decode step of the 8B shape, ~1.8 us each at one row (session 28's profile). Off
+# until measured on the device (the split kernel holds 168-236 registers on 2 warps; the merge adds to them).
+MERGE_IN_SPLIT = False
+_COUNTS: dict[torch.device, torch.Tensor] = {}
+_RETIRED_COUNTS: list[torch.Tensor] = []  # outgrown counts: a captured graph may still point at one
+
+
+def merge_counts(device: torch.device, pairs: int) -> torch.Tensor:
+    """The int32 arrival counts of `MERGE_IN_SPLIT`, at least `pairs` of them, all 0 between launches. They
+    are made outside CUDA-graph capture (the decoder runs every size eagerly before capturing, largest
+    last); a capture that needs more raises."""
+    counts = _COUNTS.get(device)
+    if counts is None or counts.numel() < pairs:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"the decode merge needs {pairs} counts, made outside graph capture; run the "
+                               "launch once eagerly first")
+        if counts is not None:
+            _RETIRED_COUNTS.append(counts)
+        counts = torch.zeros(max(pairs, 1024), dtype=torch.int32, device=device)
+        _COUNTS[device] = counts
+    return counts
+
+
 CANDIDATES = {  # bench/gpu_decode_fp8.py's sweep: today's launch, the one before, and the runners-up
     "t64-w2": DecodeLaunch(64, 2), "t64-w4": DecodeLaunch(64, 4), "t128-w2": DecodeLaunch(128, 2),
     "t128-w4": DecodeLaunch(128, 4),
@@ -307,6 +357,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_ml = torch.empty((batch, kv_heads, num_splits, group_pad, 2), dtype=torch.float32, device=q.device)
     else:  # unused by the kernel: the output is written directly
         part_acc = part_ml = out
+    merge_last = MERGE_IN_SPLIT and num_splits > 1
+    merging = {"count_ptr": merge_counts(q.device, batch * kv_heads), "MERGE_LAST": True} if merge_last else {}
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, part_acc, part_ml,
         k_scale if fp8 else part_ml, v_scale if fp8 else part_ml, out,
@@ -315,8 +367,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile,
         NUM_SPLITS=num_splits, KV_FP8=fp8, DOT_F16=kv_fp8.float16_products(fp8, q.dtype, FP8_DOT_F16),
-        **tuning, **pdl.options(), **(quantized if num_splits == 1 else {}))
-    if num_splits > 1:
+        **tuning, **pdl.options(), **(quantized if num_splits == 1 or merge_last else {}), **merging)
+    if num_splits > 1 and not merge_last:
         _decode_merge_kernel[(batch, kv_heads)](
             part_acc, part_ml, context_lens, out, min_split, out.stride(0), out.stride(1),
             GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, TILE=tile, NUM_SPLITS=num_splits,
