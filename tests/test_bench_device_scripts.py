@@ -266,9 +266,25 @@ def test_gc_pauses_counts_and_times_the_collections_inside_it():
 
 
 def test_the_slow_mode_call_turns_on_a_line_that_exists():
-    """bench/gpu_slow_mode.sh's third run rewrites `RELEASE_CALIBRATION_MEMORY = False` in runner.py (and back):
+    """bench/gpu_slow_mode.sh's RELEASE run rewrites `RELEASE_CALIBRATION_MEMORY = False` in a copy of runner.py:
     the line must be there once, as the script spells it."""
     script = (ROOT / "bench/gpu_slow_mode.sh").read_text()
     assert (ROOT / "onebit/engine/runner.py").read_text().splitlines().count("RELEASE_CALIBRATION_MEMORY = False") == 1
     assert "s/^RELEASE_CALIBRATION_MEMORY = False$/RELEASE_CALIBRATION_MEMORY = True/" in script
-    assert "s/^RELEASE_CALIBRATION_MEMORY = True$/RELEASE_CALIBRATION_MEMORY = False/" in script
+
+
+def test_the_slow_mode_call_profiles_a_timing_and_a_restoring_engine(tmp_path):
+    """bench/gpu_slow_mode.sh on the CPU at toy size (its profile's arguments replaced): the runs it makes,
+    each one's decode table, the RELEASE run on a copy of the tree (this one's runner.py untouched)."""
+    runner = (ROOT / "onebit/engine/runner.py").read_text()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+           "RELEASE": "1", "PROFILE_ARGS": "--engines bf16 --batches 1 --turnover 0 --steps 2 --device cpu "
+                                           "--shape qwen3-tiny"}
+    done = subprocess.run(["bash", "bench/gpu_slow_mode.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "failed" not in done.stdout, done.stdout[-2000:]
+    assert [line for line in done.stdout.splitlines() if line.startswith("== ")] == ["== timed", "== restored",
+                                                                                     "== released"]
+    assert done.stdout.count("| bf16 | 1 |") == 3  # a decode row a run
+    assert (ROOT / "onebit/engine/runner.py").read_text() == runner
