@@ -130,3 +130,16 @@ def test_h2_refuses_other_types_rows_and_splits():
         tr.matmul_few_rows(torch.cat([x, x]), _weight("Q4_K", 16, seed=1), config=config)
     with pytest.raises(ValueError, match='mode "h2" takes Q4_K and Q6_K'):
         repacked_h2_linear_ref(x.cpu(), _weight("Q8_0", 16, seed=1).to("cpu"), 4)
+
+
+def test_the_register_cap_gives_the_same_bits(monkeypatch):
+    """`triton_gguf_h2.CAP_128_REGISTERS` (a launch with Triton's `maxnreg`): the compiler spills instead of
+    using more registers, the arithmetic is the same."""
+    from onebit.kernels import triton_gguf_h2
+
+    w = _weight("Q4_K", 16, seed=4)
+    x = torch.randn(1, COLS, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).float().to(DEVICE)
+    config = tr.RepackedConfig("h2", 16, 1, split=2, reduce="sum", stages=0, quads=1)
+    plain = tr.matmul_few_rows(x, w, config=config)
+    monkeypatch.setattr(triton_gguf_h2, "CAP_128_REGISTERS", True)
+    assert torch.equal(tr.matmul_few_rows(x, w, config=config), plain)

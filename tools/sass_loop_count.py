@@ -1,6 +1,6 @@
 """Instructions per weight in the main loop of a repacked GGUF kernel, compiled for the H200 here.
 
-    python3 tools/sass_loop_count.py --config fma-n32-g2 --rows 1 [--qtype Q4_K] [--top 12]
+    python3 tools/sass_loop_count.py --config fma-n32-g2 --rows 1 [--qtype Q4_K] [--top 12] [--pdl] [--maxnreg 128]
 
 Compiles `triton_gguf_repacked`'s kernel for one `CONFIGS` entry and activation row count to sm_90
 SASS (no GPU needed: Triton's ahead-of-time compiler and its bundled `nvdisasm`), specialized as a
@@ -35,10 +35,12 @@ TYPES = {"x_ptr": "*bf16", "c_ptr": "*i32", "h_ptr": "*i32", "s_ptr": "*i32", "d
          "xp_ptr": "*i32"}
 
 
-def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int, str]:
-    """(SASS text, warps, weights a loop turn, a line naming its registers and shared memory) of the kernel
-    that `matmul_few_rows` launches for this config and row count (split-K partials summed by the
-    reduce kernel)."""
+def compile_sass(config_name: str, rows: int, qtype: str, pdl: bool = False,
+                 maxnreg: int | None = None) -> tuple[str, int, int, str]:
+    """(SASS text, warps, weights a loop turn, a line naming its registers, spills and shared memory) of the
+    kernel that `matmul_few_rows` launches for this config and row count (split-K partials summed by the
+    reduce kernel); `pdl`: with programmatic dependent launch and the early weights, as the engine launches
+    it; `maxnreg`: registers capped (Triton's option, `triton_gguf_h2.CAP_128_REGISTERS`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -56,12 +58,14 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
     fn = triton_gguf_f16._f16_kernel if f16 else {"int": tr._repacked_int_kernel, "i8": tr._repacked_i8_kernel,
                                                   "h2": triton_gguf_h2._h2_kernel}.get(config.mode, tr._repacked_kernel)
     constexprs = {"QTYPE": tr.QTYPE_IDS[qtype], "GROUP": group, "LANES": lanes, "PLANES": planes, "BLOCK_M": block_m,
-                  "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": False, "ASM": True,
+                  "BLOCK_N": config.block_n, "NG": config.ng, "REDUCE": 1, "NUM_STAGES": config.stages, "PDL": pdl, "ASM": True,
                   "QUADS": config.quads, "SCALED": config.mode == "f16s", "THREADS": config.quads, "SLICE_GROUPS": 4}
     if config.mode in ("fma", "dot"):
         constexprs["USE_DOT"] = config.mode == "dot"
     if config.mode == "h2":
-        constexprs.update(triton_gguf_h2.kernel_constants(qtype))
+        constexprs.update(triton_gguf_h2.kernel_constants(qtype), EARLY=pdl and config.stages != 1)
+    # constexpr parameters left out take their defaults, as a launch that leaves them out does (EARLY, ...)
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     types = {**TYPES, "d_ptr": "*fp32" if qtype == "Q6_K" and config.mode in ("int", "h2") else "*i32",
              "h_ptr": "*i16" if qtype == "Q6_K" else "*i32"}  # Q6_K's top bits are int16, as loaded
@@ -70,8 +74,9 @@ def compile_sass(config_name: str, rows: int, qtype: str) -> tuple[str, int, int
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in fn.arg_names}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]]
              for name in DIVISIBLE if name in fn.arg_names and name not in constexprs}
+    options = {"num_warps": config.warps, "launch_pdl": pdl} | ({"maxnreg": maxnreg} if maxnreg else {})
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": config.warps})
+                            target=GPUTarget("cuda", 90, 32), options=options)
     sass, resources = _disassemble(kernel)
     return sass, config.warps, config.block_n * config.ng * group, resources
 
@@ -97,8 +102,9 @@ def _disassemble(kernel) -> tuple[str, str]:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    registers = cubin_resources(kernel.asm["cubin"]).get("REG", "?")
-    return sass, f"{registers} registers a thread, {kernel.metadata.shared} bytes of shared memory a program"
+    used = cubin_resources(kernel.asm["cubin"])
+    return sass, (f"{used.get('REG', '?')} registers a thread, {used.get('STACK', '?')} bytes of stack a thread "
+                  f"(spills), {kernel.metadata.shared} bytes of shared memory a program")
 
 
 def cubin_resources(cubin: bytes) -> dict[str, int]:
@@ -150,8 +156,10 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--qtype", default="Q4_K", choices=("Q4_K", "Q5_K", "Q6_K", "Q8_0"))
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--pdl", action="store_true", help="PDL on, with the early weights (as the engine launches)")
+    ap.add_argument("--maxnreg", type=int, default=None, help="cap the registers a thread (Triton's maxnreg)")
     args = ap.parse_args()
-    sass, warps, weights, resources = compile_sass(args.config, args.rows, args.qtype)
+    sass, warps, weights, resources = compile_sass(args.config, args.rows, args.qtype, args.pdl, args.maxnreg)
     body = loop_body(sass)
     if not body:
         print("no loop found", file=sys.stderr)

@@ -338,6 +338,14 @@ def _h2_kernel(x_ptr, xp_ptr, c_ptr, h_ptr, s_ptr, d_ptr, y_ptr, N, stride_cn, s
     _store_partial(y_ptr, y_ptr + rn, total, n_ok, pid_k, stride_ysplit, REDUCE)
 
 
+# Caps the kernel at 128 registers a thread (Triton's `maxnreg`). The shipped Q4_K pick (h2-n128-t1-s0, 4 warps,
+# 512 programs) holds 165 with PDL's early weights (Triton 3.6, tools/sass_loop_count.py): three programs an SM,
+# 396 at once on 132 SMs, so 512 programs run in 1.3 waves; at 128 (8 bytes spilled, none in the loop: 2.96
+# instructions a weight against 2.94) four fit, 528 at once, one wave and a third more warps to hide the loads'
+# latency. Off until measured on the device (#20's Q4_K_M B=1).
+CAP_128_REGISTERS = False
+
+
 def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int, qtype: str,
            groups_per_split: int, stride_split: int, grid: tuple[int, int], block_n: int, threads: int, reduce: int,
            stages: int, warps: int) -> None:
@@ -351,4 +359,5 @@ def launch(x: torch.Tensor, codes, high, scales, d, target: torch.Tensor, n: int
     _h2_kernel[grid](x, scratch, codes, high, scales, d, target, n, codes.stride(0), high.stride(0), scales.stride(0),
                      d.stride(0), stride_split, SLICE_GROUPS=groups_per_split, BLOCK_N=block_n, THREADS=threads,
                      REDUCE=reduce, NUM_STAGES=stages, ASM=x.device.type == "cuda", num_warps=warps, **meta,
-                     **pdl.options(), EARLY=stages != 1 and pdl.early_weights())
+                     **pdl.options(), EARLY=stages != 1 and pdl.early_weights(),
+                     **({"maxnreg": 128} if CAP_128_REGISTERS else {}))
