@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
 
-COMPILE = textwrap.dedent("""
+COMPILE = textwrap.dedent(r"""
     import importlib
     import sys
     import triton
