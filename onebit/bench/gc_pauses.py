@@ -1,10 +1,11 @@
 """The Python garbage collector's pauses while a benchmark runs.
 
 The host drives every decode step, so a collection that walks a large heap stalls the GPU for as long as
-it runs. FP8 B=64 / 256 on the H200 has a slow mode (10-20% under the same tree's other runs, at a lower
-power draw and a higher clock: the GPU waiting) that shows most in the run whose engine calibrated its
-products in-process, whose heap is the largest (perf.md item 6). Benchmarks wrap their timed region in a
-`GcPauses` and report its `summary()` beside the figure, so that such a run can be told apart.
+it runs. Built to test that against FP8's slow mode on the H200 (B=64 / 256 10-20% under the same tree's
+other runs, in the engines that timed their products in-process, whose heap is the largest; perf.md item
+6): not it (session 34: no full collection, under 1% of the timed time). Benchmarks wrap their timed
+region in a `GcPauses` and report its `summary()` beside the figure, so that the collector's share of any
+figure stays on record.
 
     with GcPauses() as pauses:
         ...timed work...
