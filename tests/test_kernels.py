@@ -151,6 +151,17 @@ def test_add_rms_norm_matches_reference(cols):
     assert none is None and _rel(plain, fused_ref.rms_norm_ref(x, w, 1e-6)) < FUSED_TOL
 
 
+def test_the_wide_norm_matches_reference(monkeypatch):
+    """`triton_fused.WIDE_NORM_ROWS`: 64 rows of 4,096 columns on 16 warps (the sums in another order)."""
+    monkeypatch.setattr(triton_fused, "WIDE_NORM_ROWS", True)
+    g = torch.Generator().manual_seed(64)
+    x, res = torch.randn(64, 4096, generator=g).to(DEVICE), torch.randn(64, 4096, generator=g).to(DEVICE)
+    w = (1 + 0.1 * torch.randn(4096, generator=g)).to(DEVICE)
+    out, summed = triton_fused.add_rms_norm(x, res, w, 1e-6)
+    ref_out, ref_sum = fused_ref.add_rms_norm_ref(x, res, w, 1e-6)
+    assert _rel(out, ref_out) < FUSED_TOL and _rel(summed, ref_sum) < FUSED_TOL
+
+
 def test_the_norms_loading_their_weight_before_the_wait_give_the_same_bits(monkeypatch):
     """`pdl.early_weights`: add + RMSNorm, its e4m3 form and its mode-"f16" form load the norm's weight
     before waiting for the previous kernel and return the plain launches' bits."""

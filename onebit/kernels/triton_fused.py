@@ -14,6 +14,11 @@ from onebit.kernels import pdl
 from onebit.kernels.triton_activations import silu_times
 from onebit.kernels.triton_decode import sm_count
 
+# add + RMSNorm runs one program a row on Triton's default 4 warps (32 values a thread at 4,096 columns). With
+# WIDE_NORM_ROWS, 16 warps from 64 rows, as the FP8 row quantizers (`triton_fp8_fast.SIXTEEN_WARP_ROWS`: FP8 B=64
+# +3% in three A/Bs, session 34); the bf16 norms are 72 launches of ~2.1 us in a 64-row step. Off until measured.
+WIDE_NORM_ROWS = False
+
 
 @triton.jit
 def _norm_weight_then_wait(w_ptr, cols, ok, PDL: tl.constexpr, EARLY: tl.constexpr):
@@ -59,8 +64,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     rows, cols = x.shape
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else out
+    block = triton.next_power_of_2(cols)
+    wide = WIDE_NORM_ROWS and rows >= 64 and block >= 4096
     _add_rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, res_out, cols, eps,
-                                  HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(cols),
+                                  HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=16 if wide else 4,
                                   EARLY=pdl.early_weights(), **pdl.options())
     return out, (res_out if residual is not None else None)
 
