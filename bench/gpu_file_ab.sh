@@ -98,16 +98,18 @@ rm -rf "$TREES"
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 rows, clocks, pauses = [], {}, {}  # (run file, engine) -> the GPU clock / the collector's pauses by batch size
+sources = {}  # (run file, engine) -> "timed" or "cache": FP8 engines that timed their products ran slow (item 6)
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1])):
     for run, data in json.loads(path.read_text()).items():
         rows.append((path.stem, run, data["decode_tok_s"]))
+        sources[path.stem, run] = data.get("calibration_source", "-")
         clocks[path.stem, run] = data.get("clocks") or {}
         pauses[path.stem, run] = data.get("gc_pauses") or {}
 batches = sorted({b for _, _, d in rows for b in d}, key=int)
-print("| run | engine | " + " | ".join(f"B={b}" for b in batches) + " |")
-print("|---|---|" + "---:|" * len(batches))
+print("| run | engine | calibration | " + " | ".join(f"B={b}" for b in batches) + " |")
+print("|---|---|---|" + "---:|" * len(batches))
 for stem, run, d in rows:
-    print(f"| {stem} | {run} | " + " | ".join(str(d.get(b, "-")) for b in batches) + " |")
+    print(f"| {stem} | {run} | {sources[stem, run]} | " + " | ".join(str(d.get(b, "-")) for b in batches) + " |")
 print("\n| side | engine | runs | " + " | ".join(f"B={b} mean (range)" for b in batches) + " |")
 print("|---|---|---:|" + "---|" * len(batches))
 for side, run in dict.fromkeys((stem.split("-")[0], run) for stem, run, _ in rows):

@@ -179,7 +179,8 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     done = ab("new,old")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "old tree: ./onebit/kernels/gguf_repacked_table.json" in done.stdout
-    assert "| new-1 | Q4_K_M packed |" in done.stdout and "| old-2 | Q4_K_M packed |" in done.stdout
+    # each run's figures, with where its products' choices came from (a CPU times none: "none")
+    assert "| new-1 | Q4_K_M packed | none |" in done.stdout and "| old-2 | Q4_K_M packed | none |" in done.stdout
     assert "| new | Q4_K_M packed | 1 |" in done.stdout and "| old | Q4_K_M packed | 1 |" in done.stdout
     assert {p.name for p in (tmp_path / "out").glob("*.json")} == {"new-1.json", "old-2.json"}
     run = json.loads((tmp_path / "out" / "new-1.json").read_text())["Q4_K_M packed"]
@@ -193,7 +194,7 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
                               env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/fp8.py:CPU_EMULATES_GPU"})
     assert switched.returncode == 0, switched.stderr[-2000:]
     assert "on tree: onebit/kernels/fp8.py with CPU_EMULATES_GPU = True" in switched.stdout
-    assert "| on-1 | Q4_K_M packed |" in switched.stdout
+    assert "| on-1 | Q4_K_M packed | none |" in switched.stdout
     no_line = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                              env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/fp8.py:NO_SUCH_SWITCH"})
     assert no_line.returncode == 1 and 'side on: no line "NO_SUCH_SWITCH = False"' in no_line.stdout
@@ -203,7 +204,8 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     # the side's engine started once before its run (a CPU times nothing: source "none"), then the run
     assert "prime new (its products into " + str(tmp_path / "cc") + ")" in primed.stdout
     assert re.search(r"^\| Q4_K_M packed \| [0-9.]+ \| none \|$", primed.stdout, re.M), primed.stdout[-1500:]
-    assert primed.stdout.index("prime new") < primed.stdout.index("1: new") and "| new-1 | Q4_K_M packed |" in primed.stdout
+    assert primed.stdout.index("prime new") < primed.stdout.index("1: new")
+    assert "| new-1 | Q4_K_M packed | none |" in primed.stdout
     missing = ab("new,alt")
     assert missing.returncode == 1 and "no " + str(tmp_path / "ab" / "alt") + " for side alt" in missing.stdout
     bad = ab("new,old-2")
