@@ -10,7 +10,8 @@ batch runs once more with a request ending and a new one arriving every `--turno
 in a closed loop, where the server's 64-stream step took 8.7 ms against 5.6 decoding alone
 (perf-history, session 6). Per step it
 reports the wall time, the time kernels ran (their durations summed: one stream, so no overlap),
-the gap between the two (host work the GPU waited for, launch latency), the weight-read floor
+the gap between the two (host work the GPU waited for, launch latency), the host's time blocked in
+synchronize calls (near the step's time: the GPU bounds it; near 0: the host does), the weight-read floor
 (weight bytes at 4.24 TB/s) and the kernel time by kind: GEMM (cuBLAS / CUTLASS), the few-row
 Triton products, attention, norms, rotary, sampling, copies, other. The twelve longest kernels
 follow. With `--prefill N`, one step that prefills N 128-token prompts while nothing decodes (the
@@ -100,12 +101,17 @@ def kernel_times(prof, cuda: bool) -> tuple[dict[str, float], int]:
     return by_name, count
 
 
+# The CUDA runtime calls in which the host waits for the GPU (a download's event, a stream or the device).
+SYNC_CALLS = {"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize"}
+
+
 def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 0) -> dict:
     """Prefill `batch` requests, then profile `steps` decode steps. With `turnover` N > 0, every N
     steps the oldest request ends and a new one arrives, whose 128-token prompt rides along with
     the decodes (a closed loop at 64 streams and 128 new tokens turns one request over every 2
     steps). Returns wall and kernel times per step (seconds), the kernel time by kind and name, and GPU 0's
-    mean SM clock over the profiled steps (MHz; None without nvidia-smi)."""
+    mean SM clock over the profiled steps (MHz; None without nvidia-smi) and the host's time blocked on the GPU
+    per step (`SYNC_CALLS`; the final synchronize included)."""
     params = SamplingParams(temperature=0.0, max_tokens=steps + 16, ignore_eos=True)
     ids = [f"profile-{batch}-{i}" for i in range(batch)]
     fresh = random_prompts(batch + steps, PROMPT, engine.model_config.vocab_size, seed=batch)
@@ -141,7 +147,9 @@ def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 
     for name, seconds in by_name.items():
         by_kind[kind_of(name)] += seconds
     clock = clocks.summary()
+    waits = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in SYNC_CALLS) / 1e6
     return {"wall": wall / steps, "busy": sum(by_name.values()) / steps, "launches": launches / steps,
+            "host_waits": waits / steps,
             "sm_mhz": clock["sm_mhz_mean"] if clock else None,
             "by_kind": {k: v / steps for k, v in by_kind.items()},
             "by_name": {k: v / steps for k, v in by_name.items()}}
@@ -207,8 +215,11 @@ def main() -> None:
     kinds = [k for k, _ in KINDS] + ["other"]
     # kernels a step: the launches the gap is spread over (its us per kernel says what fusing one saves)
     # SM MHz: the clock the steps ran at (a GPU at its power cap runs 64+ rows at 13-22% under its one-row clock)
-    lines = ["| engine | B | step ms | kernels ms | gap ms | kernels a step | gap us per kernel | weight floor ms | "
-             "SM MHz | " + " | ".join(kinds) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
+    # host waits ms: the host blocked on the GPU a step (its synchronize calls): near the step's time, the GPU
+    # bounds the step; near 0 with a gap, the host does
+    lines = ["| engine | B | step ms | kernels ms | gap ms | host waits ms | kernels a step | gap us per kernel | "
+             "weight floor ms | SM MHz | " + " | ".join(kinds) + " |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
     tops, prefill_lines, prefill_hosts = [], [], []
     for label in args.engines.split(","):
         gguf = label in ("Q4_K_M", "Q8_0")
@@ -228,7 +239,7 @@ def main() -> None:
             if engine.runner.calibration_source == "timed":  # in-process timing: perf.md item 6's slow mode?
                 name += " (calibrated here)"
             lines.append(f"| {name} | {b} | {r['wall'] * 1e3:.2f} | {r['busy'] * 1e3:.2f} | "
-                         f"{(r['wall'] - r['busy']) * 1e3:.2f} | {r['launches']:.0f} | "
+                         f"{(r['wall'] - r['busy']) * 1e3:.2f} | {r['host_waits'] * 1e3:.2f} | {r['launches']:.0f} | "
                          f"{(r['wall'] - r['busy']) * 1e6 / max(r['launches'], 1):.2f} | {floor * 1e3:.2f} | "
                          f"{'-' if r['sm_mhz'] is None else format(r['sm_mhz'], ',.0f')} | "
                          + " | ".join(f"{ms[k]:.2f}" for k in kinds) + " |")

@@ -37,6 +37,7 @@ def test_step_profile_prints_a_row_per_batch_with_its_kernel_time(tmp_path):
         assert 0 < kernels_ms <= step_ms * 1.05  # operators ran, and within the step's wall time
         assert len(r) == len(header.split("|"))
         assert r[clock_column].strip() == "-" or float(r[clock_column].replace(",", "")) > 0  # no nvidia-smi: "-"
+        assert float(r[header.split("|").index(" host waits ms ")]) >= 0  # the CPU: no CUDA synchronize calls
     assert "longest kernels" in out
     prefill = [line.split("|") for line in (tmp_path / "step_profile.md").read_text().splitlines()
                if line.startswith("| bf16 | 2 x 128 |")]
