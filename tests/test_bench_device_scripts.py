@@ -191,22 +191,20 @@ def test_the_file_ab_runs_each_side_on_its_tree_and_sums_up_the_sides(tmp_path):
     assert "| new-1 | Q4_K_M packed | 1,732 MHz (min 1,485), 627 W, slowed 50% (power cap) |" in done.stdout
     assert len(run["gc_pauses"]["1"]["collections"]) == 3  # the collector's pauses while B=1 was timed, a row a run
     assert "| new-1 | Q4_K_M packed | " in done.stdout.split("gc collections (0/1/2), ms |")[1]
+    # a side that is a switch, primed (PRIME=1: its engine started once before its run)
     switched = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/fp8.py:CPU_EMULATES_GPU"})
+                              env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/fp8.py:CPU_EMULATES_GPU",
+                                   "PRIME": "1", "ONEBIT_CALIBRATION_CACHE": str(tmp_path / "cc")})
     assert switched.returncode == 0, switched.stderr[-2000:]
     assert "on tree: onebit/kernels/fp8.py with CPU_EMULATES_GPU = True" in switched.stdout
+    assert "prime on (its products into " + str(tmp_path / "cc") + ")" in switched.stdout
+    # the priming start's row (a CPU times nothing: source "none"), before the run
+    assert re.search(r"^\| Q4_K_M packed \| [0-9.]+ \| none \|$", switched.stdout, re.M), switched.stdout[-1500:]
+    assert switched.stdout.index("prime on") < switched.stdout.index("1: on")
     assert "| on-1 | Q4_K_M packed | none |" in switched.stdout
     no_line = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                              env={**env, "RUNS": "on", "SWITCHES": "on:onebit/kernels/fp8.py:NO_SUCH_SWITCH"})
     assert no_line.returncode == 1 and 'side on: no line "NO_SUCH_SWITCH = False"' in no_line.stdout
-    primed = subprocess.run(["bash", "bench/gpu_file_ab.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={**env, "RUNS": "new", "PRIME": "1", "ONEBIT_CALIBRATION_CACHE": str(tmp_path / "cc")})
-    assert primed.returncode == 0, primed.stderr[-2000:]
-    # the side's engine started once before its run (a CPU times nothing: source "none"), then the run
-    assert "prime new (its products into " + str(tmp_path / "cc") + ")" in primed.stdout
-    assert re.search(r"^\| Q4_K_M packed \| [0-9.]+ \| none \|$", primed.stdout, re.M), primed.stdout[-1500:]
-    assert primed.stdout.index("prime new") < primed.stdout.index("1: new")
-    assert "| new-1 | Q4_K_M packed | none |" in primed.stdout
     missing = ab("new,alt")
     assert missing.returncode == 1 and "no " + str(tmp_path / "ab" / "alt") + " for side alt" in missing.stdout
     bad = ab("new,old-2")
