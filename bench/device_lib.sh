@@ -1,5 +1,6 @@
 # Shared pieces of the device scripts (bench/gpu_*.sh, bench/peers/gpu_llamacpp.sh): the carried
-# wheels, the clock of their log lines, and the llama-server build they run in the background.
+# wheels, the clock of their log lines, copies of the tree with a module switch on (A/B sides), and the
+# llama-server build they run in the background.
 # Sourced, never run; the scripts run from the repository root and source it first thing:
 #
 #   . "$(dirname "$0")/device_lib.sh"        # bench/*.sh
@@ -39,6 +40,19 @@ run_gpu_tests() {
     local status=$?
     tail -3 "$2"
     [[ $status == 0 ]] || { echo "$1 failed on the GPU (rc $status): nothing timed ($(basename "$2"))"; return 1; }
+}
+
+# --- a copy of the tree with a module switch on ------------------------------------------------------
+copy_tree() {
+    # $1: an existing folder. Copies what a run imports and runs from (onebit, bench, tests, tools) into it.
+    cp -r onebit bench tests tools "$1"/
+}
+
+switch_on() {
+    # $1: a Python file, $2: a module switch NAME. Rewrites its line `NAME = False` to `NAME = True`; returns 1
+    # when the file then holds no line `NAME = True` (there was no such switch), for the caller's message.
+    sed -i "s/^$2 = False\$/$2 = True/" "$1"
+    grep -q "^$2 = True\$" "$1"
 }
 
 # --- the carried wheels ---------------------------------------------------------------------------

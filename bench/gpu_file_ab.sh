@@ -56,7 +56,7 @@ TREES=$(mktemp -d)  # the other sides' trees
 for side in "${distinct[@]}"; do
     [[ $side == new ]] && continue
     tree=$TREES/$side
-    rm -rf "$tree" && mkdir -p "$tree" && cp -r onebit bench tests tools "$tree"/
+    rm -rf "$tree" && mkdir -p "$tree" && copy_tree "$tree"
     if [[ -d $(overlay "$side") ]]; then
         cp -r "$(overlay "$side")"/. "$tree"/
         say "$side tree: $(cd "$(overlay "$side")" && find . -type f | tr '\n' ' ')"
@@ -64,8 +64,7 @@ for side in "${distinct[@]}"; do
     for entry in "${switches[@]}"; do
         IFS=':' read -r owner path name <<< "$entry"
         [[ $owner == "$side" ]] || continue
-        sed -i "s/^$name = False\$/$name = True/" "$tree/$path"
-        grep -q "^$name = True\$" "$tree/$path" || { echo "side $side: no line \"$name = False\" in $path"; exit 1; }
+        switch_on "$tree/$path" "$name" || { echo "side $side: no line \"$name = False\" in $path"; exit 1; }
         say "$side tree: $path with $name = True"
     done
 done

@@ -34,9 +34,9 @@ fi
 if [[ ${RELEASE:-0} == 1 ]]; then
     rm -rf "${ONEBIT_CALIBRATION_CACHE:?}"/*
     tree=$(mktemp -d)  # a copy of the tree with the switch on
-    cp -r onebit bench tests tools "$tree"/
-    sed -i 's/^RELEASE_CALIBRATION_MEMORY = False$/RELEASE_CALIBRATION_MEMORY = True/' "$tree/onebit/engine/runner.py"
-    grep -q "^RELEASE_CALIBRATION_MEMORY = True$" "$tree/onebit/engine/runner.py" || { echo "no switch line"; exit 1; }
+    copy_tree "$tree"
+    switch_on "$tree/onebit/engine/runner.py" RELEASE_CALIBRATION_MEMORY || {
+        echo "no line \"RELEASE_CALIBRATION_MEMORY = False\" in onebit/engine/runner.py"; exit 1; }
     (cd "$tree" && profile released)
     rm -rf "$tree"
 fi

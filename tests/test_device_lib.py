@@ -286,3 +286,24 @@ def test_build_runs_niced_in_its_own_session_and_stops_whole(tmp_path, python):
 def test_widen_build_without_a_build_does_nothing(tmp_path):
     done = bash("widen_build; echo rc=$?; build_running && echo running || echo none", tmp_path)
     assert lines(done.stdout) == ["rc=0", "none"]
+
+
+# --- a copy of the tree with a module switch on ----------------------------------------------------------
+
+def test_switch_on_turns_exactly_the_switch_line_on_and_refuses_a_missing_one(tmp_path):
+    module = tmp_path / "module.py"
+    text = "FAST = False\nFAST_TOO = False\n# FAST = False in a comment\n"
+    module.write_text(text)
+    done = bash(f'switch_on "{module}" FAST && echo on', tmp_path)
+    assert done.returncode == 0 and lines(done.stdout) == ["on"]
+    assert module.read_text() == "FAST = True\nFAST_TOO = False\n# FAST = False in a comment\n"
+    module.write_text(text)
+    missing = bash(f'switch_on "{module}" SLOW || echo refused', tmp_path)
+    assert lines(missing.stdout) == ["refused"] and module.read_text() == text
+
+
+def test_copy_tree_copies_what_a_run_imports(tmp_path):
+    done = bash(f'copy_tree "{tmp_path}"', REPO)
+    assert done.returncode == 0, done.stderr
+    for name in ("onebit/engine/runner.py", "bench/gpu_file_ab.sh", "tests/test_device_lib.py", "tools/sass_loop_count.py"):
+        assert (tmp_path / name).read_bytes() == (REPO / name).read_bytes()
