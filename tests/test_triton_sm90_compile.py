@@ -62,11 +62,15 @@ COMPILE = textwrap.dedent(r"""
         source = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs)
         kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl, "num_warps": warps})
         ptx = kernel.asm["ptx"]
+        atomics = [line for line in ptx.splitlines() if "atom.global" in line]  # predicated: "@%p atom.global..."
         print(label, "stores", ptx.count("st.global"), "griddepcontrol", ptx.count("griddepcontrol"),
               "e4m3-mma", sum(1 for line in ptx.splitlines() if "mma" in line and ".e4m3.e4m3" in line),
               "wgmma", ptx.count("wgmma.mma_async"), "shared", kernel.metadata.shared,
               "dp4a", ptx.count("dp4a."), "prmt", ptx.count("prmt.b32"), "hfma2", ptx.count("fma.rn.f16x2"),
-              "hsub2", ptx.count("sub.f16x2"), "loads-before-wait", ptx.split("griddepcontrol.wait")[0].count("ld.global"))
+              "hsub2", ptx.count("sub.f16x2"), "atomics", len(atomics),
+              "acq-rel-atomics", sum(1 for line in atomics if ".gpu." in line and ".acq_rel." in line),
+              "cg-loads", ptx.count("ld.global.cg"), "barriers", ptx.count("bar.sync"),
+              "loads-before-wait", ptx.split("griddepcontrol.wait")[0].count("ld.global"))
 
     which = sys.argv[1]
     fp8 = "*fp8e4nv"
@@ -174,19 +178,12 @@ COMPILE = textwrap.dedent(r"""
     elif which == "merge-last":  # the decode split kernel merging in its last program (MERGE_IN_SPLIT), PDL on
         decode = {"tables_ptr": "*i64", "lens_ptr": "*i64", "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
                   "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "count_ptr": "*i32"}
-        from onebit.kernels import triton_decode
+        shape = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "NUM_SPLITS": 8, "BLOCK_SIZE": 16, "TILE": 64,
+                 "PDL": True, "MERGE_LAST": True}
         for label, types, extra in [("bf16", {}, {}), ("e4m3", {"k_ptr": fp8, "v_ptr": fp8}, {"KV_FP8": True, "DOT_F16": True}),
                                     ("quantized", {"out_ptr": fp8, "s_ptr": "*fp32"}, {"QUANTIZE": True, "ROUND": tl.bfloat16})]:
-            fn = triton_decode._decode_split_kernel
-            constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default},
-                          "GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "NUM_SPLITS": 8, "BLOCK_SIZE": 16, "TILE": 64,
-                          "PDL": True, "MERGE_LAST": True, **extra}
-            source = ASTSource(fn=fn, signature=signature(fn, {**decode, **types}, constexprs), constexprs=constexprs)
-            ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": True, "num_warps": 2}).asm["ptx"]
-            atomics = [line for line in ptx.splitlines() if "atom.global" in line]  # predicated: "@%p atom.global..."
-            print("merge-last-" + label, "atomics", len(atomics),
-                  "acq_rel", sum(1 for line in atomics if ".gpu." in line and ".acq_rel." in line),
-                  "cg-loads", ptx.count("ld.global.cg"), "barriers", ptx.count("bar.sync"))
+            compile_sm90("merge-last-" + label, "triton_decode", "_decode_split_kernel", {**decode, **types},
+                         {**shape, **extra}, warps=2)
     elif which == "argmax":  # the sampler's two-pass argmax (no PDL: it runs outside the graphs), bf16 and fp32 logits
         partials = {"value_ptr": "*fp32", "index_ptr": "*i32"}
         for logits in ("*bf16", "*fp32"):
@@ -341,8 +338,9 @@ def test_the_decode_split_kernel_merging_in_its_last_program_compiles_for_sm90()
     assert [line.split()[0] for line in lines] == ["merge-last-bf16", "merge-last-e4m3", "merge-last-quantized"]
     for line in lines:
         fields = line.split()
-        assert fields[2] == "1" and fields[4] == "1", line  # one atomic, acquire-release at GPU scope
-        assert int(fields[6]) > 0 and int(fields[8]) > 0, line  # loads from L2; a barrier before the arrival
+        count = dict(zip(fields[1::2], map(int, fields[2::2])))
+        assert count["atomics"] == 1 and count["acq-rel-atomics"] == 1, line  # one arrival, acquire-release at GPU scope
+        assert count["cg-loads"] > 0 and count["barriers"] > 0, line  # loads from L2; a barrier before the arrival
 
 
 def test_argmax_kernels_compile_for_sm90():
