@@ -86,12 +86,12 @@ def gguf_file(shape: Path, recipe: str, device: str) -> Path:
     return write_gguf_files(shape, shape.parent, [recipe], device)[recipe]
 
 
-def kernel_times(prof, cuda: bool) -> tuple[dict[str, float], int]:
-    """A profile's seconds by kernel name (on the CPU: by operator, self time) and how many ran. On CUDA
-    kernels only: an operator's device time is its kernels', counted once there."""
+def kernel_times(averages, cuda: bool) -> tuple[dict[str, float], int]:
+    """A profile's seconds by kernel name (on the CPU: by operator, self time) and how many ran, from its
+    `key_averages()`. On CUDA kernels only: an operator's device time is its kernels', counted once there."""
     by_name: dict[str, float] = defaultdict(float)
     count = 0
-    for entry in prof.key_averages():
+    for entry in averages:
         if cuda and entry.device_type != torch.autograd.DeviceType.CUDA:
             continue
         seconds = (entry.device_time_total if cuda else entry.self_cpu_time_total) / 1e6
@@ -141,13 +141,14 @@ def profile_decode(engine, batch: int, steps: int, device: str, turnover: int = 
         engine.abort(rid)
     while engine.has_unfinished():
         engine.step()
-    by_name, count = kernel_times(prof, cuda)
+    averages = prof.key_averages()
+    by_name, count = kernel_times(averages, cuda)
     launches = count if cuda else 0  # the table's "kernels a step": none on the CPU
     by_kind: dict[str, float] = defaultdict(float)
     for name, seconds in by_name.items():
         by_kind[kind_of(name)] += seconds
     clock = clocks.summary()
-    waits = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in SYNC_CALLS) / 1e6
+    waits = sum(e.self_cpu_time_total for e in averages if e.key in SYNC_CALLS) / 1e6
     return {"wall": wall / steps, "busy": sum(by_name.values()) / steps, "launches": launches / steps,
             "host_waits": waits / steps,
             "sm_mhz": clock["sm_mhz_mean"] if clock else None,
@@ -186,8 +187,9 @@ def profile_prefill(engine, prompts: int, device: str) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         one_step("profiled")
-    by_name, launches = kernel_times(prof, cuda)
-    host = sorted(((e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()), key=lambda kv: -kv[1])
+    averages = prof.key_averages()
+    by_name, launches = kernel_times(averages, cuda)
+    host = sorted(((e.key, e.self_cpu_time_total / 1e6) for e in averages), key=lambda kv: -kv[1])
     return {"first_queued": first_queued, "queued": queued, "wall": wall, "busy": sum(by_name.values()),
             "launches": launches, "host_top": host[:12]}
 
